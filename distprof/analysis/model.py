@@ -1,0 +1,70 @@
+"""The merged run: a plain data object every analysis takes. No torch, no I/O.
+
+Built by `distprof.analysis.run.load_run` (from shards) or directly by tests. Tables are dicts of equal-length numpy
+columns ("column tables"); all times are **aligned** to the reference rank's clock (int64 epoch ns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Table = dict[str, np.ndarray]
+
+
+@dataclass
+class HostClock:
+    """How one host's clock maps onto the reference clock: aligned = t + offset_ns + drift_ppm·1e-6·(t − t_ref_ns)."""
+
+    host: str
+    offset_ns: float
+    drift_ppm: float = 0.0
+    t_ref_ns: int = 0
+    residual_us: float | None = None  # median violation of collective causality after alignment
+    residual_max_us: float | None = None
+    method: str = "ping-pong"  # "ping-pong", "collectives", "none"
+    n_samples: int = 0
+    ranks: list[int] = field(default_factory=list)
+
+    def apply(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=np.int64)
+        corr = self.offset_ns + self.drift_ppm * 1e-6 * (t - self.t_ref_ns).astype(np.float64)
+        return t + np.rint(corr).astype(np.int64)
+
+
+@dataclass
+class MergedRun:
+    """All ranks of one run, merged.
+
+    Column tables (each with an added ``rank`` i4 and ``window`` i4 column):
+
+    * ``events``: name_id (global string table), kind, category, tid, device, ts_ns (aligned), dur_ns, step, flops,
+      corr_id — sorted by (rank, ts_ns).
+    * ``comms``: row (index into ``events``), op_id (global), role, pg, seq, bytes, group_size, nccl_seq.
+    * ``steps``: step, start_ns, end_ns (aligned), flops, peak_mem_bytes, n_events.
+    * ``memory``: ts_ns (aligned), bytes, total_bytes, device, step.
+    * ``threads``: tid, name_id (global), role, pg.
+    """
+
+    run_id: str
+    world_size: int
+    ranks_present: list[int]
+    ranks_missing: list[int]
+    hosts: dict[int, str]  # rank -> host
+    names: np.ndarray  # global string table (object array)
+    events: Table
+    comms: Table
+    steps: Table
+    memory: Table
+    threads: Table
+    clock: dict[str, HostClock] = field(default_factory=dict)
+    attrs: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> root attributes of its first shard
+    process_groups: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    device_peak_tflops: dict[int, float] = field(default_factory=dict)  # rank -> peak, where known
+
+    def name_id(self, name: str) -> int | None:
+        hits = np.flatnonzero(self.names == name)
+        return int(hits[0]) if len(hits) else None

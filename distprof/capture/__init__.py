@@ -1,0 +1,1 @@
+"""Capture side (imports torch): schedule, optimizer-step hook, clock sync, extraction, RankProfiler."""

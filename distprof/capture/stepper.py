@@ -1,0 +1,124 @@
+"""Advance the profiler once per training iteration without touching the user's code.
+
+The global optimizer-step post hook marks an iteration as done. It fires *inside* the `Optimizer.step#…` event, so
+calling `prof.step()` there would cut that event in two; instead the step is deferred to the next natural boundary:
+the next module forward (a global forward pre-hook registered only while a step is pending), else the next step of
+the primary optimizer, else close. Handled:
+
+* several optimizers: one iteration = one step of the *primary* optimizer (the first one seen completing an
+  outermost step);
+* wrappers such as ZeroRedundancyOptimizer whose step runs the inner optimizer's step (the hook fires twice): only
+  outermost steps count;
+* GradScaler steps skipped because of inf/NaN gradients (the optimizer hook does not fire): still one iteration.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+
+class OptimizerStepper:
+    def __init__(self, on_iteration: Callable[[], None]) -> None:
+        self._on_iteration = on_iteration
+        self._primary: weakref.ref | None = None
+        self._depth = 0
+        self._pending = False
+        self._handles: list = []
+        self._fwd_handle = None
+        self._scaler_orig = None
+        self.iterations = 0  # completed iterations seen (including GradScaler-skipped ones)
+        self.skipped = 0  # GradScaler-skipped iterations
+
+    # -- install / remove ---------------------------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]
+        self._patch_grad_scaler()
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._drop_forward_hook()
+        if self._scaler_orig is not None:
+            from torch.amp.grad_scaler import GradScaler
+
+            GradScaler.step = self._scaler_orig
+            self._scaler_orig = None
+
+    def _patch_grad_scaler(self) -> None:
+        try:
+            from torch.amp.grad_scaler import GradScaler
+        except ImportError:
+            return
+        orig = GradScaler.step
+        stepper = self
+
+        @functools.wraps(orig)
+        def step(scaler, optimizer, *args, **kwargs):
+            before, depth = stepper.iterations, stepper._depth
+            out = orig(scaler, optimizer, *args, **kwargs)
+            if stepper.iterations == before and stepper._depth == depth and stepper._is_primary(optimizer):
+                stepper.skipped += 1
+                stepper._iteration_done()
+            return out
+
+        GradScaler.step = step
+        self._scaler_orig = orig
+
+    # -- hooks --------------------------------------------------------------------------------------------------
+    def _is_primary(self, opt) -> bool:
+        return self._primary is None or self._primary() is opt
+
+    def _pre(self, opt, args, kwargs) -> None:
+        self._depth += 1
+        if self._pending and self._depth == 1 and self._is_primary(opt):
+            # no module forward since the last iteration: advance here rather than merge two iterations
+            self.fire()
+
+    def _post(self, opt, args, kwargs) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth > 0:
+            return  # an inner optimizer of a wrapper (ZeroRedundancyOptimizer)
+        if self._primary is None or self._primary() is None:
+            self._primary = weakref.ref(opt)
+        if self._primary() is not opt:
+            return
+        self._iteration_done()
+
+    def _iteration_done(self) -> None:
+        self.iterations += 1
+        if self._pending:  # two iterations without a forward or optimizer pre-hook in between
+            self.fire()
+        self._pending = True
+        if self._fwd_handle is None:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._fwd_handle = register_module_forward_pre_hook(self._forward_pre)
+
+    def _forward_pre(self, module, args) -> None:
+        if self._pending:
+            self.fire()
+
+    def _drop_forward_hook(self) -> None:
+        if self._fwd_handle is not None:
+            self._fwd_handle.remove()
+            self._fwd_handle = None
+
+    def fire(self) -> None:
+        """Run the deferred step now (no-op when none is pending)."""
+        if not self._pending:
+            return
+        self._pending = False
+        self._drop_forward_hook()
+        self._on_iteration()
+
+    @property
+    def pending(self) -> bool:
+        return self._pending

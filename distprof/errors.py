@@ -1,0 +1,17 @@
+"""Exceptions raised by distprof. User mistakes get one clear line that names the fix."""
+
+
+class DistprofError(Exception):
+    """Base class for every error distprof raises on purpose."""
+
+
+class ConfigError(DistprofError, ValueError):
+    """An option or environment variable has a value distprof cannot use."""
+
+
+class ShardFormatError(DistprofError):
+    """A shard file is missing, unreadable, or written by an incompatible distprof."""
+
+
+class IncompleteRunError(DistprofError):
+    """A run directory lacks the shards an operation needs."""

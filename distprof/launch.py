@@ -1,0 +1,133 @@
+"""Profile an unchanged training script on every rank.
+
+    torchrun --nproc_per_node=N -m distprof.launch [distprof options] train.py [script args]
+    python -m distprof.launch [distprof options] train.py [script args]      (single process)
+
+The script runs as `__main__` with its own argv. Every rank profiles the same global steps (advanced by the
+optimizer-step hook, or by `distprof.step()` with --step-on manual) and writes one HDF5 shard per finished window to
+OUT/<run-id>/. The script's exit code and exceptions pass through unchanged; a profiler failure logs one warning and
+training goes on (unless --strict).
+
+Every option is also an environment variable DISTPROF_<OPTION> (e.g. DISTPROF_OUT, DISTPROF_ACTIVE,
+DISTPROF_FLOPS=0); a flag given on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import runpy
+import sys
+
+from .config import ProfileConfig, ScheduleConfig, config_from_mapping
+from .errors import ConfigError
+
+log = logging.getLogger("distprof.launch")
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    d, s = ProfileConfig(), ScheduleConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m distprof.launch",
+        description=__doc__.split("\n\n")[0].strip() + " Run under torchrun for several ranks.",
+        epilog="Every option can also be set as DISTPROF_<NAME> (dashes become underscores); the flag wins. "
+        "Test-only: DISTPROF_SIM_HOSTS / DISTPROF_SIM_CLOCKS simulate several hosts (docs/shard-format.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default=None, help=f"directory for runs; the run goes to OUT/<run-id> [{d.out}]")
+    g.add_argument("--run-id", default=None,
+                   help="run id shared by all ranks [SLURM_JOB_ID, else TORCHELASTIC_RUN_ID, else made by rank 0]")
+    g.add_argument("--codec", choices=("zstd", "gzip"), default=None,
+                   help=f"shard compression: zstd (smallest, fastest; needs hdf5plugin to read) or gzip (readable "
+                        f"by any HDF5 tool) [{d.codec}]")
+    g = p.add_argument_group("schedule (global steps; same meaning as torch.profiler.schedule)")
+    g.add_argument("--wait", type=int, default=None, help=f"idle steps at the start of each cycle [{s.wait}]")
+    g.add_argument("--warmup", type=int, default=None, help=f"warm-up steps before recording [{s.warmup}]")
+    g.add_argument("--active", type=int, default=None, help=f"recorded steps per window [{s.active}]")
+    g.add_argument("--repeat", type=int, default=None, help=f"number of windows, 0 = until the job ends [{s.repeat}]")
+    g.add_argument("--skip-first", type=int, default=None, help=f"steps to skip before the first cycle [{s.skip_first}]")
+    g.add_argument("--step-on", choices=("optimizer", "manual"), default=None,
+                   help="what advances a step: the optimizer-step hook (no code change), or distprof.step() "
+                        f"[{d.step_on}]")
+    g = p.add_argument_group("what to record")
+    _bool(g, "flops", d.flops, "FLOPs of matmul/conv ops (with_flops)")
+    _bool(g, "memory", d.memory, "allocator events, memory timeline and per-step peaks (profile_memory)")
+    _bool(g, "shapes", d.shapes, "input shapes (record_shapes); gives collective message sizes on gloo")
+    _bool(g, "stack", d.stack, "Python stacks (with_stack); costly")
+    g = p.add_argument_group("behaviour")
+    _bool(g, "strict", d.strict, "raise on profiler errors instead of warning and letting training go on")
+    g.add_argument("--sync-rounds", type=int, default=None,
+                   help=f"clock-sync ping-pongs per host leader at each window start and end [{d.sync_rounds}]")
+    g.add_argument("--sync-timeout", dest="sync_timeout_s", type=float, default=None,
+                   help=f"seconds a clock-sync exchange may wait for peers [{d.sync_timeout_s:g}]")
+    p.add_argument("script", help="the training script, run unchanged as __main__")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    return p
+
+
+def _bool(group, name: str, default: bool, help_text: str) -> None:
+    group.add_argument(f"--{name}", dest=name, action=argparse.BooleanOptionalAction, default=None,
+                       help=f"{help_text} [{'on' if default else 'off'}]")
+
+
+def config_from_args(args: argparse.Namespace) -> ProfileConfig:
+    values = {k: v for k, v in vars(args).items() if k not in ("script", "script_args")}
+    return config_from_mapping(values)
+
+
+def run(config: ProfileConfig, script: str, script_args: list[str]) -> None:
+    """Run `script` as __main__ under a RankProfiler; exceptions and SystemExit pass through after close()."""
+    from .capture.profiler import RankProfiler
+
+    prof = RankProfiler(config)
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    prof.start()
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        prof.close()
+        _summary(prof)
+
+
+def _summary(prof) -> None:
+    """One line per rank on stderr: where the shards went (rank 0 names the run directory)."""
+    n = len(prof.windows_written)
+    rank = os.environ.get("RANK", "0")
+    if prof.run_dir is None:
+        if rank == "0":
+            print("distprof: no window was recorded (the job ran fewer steps than the schedule needs: "
+                  f"see --wait/--warmup/--active; steps seen: {prof.step_num})", file=sys.stderr)
+        return
+    if rank == "0" or prof.errors:
+        errs = f", {len(prof.errors)} error(s): {prof.errors[0]['message']}" if prof.errors else ""
+        print(f"distprof: rank {rank} wrote {n} shard(s) to {prof.run_dir}{errs}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ConfigError as e:
+        parser.error(str(e))
+    if not os.path.isfile(args.script):
+        parser.error(f"script {args.script!r} not found")
+    _recorded(run)(config, args.script, args.script_args)
+
+
+def _recorded(fn):
+    """torchrun's @record: an uncaught exception reaches torchrun's error summary (TORCHELASTIC_ERROR_FILE)."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return fn
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import record
+    except ImportError:
+        return fn
+    return record(fn)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The shard schema: names, dtypes and codes shared by the writer and every reader.
+
+Documented for users in docs/shard-format.md; change both together. A reader accepts any
+shard whose major version it knows and refuses a newer major with a clear message.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FORMAT_NAME = "distprof-shard"
+SCHEMA_VERSION = "1.0"
+SCHEMA_MAJOR = 1
+
+#: One file per rank per finished window; a crash loses at most the window in flight.
+SHARD_TEMPLATE = "rank{rank:05d}.w{window:04d}.h5"
+SHARD_GLOB = "rank*.w*.h5"
+#: Written by each rank when it closes: windows written, errors recorded.
+STATUS_TEMPLATE = "rank{rank:05d}.status.json"
+TMP_SUFFIX = ".tmp"
+
+CHUNK_ROWS = 65536
+
+# Activity kinds, as Kineto names them.
+KINDS = (
+    "other",
+    "cpu_op",
+    "user_annotation",
+    "python_function",
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "cuda_runtime",
+    "cuda_driver",
+    "cpu_instant_event",
+    "gpu_user_annotation",
+    "overhead",
+    "cuda_sync",
+    "privateuse1_runtime",
+    "privateuse1_driver",
+)
+KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+
+# What an event is for the analyses.
+CATEGORIES = ("other", "compute", "communication", "memcpy")
+CAT_OTHER, CAT_COMPUTE, CAT_COMM, CAT_MEMCPY = range(4)
+
+# Role of a communication event (the /comms table).
+COMM_ROLES = ("none", "exec", "enqueue", "annotation")
+ROLE_EXEC, ROLE_ENQUEUE, ROLE_ANNOTATION = 1, 2, 3
+
+# Thread roles (the /threads table).
+THREAD_ROLES = ("other", "main", "comm_worker", "device_stream")
+THREAD_OTHER, THREAD_MAIN, THREAD_COMM, THREAD_STREAM = range(4)
+
+# Clock-sync phases.
+PHASES = ("window_start", "window_end")
+
+#: dataset -> column -> dtype. Every column of a table has the same length.
+TABLES: dict[str, dict[str, np.dtype]] = {
+    "events": {
+        "name_id": np.dtype("u4"),
+        "kind": np.dtype("u1"),
+        "category": np.dtype("u1"),
+        "tid": np.dtype("i8"),
+        "device": np.dtype("i2"),
+        "ts_ns": np.dtype("i8"),
+        "dur_ns": np.dtype("i8"),
+        "step": np.dtype("i4"),
+        "flops": np.dtype("i8"),
+        "corr_id": np.dtype("i8"),
+    },
+    "comms": {
+        "row": np.dtype("i8"),
+        "op_id": np.dtype("u4"),
+        "role": np.dtype("u1"),
+        "pg": np.dtype("i4"),
+        "seq": np.dtype("i4"),
+        "bytes": np.dtype("i8"),
+        "group_size": np.dtype("i4"),
+        "nccl_seq": np.dtype("i8"),
+    },
+    "threads": {
+        "tid": np.dtype("i8"),
+        "name_id": np.dtype("u4"),
+        "role": np.dtype("u1"),
+        "pg": np.dtype("i4"),
+    },
+    "memory": {
+        "ts_ns": np.dtype("i8"),
+        "bytes": np.dtype("i8"),
+        "total_bytes": np.dtype("i8"),
+        "device": np.dtype("i2"),
+        "step": np.dtype("i4"),
+    },
+    "steps": {
+        "step": np.dtype("i4"),
+        "start_ns": np.dtype("i8"),
+        "end_ns": np.dtype("i8"),
+        "flops": np.dtype("i8"),
+        "peak_mem_bytes": np.dtype("i8"),
+        "n_events": np.dtype("i8"),
+    },
+    "clock/samples": {
+        "phase": np.dtype("u1"),
+        "peer": np.dtype("i4"),
+        "t_send_ns": np.dtype("i8"),
+        "t_remote_ns": np.dtype("i8"),
+        "t_recv_ns": np.dtype("i8"),
+    },
+    "clock/local": {
+        "phase": np.dtype("u1"),
+        "time_ns": np.dtype("i8"),
+        "monotonic_ns": np.dtype("i8"),
+        "perf_counter_ns": np.dtype("i8"),
+    },
+}
+
+#: Root attributes every shard carries (JSON-encoded where marked).
+REQUIRED_ATTRS = (
+    "format",
+    "schema_version",
+    "run_id",
+    "rank",
+    "world_size",
+    "local_rank",
+    "host",
+    "device",
+    "backend",
+    "torch_version",
+    "distprof_version",
+    "window",
+    "first_step",
+    "last_step",
+)
+JSON_ATTRS = ("config", "process_groups", "errors", "sim_clock", "timings", "steps_covered")
+
+
+def empty_table(name: str, n: int = 0) -> dict[str, np.ndarray]:
+    """Columns of table `name` with `n` zeroed rows."""
+    return {col: np.zeros(n, dtype=dt) for col, dt in TABLES[name].items()}

@@ -1,0 +1,81 @@
+"""A small DDP training job to profile: the seed's MLP on random data, gloo on CPU or NCCL on CUDA.
+
+    torchrun --standalone --nproc_per_node=2 -m distprof.launch examples/ddp_mlp.py --steps 12
+
+Knobs that create the situations distprof must diagnose:
+  --slow-rank R --slow-ms X   rank R spends X ms extra every step before backward (a straggler)
+  --uneven                    the last rank gets a 1.5x larger batch (compute/FLOPs imbalance)
+  --bucket-mb MB              DDP gradient bucket size (small buckets overlap communication with backward)
+  --hidden H                  hidden width (default 2048, the seed's; tests use a small width so compute stays
+                              well below injected delays)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=12, help="training iterations")
+    p.add_argument("--batch", type=int, default=32, help="per-rank batch size")
+    p.add_argument("--hidden", type=int, default=2048, help="hidden width")
+    p.add_argument("--slow-rank", type=int, default=-1, help="rank that sleeps --slow-ms every step")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="extra milliseconds per step on --slow-rank")
+    p.add_argument("--uneven", action="store_true", help="last rank gets a 1.5x larger batch")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--lr", type=float, default=1e-3)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    cuda = torch.cuda.is_available()
+    if "RANK" in os.environ:
+        dist.init_process_group("nccl" if cuda else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = 0, 1
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)
+    h = args.hidden
+    model = nn.Sequential(nn.Linear(1024, h), nn.ReLU(), nn.Linear(h, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device)
+    if world > 1:
+        model = DDP(model, bucket_cap_mb=args.bucket_mb)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    loss_fn = nn.CrossEntropyLoss()
+    batch = args.batch
+    if args.uneven and rank == world - 1:
+        batch = int(batch * 1.5)
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(batch, 1024, generator=gen).to(device)
+    y = torch.randint(0, 10, (batch,), generator=gen).to(device)
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        loss = loss_fn(out, y)
+        if rank == args.slow_rank and args.slow_ms > 0:
+            time.sleep(args.slow_ms / 1000.0)
+        loss.backward()
+        opt.step()
+    if cuda:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    if rank == 0:
+        print(f"ddp_mlp: {args.steps} steps on {world} rank(s) in {elapsed:.2f} s, last loss {loss.item():.4f}")
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
