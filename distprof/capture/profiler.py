@@ -201,9 +201,10 @@ class RankProfiler:
         self._sync.sim = self._info.sim_clock
         explicit = self.config.run_id or _env_run_id()
         self.run_id = clock.setup(self._sync, self._info.host, explicit)
-        self.run_dir = Path(self.config.out) / self.run_id
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        remove_orphans(self.run_dir, self._info.rank)
+        run_dir = Path(self.config.out) / self.run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_dir
+        remove_orphans(run_dir, self._info.rank)
 
     # -- window end ---------------------------------------------------------------------------------------------
     def _on_trace_ready(self, prof) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -84,8 +85,12 @@ def write_shard(
                 data=np.array(strings, dtype=h5py.string_dtype("utf-8")),
                 dtype=h5py.string_dtype("utf-8"),
             )
+            t0 = time.perf_counter()
             for name, columns in tables.items():
                 _write_table(f.require_group(name), columns, filt)
+            timings = dict(attrs.get("timings") or {})
+            timings["write_s"] = round(time.perf_counter() - t0, 6)  # compression + HDF5 writes
+            f.attrs["timings"] = json.dumps(timings)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -1,0 +1,84 @@
+"""Model FLOPs utilisation: achieved TFLOP/s (torch's FLOP counts / step wall time) over the device's peak.
+
+Peaks are dense BF16 tensor-core TFLOP/s from vendor data sheets (no sparsity), matched by case-insensitive substring
+of the shard's ``device`` attribute, most specific entry first. ``--peak-tflops`` overrides for every rank; a rank
+whose device is not in the table (every CPU) has no MFU unless overridden. torch counts FLOPs only for a few ops
+(``aten::mm/addmm/bmm/baddbmm/conv2d/mul/add``), so MFU here is a lower bound.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from .imbalance import per_rank_metrics
+from .model import MergedRun, Table
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PEAK_TFLOPS", "peak_tflops_for", "mfu"]
+
+#: (substring of the device name, dense BF16 TFLOP/s). Ordered: more specific names first.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 989.0),
+    ("H200", 989.0),
+    ("H100 PCIE", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),  # SXM
+    ("H800", 989.0),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("A10G", 70.0),
+    ("A10", 125.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+    ("V100", 125.0),  # FP16 tensor cores (no BF16)
+    ("MI300X", 1307.0),
+    ("MI250X", 383.0),
+    ("MI250", 362.0),
+)
+
+
+def peak_tflops_for(device: str | None) -> float | None:
+    """Peak TFLOP/s for a device name, or None when unknown (CPU included)."""
+    if not device:
+        return None
+    d = str(device).upper()
+    for key, peak in PEAK_TFLOPS:
+        if key in d:
+            return peak
+    return None
+
+
+def mfu(run: MergedRun, *, peak_tflops: float | None = None, breakdown: Table | None = None) -> list[dict[str, Any]]:
+    """Per rank where a peak is known: ``{rank, device, peak_tflops, peak_source, achieved_tflops, mfu}``.
+
+    Peak source, first match: ``override`` (`peak_tflops`), ``run`` (``run.device_peak_tflops``), ``table``.
+    """
+    pr = per_rank_metrics(run, breakdown=breakdown)
+    out = []
+    for i, r in enumerate(pr["rank"].tolist()):
+        device = str(run.attrs.get(r, {}).get("device", "") or "")
+        if peak_tflops is not None:
+            peak, src = float(peak_tflops), "override"
+        elif r in run.device_peak_tflops:
+            peak, src = float(run.device_peak_tflops[r]), "run"
+        else:
+            peak, src = peak_tflops_for(device), "table"
+        if peak is None or peak <= 0:
+            continue
+        achieved = float(pr["tflops"][i])
+        out.append(
+            {
+                "rank": int(r),
+                "device": device,
+                "peak_tflops": peak,
+                "peak_source": src,
+                "achieved_tflops": achieved if np.isfinite(achieved) else None,
+                "mfu": achieved / peak if np.isfinite(achieved) else None,
+            }
+        )
+    return out

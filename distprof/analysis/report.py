@@ -1,0 +1,147 @@
+"""The report: every analysis of a merged run in one JSON-serialisable dict (documented in docs/report-format.md).
+
+    run = load_run("out/my-run")
+    report = build_report(run, peak_tflops=None, top=3)
+
+Pure: no I/O, no torch; renderers (``distprof.render``) turn the dict into text or a file.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import _version
+from .breakdown import BREAKDOWN_COLUMNS, step_breakdown
+from .imbalance import imbalance
+from .mfu import mfu
+from .model import MergedRun
+from .overlap import device_ranks, overlap_by_rank, overlap_by_step
+from .rootcause import root_cause
+from .stragglers import StragglerRule, find_stragglers
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_report", "REPORT_VERSION", "to_jsonable"]
+
+REPORT_FORMAT = "distprof-report"
+REPORT_VERSION = "1.0"
+
+
+def to_jsonable(x: Any) -> Any:
+    """Plain Python values only: numpy scalars and arrays converted, NaN and ±inf become None, keys become str."""
+    if isinstance(x, dict):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return [to_jsonable(v) for v in x.tolist()]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _summary(bd: dict[str, np.ndarray]) -> dict[str, Any]:
+    total = float(bd["step_ms"].sum())
+    n = int(bd["step"].size)
+
+    def pct(col: str) -> float | None:
+        return 100.0 * float(bd[col].sum()) / total if total > 0 else None
+
+    comm = float(bd["comm_ms"].sum())
+    return {
+        "n_rank_steps": n,
+        "n_steps": int(np.unique(bd["step"]).size),
+        "step_ms_mean": total / n if n else None,
+        "step_ms_max": float(bd["step_ms"].max()) if n else None,
+        "compute_pct": pct("compute_ms"),
+        "comm_pct": pct("comm_ms"),
+        "exposed_comm_pct": pct("exposed_comm_ms"),
+        "memcpy_pct": pct("memcpy_ms"),
+        "idle_pct": pct("idle_ms"),
+        "other_pct": pct("other_ms"),
+        "overlap_pct": 100.0 * float(bd["overlapped_ms"].sum()) / comm if comm > 0 else None,
+    }
+
+
+def build_report(
+    run: MergedRun,
+    *,
+    peak_tflops: float | None = None,
+    top: int = 3,
+    rule: StragglerRule | None = None,
+) -> dict[str, Any]:
+    """Run every analysis on `run` and return the report dict (JSON-serialisable; keys in docs/report-format.md).
+
+    `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis.
+    """
+    warnings = list(run.warnings)
+    bd = step_breakdown(run)
+    if bd["step"].size == 0:
+        warnings.append("no recorded steps: the per-step analyses are empty")
+    ov_step = overlap_by_step(bd)
+    steps_records = []
+    cols = [c for c in BREAKDOWN_COLUMNS] + ["overlap_pct"]
+    table = {**bd, "overlap_pct": ov_step["overlap_pct"]}
+    for i in range(bd["step"].size):
+        steps_records.append({c: table[c][i] for c in cols})
+
+    strag = find_stragglers(run, rule=rule)
+    if strag["n_instances"] == 0:
+        warnings.append("no collective was matched across ranks: no straggler analysis")
+    named = [d["rank"] for d in strag["ranks"] if d["named"]][: max(top, 0)]
+    rc = root_cause(run, named, breakdown=bd) if named else []
+
+    mfu_rows = mfu(run, peak_tflops=peak_tflops, breakdown=bd)
+    dev = device_ranks(run)
+    hosts_present = sorted({run.hosts.get(r, "?") for r in run.ranks_present})
+    st = run.steps
+    report: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "report_version": REPORT_VERSION,
+        "distprof_version": _version.__version__,
+        "run": {
+            "id": run.run_id,
+            "world_size": run.world_size,
+            "ranks_present": sorted(int(r) for r in run.ranks_present),
+            "ranks_missing": sorted(int(r) for r in run.ranks_missing),
+            "hosts": {str(r): run.hosts[r] for r in sorted(run.hosts)},
+            "n_hosts": len(hosts_present),
+            "devices": sorted({str(a.get("device", "?")) for a in run.attrs.values()}),
+            "backend": sorted({str(a.get("backend", "?")) for a in run.attrs.values()}),
+            "device_ranks": sorted(dev),
+            "windows": sorted({int(w) for w in np.unique(st["window"])}) if "window" in st else [],
+            "first_step": int(st["step"].min()) if st["step"].size else None,
+            "last_step": int(st["step"].max()) if st["step"].size else None,
+            "n_steps": int(np.unique(st["step"]).size),
+        },
+        "clock": {
+            host: {
+                "offset_ns": hc.offset_ns,
+                "drift_ppm": hc.drift_ppm,
+                "residual_us": hc.residual_us,
+                "residual_max_us": hc.residual_max_us,
+                "method": hc.method,
+                "n_samples": hc.n_samples,
+                "ranks": list(hc.ranks),
+            }
+            for host, hc in sorted(run.clock.items())
+        },
+        "summary": _summary(bd),
+        "steps": steps_records,
+        "stragglers": strag["ranks"],
+        "straggler_info": {k: v for k, v in strag.items() if k != "ranks"},
+        "root_cause": rc,
+        "overlap": overlap_by_rank(run, breakdown=bd),
+        "imbalance": imbalance(run, breakdown=bd),
+        "mfu": mfu_rows,
+        "warnings": warnings,
+    }
+    if not mfu_rows:
+        report["mfu_note"] = "device peak unknown (CPU or unlisted device): pass --peak-tflops to compute MFU"
+    return to_jsonable(report)

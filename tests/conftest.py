@@ -1,0 +1,60 @@
+"""Shared helpers: run real jobs (torchrun / python) in subprocesses and read their shards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("DISTPROF_") or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                               "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+            del env[k]
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def torchrun(nproc: int, args: list[str], *, cwd: Path, env: dict[str, str] | None = None,
+             timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=env or job_env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def python(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180,
+           check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env or job_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"python failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def only_run_dir(out: Path) -> Path:
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(runs) == 1, f"expected one run directory in {out}, found {runs}"
+    return runs[0]
+
+
+@pytest.fixture(autouse=True)
+def _no_profiler_left_running():
+    yield
+    try:
+        from distprof.capture.profiler import active
+    except ImportError:
+        return
+    assert active() is None, "a distprof profiler was left running by the test"

@@ -1,0 +1,158 @@
+"""The launcher: argv, exit codes and exceptions pass through, options and env vars, never hurting training."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from conftest import EXAMPLES, job_env, only_run_dir, python, torchrun
+from distprof.config import ProfileConfig, config_from_mapping
+from distprof.errors import ConfigError
+from distprof.launch import config_from_args, get_args_parser
+from distprof.storage import find_shards, read_shard
+
+SCHED = ["--wait", "1", "--warmup", "1", "--active", "2"]
+
+
+def write(tmp_path, name, body):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+TRAIN = textwrap.dedent("""
+    import sys, torch
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(int(sys.argv[1])):
+        loss = model(torch.randn(4, 8)).sum()
+        loss.backward(); opt.step(); opt.zero_grad()
+""")
+
+
+def test_script_argv_and_main(tmp_path):
+    script = write(tmp_path, "show.py", """
+        import sys
+        print("ARGV", sys.argv, __name__)
+    """)
+    proc = python(["-m", "distprof.launch", "--out", "o", str(script), "--lr", "0.5", "pos"], cwd=tmp_path)
+    assert f"ARGV ['{script}', '--lr', '0.5', 'pos'] __main__" in proc.stdout
+
+
+def test_exit_code_passes_through(tmp_path):
+    script = write(tmp_path, "exit3.py", TRAIN + "sys.exit(3)\n")
+    proc = python(["-m", "distprof.launch", "--out", "o", *SCHED, str(script), "6"], cwd=tmp_path, check=False)
+    assert proc.returncode == 3
+    # the window finished before the exit and was written
+    assert len(find_shards(only_run_dir(tmp_path / "o"))) == 1
+
+
+def test_exception_passes_through(tmp_path):
+    script = write(tmp_path, "boom.py", TRAIN + "raise ValueError('user bug 42')\n")
+    proc = python(["-m", "distprof.launch", "--out", "o", *SCHED, str(script), "6"], cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "ValueError: user bug 42" in proc.stderr
+    assert proc.stderr.count("Traceback") == 1
+
+
+def test_worker_failure_reaches_torchrun(tmp_path):
+    script = write(tmp_path, "fail.py", """
+        import os, sys
+        if os.environ["RANK"] == "1":
+            raise RuntimeError("rank one failed on purpose")
+    """)
+    proc = torchrun(2, ["-m", "distprof.launch", "--out", "o", str(script)], cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "rank one failed on purpose" in proc.stderr
+    assert "ChildFailedError" in proc.stderr or "Failures:" in proc.stderr
+
+
+def test_short_job_writes_partial_window(tmp_path):
+    # 3 iterations: steps 2 (recorded) and the in-progress step 3; window cut short at exit
+    script = write(tmp_path, "short.py", TRAIN)
+    proc = python(["-m", "distprof.launch", "--out", "o", "--wait", "1", "--warmup", "1", "--active", "4",
+                   str(script), "3"], cwd=tmp_path)
+    (shard,) = [read_shard(p) for p in find_shards(only_run_dir(tmp_path / "o"))]
+    assert not shard.attrs["complete"]
+    assert 2 in shard.attrs["steps_covered"]
+    assert "wrote 1 shard(s)" in proc.stderr
+
+
+def test_too_few_steps_says_so(tmp_path):
+    script = write(tmp_path, "tiny.py", TRAIN)
+    proc = python(["-m", "distprof.launch", "--out", "o", str(script), "1"], cwd=tmp_path)
+    assert "no window was recorded" in proc.stderr
+
+
+def test_profiler_failure_does_not_hurt_training(tmp_path):
+    # the output path is a file: creating the run directory fails once the first window starts
+    (tmp_path / "blocked").write_text("not a directory")
+    script = write(tmp_path, "ok.py", TRAIN + "print('TRAINING DONE')\n")
+    proc = python(["-m", "distprof.launch", "--out", "blocked", *SCHED, str(script), "6"], cwd=tmp_path)
+    assert proc.returncode == 0 and "TRAINING DONE" in proc.stdout
+    warnings = [ln for ln in proc.stderr.splitlines() if "distprof: rank 0:" in ln]
+    assert len(warnings) == 1 and "training goes on" in warnings[0]
+
+
+def test_strict_raises(tmp_path):
+    (tmp_path / "blocked").write_text("not a directory")
+    script = write(tmp_path, "ok.py", TRAIN + "print('TRAINING DONE')\n")
+    proc = python(["-m", "distprof.launch", "--out", "blocked", "--strict", *SCHED, str(script), "6"],
+                  cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "distprof (strict mode)" in proc.stderr
+    assert "TRAINING DONE" not in proc.stdout
+
+
+def test_env_vars_configure_and_flags_win(tmp_path):
+    script = write(tmp_path, "t.py", TRAIN)
+    env = job_env(DISTPROF_OUT="envout", DISTPROF_ACTIVE="3", DISTPROF_WAIT="0", DISTPROF_WARMUP="1",
+                  DISTPROF_RUN_ID="fromenv", DISTPROF_FLOPS="0", DISTPROF_CODEC="gzip")
+    python(["-m", "distprof.launch", "--active", "2", str(script), "6"], cwd=tmp_path, env=env)
+    (shard,) = [read_shard(p) for p in find_shards(tmp_path / "envout" / "fromenv")]
+    cfg = shard.attrs["config"]
+    assert cfg["schedule"]["active"] == 2 and cfg["schedule"]["wait"] == 0
+    assert cfg["flops"] is False and cfg["codec"] == "gzip"
+    assert shard.attrs["steps_covered"] == [1, 2]
+    assert shard.attrs["codec"] == "gzip"
+
+
+def test_help_documents_every_option():
+    text = get_args_parser().format_help()
+    for flag in ("--out", "--run-id", "--wait", "--warmup", "--active", "--repeat", "--skip-first", "--flops",
+                 "--no-flops", "--memory", "--no-memory", "--shapes", "--stack", "--step-on", "--strict", "--codec",
+                 "DISTPROF_"):
+        assert flag in text, flag
+
+
+def test_bad_option_is_one_line(tmp_path):
+    script = write(tmp_path, "t.py", TRAIN)
+    proc = python(["-m", "distprof.launch", "--active", "0", str(script), "6"], cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert "active=0 (need >= 1)" in proc.stderr and "Traceback" not in proc.stderr
+    env = job_env(DISTPROF_FLOPS="maybe")
+    proc = python(["-m", "distprof.launch", str(script), "6"], cwd=tmp_path, env=env, check=False)
+    assert proc.returncode == 2 and "DISTPROF_FLOPS='maybe'" in proc.stderr
+
+
+def test_config_precedence_unit():
+    args = get_args_parser().parse_args(["--warmup", "4", "train.py", "--warmup", "9"])
+    cfg = config_from_args(args)
+    assert cfg.schedule.warmup == 4 and args.script_args == ["--warmup", "9"]
+    cfg = config_from_mapping({"active": None}, environ={"DISTPROF_ACTIVE": "7", "DISTPROF_STEP_ON": "manual"})
+    assert cfg.schedule.active == 7 and cfg.step_on == "manual"
+    assert config_from_mapping({}, environ={}) == ProfileConfig()
+    with pytest.raises(ConfigError, match="step_on='sometimes'"):
+        config_from_mapping({"step_on": "sometimes"}, environ={})
+
+
+def test_status_file_records_windows(tmp_path):
+    script = write(tmp_path, "t.py", TRAIN)
+    python(["-m", "distprof.launch", "--out", "o", "--wait", "0", "--warmup", "1", "--active", "2", "--repeat", "2",
+            str(script), "8"], cwd=tmp_path)
+    run = only_run_dir(tmp_path / "o")
+    status = json.loads((run / "rank00000.status.json").read_text())
+    assert [w["steps"] for w in status["windows"]] == [[1, 2], [4, 5]]
+    assert [read_shard(p).attrs["window"] for p in find_shards(run)] == [0, 1]

@@ -1,0 +1,160 @@
+"""Stragglers and root cause on hand-built DDP-like runs (2 bucket all-reduces per step, like real DDP)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_breakdown import ddp_run
+
+from distprof.analysis.model import HostClock
+from distprof.analysis.rootcause import IDLE_NAME, root_cause
+from distprof.analysis.stragglers import StragglerRule, collective_instances, find_stragglers
+
+JITTER = (0.0, 0.1, 0.2, 0.3)  # ms: rank r arrives r·0.1 ms after rank 0 when nobody is slowed
+
+
+def _by_rank(res):
+    return {d["rank"]: d for d in res["ranks"]}
+
+
+def test_instances_and_lateness():
+    run = ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER)
+    t = collective_instances(run)
+    assert t["inst"].max() + 1 == 6  # 3 steps × 2 buckets
+    assert np.all(t["n_ranks"] == 4)
+    lat = t["lateness_ns"] / 1e6
+    # rank 2 is 20 ms + its 0.2 ms jitter after rank 0 (the earliest) at every bucket all-reduce
+    assert lat[t["rank"] == 2] == pytest.approx([20.2] * 6)
+    assert lat[t["rank"] == 0] == pytest.approx([0.0] * 6)
+    assert np.all(t["rank"][t["is_last"]] == 2)
+
+
+def test_late_rank_is_named_with_hand_computed_figures():
+    res = find_stragglers(ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER))
+    assert res["named"] == [2]
+    top = res["ranks"][0]
+    assert top["rank"] == 2
+    # one 20 ms delay before backward delays both bucket all-reduces: mean lateness ≈ the delay, not twice it
+    assert top["mean_lateness_ms"] == pytest.approx(20.2)
+    assert top["late_fraction"] == 1.0
+    # blame per instance = (20.2-0) + (20.2-0.1) + (20.2-0.3) = 60.2; 6 instances over 3 steps
+    assert top["blame_ms"] == pytest.approx(6 * 60.2)
+    assert top["blame_ms_per_step"] == pytest.approx(2 * 60.2)
+    assert top["lost_ms_per_step"] == pytest.approx(20.2)
+    # clock-free: durations only
+    assert top["clock_free_lateness_ms"] == pytest.approx(20.2)
+    assert top["clock_free_wait_ms"] == pytest.approx(0.0)
+    r = _by_rank(res)
+    assert r[0]["clock_free_wait_ms"] == pytest.approx(20.2)
+    assert r[0]["blame_ms"] == 0 and r[0]["late_fraction"] == 0
+    assert res["clock_free"]["agrees"] is True
+    assert res["clock_free"]["named_confirmed"] == {"2": True}
+    assert [p["rank"] for p in res["per_step"]] == [2, 2, 2]
+    assert res["changes"] == []
+    assert res["rule"]["threshold_ms"] == pytest.approx(1.0)
+
+
+def test_no_delay_names_nobody():
+    res = find_stragglers(ddp_run(4, n_steps=3, jitter_ms=JITTER))
+    assert res["named"] == []
+    # the ranking still exists: rank 3 arrives last by 0.3 ms
+    assert res["ranks"][0]["rank"] == 3
+    assert res["ranks"][0]["mean_lateness_ms"] == pytest.approx(0.3)
+    assert all(p["rank"] is None for p in res["per_step"])
+
+
+def test_threshold_from_clock_residual():
+    run = ddp_run(4, n_steps=3, late_rank=1, late_ms=5, jitter_ms=JITTER)
+    run.clock = {"host0": HostClock("host0", 0.0, residual_us=2000.0)}
+    res = find_stragglers(run)
+    assert res["rule"]["threshold_ms"] == pytest.approx(6.0)  # 3 × 2 ms residual
+    assert res["named"] == []  # 5.1 ms late: indistinguishable from clock error
+    res = find_stragglers(run, rule=StragglerRule(residual_factor=1.0))
+    assert res["named"] == [1]
+
+
+def test_straggler_changes_between_steps():
+    late = {(0, 2): 20.0, (1, 2): 20.0, (2, 1): 15.0}
+    res = find_stragglers(ddp_run(4, n_steps=3, late_at=late, jitter_ms=JITTER))
+    assert [p["rank"] for p in res["per_step"]] == [2, 2, 1]
+    assert res["changes"] == [{"step": 12, "from_rank": 2, "to_rank": 1}]
+    # rank 2 is last in 4 of 6 instances; rank 1 in 2
+    r = _by_rank(res)
+    assert r[2]["late_fraction"] == pytest.approx(4 / 6)
+    assert r[1]["late_fraction"] == pytest.approx(2 / 6)
+    assert res["named"] == [2]  # rank 1 is late in only a third of its instances
+    assert res["ranks"][0]["rank"] == 2
+
+
+def test_slow_host_names_all_its_ranks():
+    run = ddp_run(4, n_steps=3, late_at={(s, r): 20.0 for s in range(3) for r in (2, 3)}, jitter_ms=JITTER,
+                  hosts=["nodeA", "nodeA", "nodeB", "nodeB"])
+    res = find_stragglers(run)
+    assert sorted(res["named"]) == [2, 3]  # rank 2 is never last, but always 20.2 ms late
+    hosts = {h["host"]: h for h in res["hosts"]}
+    assert hosts["nodeB"]["named"] and not hosts["nodeA"]["named"]
+    assert hosts["nodeB"]["mean_lateness_ms"] == pytest.approx(20.3)
+    assert hosts["nodeB"]["late_fraction"] == 1.0
+    assert res["hosts"][0]["host"] == "nodeB"
+
+
+def test_no_collectives():
+    run = ddp_run(2, n_steps=1)
+    run.comms = {k: v[:0] for k, v in run.comms.items()}
+    res = find_stragglers(run)
+    assert res["n_instances"] == 0 and res["ranks"] == [] and res["named"] == []
+
+
+# idle: rank 2 also starts its forward 0.2 ms into the step (jitter) vs the others' median 0.1 ms -> 20.1
+@pytest.mark.parametrize("kind,name,excess", [("compute", "aten::slow", 20.0), ("idle", IDLE_NAME, 20.1)])
+def test_root_cause(kind, name, excess):
+    run = ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER, late_kind=kind)
+    (rc,) = root_cause(run, [2])
+    assert rc["rank"] == 2 and rc["n_steps"] == 3
+    top = rc["ops"][0]
+    assert top["name"] == name
+    assert top["excess_ms_per_step"] == pytest.approx(excess)
+    assert top["excess_ms"] == pytest.approx(3 * excess)
+    # communication is an effect, never a cause
+    assert all(not op["name"].startswith(("gloo:", "c10d::")) for op in rc["ops"])
+
+
+def test_root_cause_slower_compute():
+    run = ddp_run(4, n_steps=2, batch={1: 1.5}, jitter_ms=JITTER)
+    (rc,) = root_cause(run, [1])
+    names = [op["name"] for op in rc["ops"]]
+    # forward addmm 10 -> 15 ms (+5, and its enclosing annotation too: inclusive times), backward mm 2×5 -> 2×7.5
+    assert set(names[:3]) == {"aten::addmm", "aten::mm", "DistributedDataParallel.forward"}
+    ex = {op["name"]: op["excess_ms_per_step"] for op in rc["ops"]}
+    assert ex["DistributedDataParallel.forward"] == pytest.approx(5.0)
+    assert ex["aten::addmm"] == pytest.approx(5.0)
+    assert ex["aten::mm"] == pytest.approx(5.0)
+
+
+def test_synthetic_shards_with_serialised_buckets(tmp_path):
+    """A's shard factory: the 2nd bucket waits for the worker busy in the 1st, clocks offset and drifting."""
+    from synth import make_run
+
+    from distprof.analysis.run import load_run
+
+    syn = make_run(tmp_path, world_size=4, hosts=[0, 0, 1, 1], clocks={1: (3.25, 40.0)}, late_rank=2, late_ms=30,
+                   schedule={"wait": 1, "warmup": 1, "active": 4})
+    res = find_stragglers(load_run(syn.run_dir))
+    assert res["named"] == [2]
+    top = res["ranks"][0]
+    assert top["rank"] == 2
+    assert top["mean_lateness_ms"] == pytest.approx(30, rel=0.05)
+    # per instance the 2nd bucket shows little lateness: the per-step figure is the one that matches the delay
+    assert top["mean_instance_lateness_ms"] < 0.7 * 30
+    assert top["clock_free_lateness_ms"] == pytest.approx(30, rel=0.05)
+    assert res["clock_free"]["agrees"]
+
+
+def test_synthetic_shards_no_delay(tmp_path):
+    from synth import make_run
+
+    from distprof.analysis.run import load_run
+
+    syn = make_run(tmp_path, world_size=4, hosts=[0, 0, 1, 1], clocks={1: (-1.5, -20.0)})
+    res = find_stragglers(load_run(syn.run_dir))
+    assert res["named"] == [] and not any(h["named"] for h in res["hosts"])
