@@ -112,6 +112,11 @@ _BOOL_KEYS = ("flops", "memory", "shapes", "stack", "strict")
 def config_from_mapping(values: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> ProfileConfig:
     """Build a config: explicit `values` (None = unset) win over DISTPROF_* variables, which win over defaults."""
     env = os.environ if environ is None else environ
+    known = set(_SCHEDULE_KEYS) | set(_BOOL_KEYS) | {"out", "run_id", "step_on", "codec", "sync_rounds",
+                                                      "sync_timeout_s"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     top: dict[str, Any] = {}
     sched: dict[str, Any] = {}
 

@@ -156,3 +156,25 @@ def test_status_file_records_windows(tmp_path):
     status = json.loads((run / "rank00000.status.json").read_text())
     assert [w["steps"] for w in status["windows"]] == [[1, 2], [4, 5]]
     assert [read_shard(p).attrs["window"] for p in find_shards(run)] == [0, 1]
+
+
+def test_manual_steps_under_the_launcher(tmp_path):
+    script = write(tmp_path, "manual.py", """
+        import torch, distprof
+        w = torch.randn(32, 32)
+        for i in range(6):
+            (w @ w).sum()
+            distprof.step()
+    """)
+    python(["-m", "distprof.launch", "--out", "o", "--step-on", "manual", *SCHED, str(script)], cwd=tmp_path)
+    (shard,) = [read_shard(p) for p in find_shards(only_run_dir(tmp_path / "o"))]
+    assert shard.attrs["steps_covered"] == [2, 3]
+    names = set(shard.names[shard.table("events", ["name_id"])["name_id"]])
+    assert "aten::mm" in names
+
+
+def test_api_rejects_unknown_options():
+    import distprof
+
+    with pytest.raises(ConfigError, match="unknown option.*actve"):
+        distprof.profile(actve=3)

@@ -218,7 +218,8 @@ class RankProfiler:
                 self._fail("clock sync", e, disable=False)
             results = prof.profiler.kineto_results
             window = window_of(self.config.schedule, self.step_num - 1)
-            self._submit(results, window, complete=True, stop_s=stop_s)
+            self._submit(results, window, complete=True, stop_s=stop_s,
+                         ready_s=time.perf_counter() - self._t_step_call - stop_s)
             nxt = action_at(self.config.schedule, self.step_num)
             if nxt in RECORDING:  # the next window starts right away (wait = warmup = 0)
                 clock.exchange(self._sync, 0)
@@ -253,7 +254,7 @@ class RankProfiler:
 
         return bool(dist.is_available() and dist.is_initialized() and self._sync.group is not None)
 
-    def _submit(self, results, window: int | None, *, complete: bool, stop_s: float) -> None:
+    def _submit(self, results, window: int | None, *, complete: bool, stop_s: float, ready_s: float = 0.0) -> None:
         samples, local = self._sync.take_window()
         peaks, self._cuda_peaks = self._cuda_peaks, {}
         baseline = dict(self._cuda_baseline)
@@ -262,10 +263,10 @@ class RankProfiler:
         backend = dist_info.backend_name()
         t_queued = time.perf_counter()
         self._writer.submit(lambda: self._write_window(
-            results, window if window is not None else len(self.windows_written), complete, stop_s, samples, local,
-            peaks, baseline, gloo_pg, pgs, backend, t_queued))
+            results, window if window is not None else len(self.windows_written), complete, (stop_s, ready_s),
+            samples, local, peaks, baseline, gloo_pg, pgs, backend, t_queued))
 
-    def _write_window(self, results, window, complete, stop_s, samples, local, peaks, baseline, gloo_pg, pgs,
+    def _write_window(self, results, window, complete, hold, samples, local, peaks, baseline, gloo_pg, pgs,
                       backend, t_queued) -> None:
         t0 = time.perf_counter()
         info = self._info
@@ -307,7 +308,7 @@ class RankProfiler:
             "clock_reference": roles.reference if roles else 0,
             "created_ns": time.time_ns(),
         }
-        timings = {"stop_s": round(stop_s, 6), "queued_s": round(t0 - t_queued, 6), "extract_s": round(t1 - t0, 6),
+        timings = {"stop_s": round(hold[0], 6), "ready_s": round(hold[1], 6), "queued_s": round(t0 - t_queued, 6), "extract_s": round(t1 - t0, 6),
                    "n_events": ex.stats["n_events"]}
         attrs["timings"] = timings
         path = self.run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=window)
