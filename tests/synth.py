@@ -29,7 +29,6 @@ instance × rank), step spans in true time, and helpers to convert between true 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence

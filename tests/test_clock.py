@@ -6,13 +6,7 @@ import numpy as np
 import pytest
 
 from distprof.analysis import load_run
-from distprof.analysis.clock import (
-    ClockModel,
-    Segment,
-    fit_segments,
-    phase_offsets,
-    residuals,
-)
+from distprof.analysis.clock import ClockModel, Segment, fit_segments, phase_offsets, residuals
 from distprof.analysis.matching import match_collectives
 from distprof.analysis.model import HostClock
 from synth import make_run
@@ -20,57 +14,79 @@ from synth import make_run
 BASE = 1_790_856_000 * 10**9  # epoch ns: too large for a double to hold exactly
 
 
-def _samples(phase, send, rtt, off):
+def _samples(phase, send, d_out, d_ret, offset):
+    """Ping-pongs built from one-way delays: remote clock = local clock + offset."""
     send = BASE + np.asarray(send, dtype=np.int64)
-    rtt = np.asarray(rtt, dtype=np.int64)
+    d_out, d_ret = np.asarray(d_out, dtype=np.int64), np.asarray(d_ret, dtype=np.int64)
+    offset = np.broadcast_to(np.asarray(offset, dtype=np.int64), send.shape)
     return {
         "phase": np.asarray(phase, dtype=np.uint8),
         "peer": np.zeros(len(send), dtype=np.int32),
         "t_send_ns": send,
-        "t_remote_ns": send + rtt // 2 + np.asarray(off, dtype=np.int64),
-        "t_recv_ns": send + rtt,
+        "t_remote_ns": send + d_out + offset,
+        "t_recv_ns": send + d_out + d_ret,
     }
 
 
-def test_phase_offsets_keep_lowest_rtt():
-    # 4 samples: rtt 100, 200, 1000 (asymmetric outlier, offset 500), 150. keep max(3, 25%) = 3 lowest-RTT samples
-    # -> offsets 10, 20, 30 -> median 20; local midpoints 50, 1100, 3075 -> median 1100.
-    est = phase_offsets(_samples([0, 0, 0, 0], [0, 1000, 2000, 3000], [100, 200, 1000, 150], [10, 20, 500, 30]))
+def test_phase_offsets_hand_computed():
+    # true offset 20; sample 2 has a 900 ns delay on the ping (asymmetric outlier).
+    # min-delay: min ping (d_out + 20) = 70, min pong (d_ret − 20) = 30 -> (70 − 30)/2 = 20.
+    # median-rtt: rtts 100, 115, 950, 122 -> keep max(3, 25 %) = 3 lowest: per-sample offsets 20, 22.5, 11 -> 20.
+    s = _samples([0] * 4, [0, 1000, 2000, 3000], [50, 60, 900, 52], [50, 55, 50, 70], 20)
+    est = phase_offsets(s)
     assert est["phase"].tolist() == [0]
     assert est["offset_ns"][0] == pytest.approx(20.0)
-    assert est["t_local_ns"][0] == BASE + 1100
+    assert est["offset_median_ns"][0] == pytest.approx(20.0)
+    assert est["rtt_min_ns"][0] == 100 and est["rtt_eff_ns"][0] == 100
     assert est["n"][0] == 4 and est["n_kept"][0] == 3
-    assert est["rtt_min_ns"][0] == 100
-    assert est["spread_ns"][0] == pytest.approx(20.0)
+    # local midpoints 50, 1057.5, 2475, 3061 -> median 1766.25 -> rounded
+    assert est["t_local_ns"][0] == BASE + 1766
+    assert phase_offsets(s, estimator="median-rtt")["offset_ns"][0] == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="estimator"):
+        phase_offsets(s, estimator="mean")
 
 
-def test_phase_offsets_per_phase_and_fraction():
-    # 16 samples per phase, keep 25% = 4. Phase 1 offsets are 1000 more.
+def test_phase_offsets_contended_phase():
+    """Most pings delayed one way (a busy reference): min-delay stays right, the lowest-RTT median does not."""
     n = 16
-    rtt = np.arange(n) * 10 + 100
-    off = np.where(np.arange(n) < 4, 7, 9999)  # only the 4 lowest-RTT samples carry the true offset
-    s0 = _samples([0] * n, np.arange(n) * 1000, rtt, off)
-    s1 = _samples([1] * n, 10**9 + np.arange(n) * 1000, rtt, off + 1000)
+    d_out = np.full(n, 60_000)
+    d_out[1:] += np.arange(1, n) * 40_000  # all but one ping queued behind other work
+    d_ret = np.full(n, 60_000)
+    d_ret[0] += 5_000
+    s0 = _samples([0] * n, np.arange(n) * 10**6, d_out, d_ret, 7_000)
+    s1 = _samples([1] * n, 10**9 + np.arange(n) * 10**6, np.full(n, 60_000), np.full(n, 60_000), 1_007_000)
     both = {k: np.concatenate([s0[k], s1[k]]) for k in s0}
     est = phase_offsets(both)
     assert est["phase"].tolist() == [0, 1]
-    assert est["offset_ns"].tolist() == pytest.approx([7.0, 1007.0])
-    assert est["n_kept"].tolist() == [4, 4]
+    # min ping = 60 µs + 7 µs; min pong = 60 µs − 7 µs (any sample but 0) -> exact
+    assert est["offset_ns"].tolist() == pytest.approx([7_000.0, 1_007_000.0])
+    assert est["offset_median_ns"][0] == pytest.approx(37_000.0)  # kept 4 lowest-RTT: 4.5, 27, 47, 67 µs
+    assert est["rtt_eff_ns"].tolist() == [120_000, 120_000]
 
 
 def test_fit_segments_line_between_phases():
-    est = {
-        0: {"phase": np.array([0, 1]), "t_local_ns": np.array([BASE, BASE + 10**9]),
-            "offset_ns": np.array([-5e9, -5e9 - 40e3])},  # -40 µs over 1 s = -40 ppm
-        1: {"phase": np.array([0]), "t_local_ns": np.array([BASE + 3 * 10**9]), "offset_ns": np.array([-5e9 - 120e3])},
-    }
-    segs, glob = fit_segments(est)
-    assert segs[0].t_ref_ns == BASE and segs[0].offset_ns == -5e9
+    def e(t, o, eff=100_000):
+        return {"phase": np.arange(len(t)), "t_local_ns": BASE + np.asarray(t, dtype=np.int64),
+                "offset_ns": np.asarray(o, dtype=np.float64), "rtt_eff_ns": np.full(len(t), eff)}
+
+    # -40 µs over 1 s = -40 ppm in window 0; window 1 has one phase on the same line
+    est = {0: e([0, 10**9], [-5e9, -5e9 - 40e3]), 1: e([3 * 10**9], [-5e9 - 120e3])}
+    segs, glob = fit_segments(est, drift_prior_ppm=1e6)  # no prior: plain least squares
+    assert segs[0].t_ref_ns == BASE and segs[0].offset_ns == pytest.approx(-5e9)
     assert segs[0].slope * 1e6 == pytest.approx(-40.0)
     assert segs[1].slope * 1e6 == pytest.approx(-40.0)  # one phase only: global slope
+    assert segs[1].offset_ns == pytest.approx(-5e9 - 120e3)
     assert glob.slope * 1e6 == pytest.approx(-40.0)
     t = np.array([BASE + 5 * 10**8])
     assert segs[0].apply(t)[0] == t[0] - 5 * 10**9 - 20_000
+    # with the default prior (0 ± 50 ppm) and 2 µs uncertainties the data still dominate
+    segs, glob = fit_segments(est)
+    assert glob.slope * 1e6 == pytest.approx(-40.0, abs=0.2)
+    # a phase measured under contention (best round trip 300 µs worse -> ±150 µs) no longer bends the drift
+    bad = {0: {**e([0, 3 * 10**8], [0.0, -100e3]), "rtt_eff_ns": np.array([100_000, 400_000])}}
+    segs, glob = fit_segments(bad)
+    assert abs(segs[0].slope * 1e6) < 60  # not the −333 ppm the two points imply
+    assert abs(segs[0].offset_ns) < 1_000  # follows the good phase
 
 
 @pytest.mark.parametrize("outliers", [0.0, 0.5])
@@ -167,3 +183,36 @@ def test_wrong_offset_shows_in_residual(tmp_path):
     want = np.maximum(0, start[:, 1] + 5_000_000 - np.minimum(end[:, 0], end[:, 1] + 5_000_000))
     assert bad.instances["violation_ns"].tolist() == want.tolist()
     assert bad.instances["violation_ns"].min() > 3_000_000  # gloo all_reduce here lasts ≈1.5 ms
+
+
+def test_reference_rank_missing(tmp_path):
+    """Rank 0 (the reference) lost its shard: its host is found through its members, samples still apply."""
+    run = make_run(tmp_path, hosts=[0, 0, 1, 1], clocks={1: (3.25, 40.0)}, missing_ranks=[0])
+    m = load_run(run.run_dir)
+    assert m.ranks_missing == [0]
+    assert m.clock["sim-host0"].method == "reference" and m.clock["sim-host1"].method == "ping-pong"
+    sel = m.steps["rank"] == 2
+    assert np.abs(m.steps["start_ns"][sel] - run.to_recorded(0, run.steps[2]["start"])).max() < 5_000
+
+
+def test_leader_missing_falls_back(tmp_path):
+    """Host 1's leader (rank 2) lost its shard: rank 3 has no samples, so collectives align host 1."""
+    run = make_run(tmp_path, hosts=[0, 0, 1, 1], clocks={1: (3.25, 40.0)}, missing_ranks=[2])
+    m = load_run(run.run_dir)
+    assert m.clock["sim-host1"].method == "collectives" and m.clock["sim-host1"].ranks == [3]
+    sel = m.steps["rank"] == 3
+    assert np.abs(m.steps["start_ns"][sel] - run.to_recorded(0, run.steps[3]["start"])).max() < 60_000
+    assert any("sim-host1" in w and "collective end times" in w for w in m.warnings)
+
+
+def test_reference_host_entirely_missing(tmp_path):
+    """Only rank 0 lived on the reference host and its shard is gone: the others still meet on its clock."""
+    run = make_run(tmp_path, world_size=3, hosts=[0, 1, 2], clocks={1: (3.25, 40.0), 2: (-1.5, -20.0)},
+                   missing_ranks=[0])
+    m = load_run(run.run_dir)
+    assert set(m.clock) == {"sim-host1", "sim-host2"}
+    assert {c.method for c in m.clock.values()} == {"ping-pong"}
+    assert any("no shard from the clock reference rank 0" in w for w in m.warnings)
+    for r in (1, 2):
+        sel = m.steps["rank"] == r
+        assert np.abs(m.steps["start_ns"][sel] - run.to_recorded(0, run.steps[r]["start"])).max() < 5_000

@@ -100,13 +100,11 @@ def setup(state: SyncState, host: str, run_id: str | None) -> str:
     state.roles = ClockRoles(hosts, leaders, reference, me_leader, role)
     if len(leaders) > 1:
         before = dist_info._gloo_tids()
-        state.group = dist.new_group(ranks=leaders, backend="gloo", timeout=timeout, group_desc="distprof_clock")
-        if state.group not in (None, dist.GroupMember.NON_GROUP_MEMBER):
-            dist_info.mark_own_pg(c10d._get_process_group_name(state.group), dist_info._gloo_tids() - before)
-        else:
-            # non-members still learn the group's name so it is excluded from the user's groups
-            pass
-        for cfg in c10d._get_all_pg_configs():
+        group = dist.new_group(ranks=leaders, backend="gloo", timeout=timeout, group_desc="distprof_clock")
+        if group not in (None, dist.GroupMember.NON_GROUP_MEMBER):
+            state.group = group
+            dist_info.mark_own_pg(c10d._get_process_group_name(group), dist_info._gloo_tids() - before)
+        for cfg in c10d._get_all_pg_configs():  # every rank excludes the side channel from the user's groups
             if cfg.get("pg_desc") == "distprof_clock":
                 dist_info.mark_own_pg(str(cfg.get("pg_name")))
     return agreed

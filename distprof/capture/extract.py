@@ -127,6 +127,9 @@ def extract(
     comm_bytes: dict[int, int] = {}
     kind_code = schema.KIND_CODE
     role_cache: dict[str, int] = {}
+    from torch._C._autograd import DeviceType
+
+    cpu = DeviceType.CPU
 
     for i, e in enumerate(evs):
         name = e.name()
@@ -136,8 +139,7 @@ def extract(
         tid[i] = e.device_resource_id()
         ts[i] = e.start_ns()
         dur[i] = e.duration_ns()
-        dt = e.device_type()
-        if dt.name != "CPU":
+        if e.device_type() != cpu:
             device[i] = e.device_index()
         if name == "[memory]":
             is_mem[i] = True
