@@ -137,6 +137,8 @@ def ddp_run(
     hosts: list[str] | None = None,
     late_kind: str = "idle",
     late_at: dict[tuple[int, int], float] | None = None,
+    noise_ms: float = 0.0,
+    seed: int = 0,
 ) -> MergedRun:
     """A DDP-like gloo CPU run built like the real thing.
 
@@ -147,7 +149,9 @@ def ddp_run(
     Rank r's compute is stretched by ``batch[r]`` and its arrivals shifted by ``jitter_ms[r]``.
     Steps are in lockstep: each starts 1 ms after the previous one ended on every rank.
     ``late_at`` {(step index, rank): ms} sets the delay per step instead (overrides late_rank/late_ms).
+    ``noise_ms``: every rank's forward starts |N(0, noise_ms)| later in every step (scheduling noise; seeded).
     """
+    rng = np.random.default_rng(seed)
     b = RunBuilder(world_size, hosts)
     jitter = jitter_ms or (0.0,) * world_size
     scale = {r: 1.0 for r in range(world_size)}
@@ -163,7 +167,7 @@ def ddp_run(
         arrive = np.zeros((buckets, world_size))
         main_end = np.zeros(world_size)
         for r in range(world_size):
-            tt = t + jitter[r]
+            tt = t + jitter[r] + (abs(rng.normal(0, noise_ms)) if noise_ms else 0.0)
             f = fwd_ms * scale[r]
             b.event(r, "DistributedDataParallel.forward", ANNOT, OTHER, 1, tt, tt + f, step=step_id)
             b.event(r, "aten::addmm", CPU_OP, COMPUTE, 1, tt, tt + f, step=step_id, flops=int(1e9 * scale[r]))

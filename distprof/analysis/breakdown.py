@@ -15,10 +15,11 @@ nested or concurrent events count once):
   ``cpu_op`` — the main thread's wait for gloo work has no event of its own, so waiting shows as main-thread gaps
   (or annotation-only time, or time inside ``c10d::*``/``gloo:send``) during gloo work. Device rank: K.
 
-Columns (ms): ``step_ms = |S|``; ``compute_ms = |S∩C|``; ``memcpy_ms = |S∩M \\ C|``; ``exposed_comm_ms = |S∩E \\ (C∪M)|``;
-``idle_ms = |S∩I \\ (C∪M∪E)|``; ``other_ms`` = the rest (busy in neither compute, memcpy nor exposed communication),
-so ``compute + memcpy + exposed_comm + idle + other = step``. Also ``comm_ms = |S∩K|`` (total, overlapped or not)
-and ``overlapped_ms = |S∩K∩C|`` (communication hidden under compute on another thread or stream).
+Columns (ms): ``step_ms = |S|``; ``compute_ms = |S∩C|``; ``memcpy_ms = |S∩M \\ C|``;
+``exposed_comm_ms = |S∩E \\ (C∪M)|``; ``idle_ms = |S∩I \\ (C∪M∪E)|``; ``other_ms`` = the rest (busy in neither
+compute, memcpy nor exposed communication), so ``compute + memcpy + exposed_comm + idle + other = step``.
+Also ``comm_ms = |S∩K|`` (total, overlapped or not) and ``overlapped_ms = |S∩K∩C|`` (communication hidden under
+compute on another thread or stream).
 """
 
 from __future__ import annotations
@@ -109,9 +110,7 @@ class _Context:
             logger.warning("%d communication rows point outside the events table; ignored", int(bad.sum()))
             exec_rows = exec_rows[~bad]
         self.is_exec[exec_rows] = True
-        self.is_step_name = step_name_mask(run.names)[np.asarray(ev["name_id"], dtype=np.int64)] if n else np.zeros(
-            0, bool
-        )
+        self.is_step_name = step_name_mask(run.names)[np.asarray(ev["name_id"], dtype=np.int64)]
         self.order, self.slices = rank_slices(ev["rank"])
         th = run.threads
         self.thread_rank = np.asarray(th.get("rank", np.zeros(0, np.int32)))

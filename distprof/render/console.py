@@ -21,7 +21,10 @@ def _f(x: Any, fmt: str = "{:.1f}", none: str = "-") -> str:
 
 def _table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    line = lambda cells: indent + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+
+    def line(cells: list[str]) -> str:
+        return indent + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     return [line(header)] + [line(r) for r in rows]
 
 
@@ -93,8 +96,9 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
     if mfu:
         out.append(st.bold("MFU"))
         rows = [
-            [str(m["rank"]), m.get("device", ""), _f(m.get("achieved_tflops"), "{:.2f}"), _f(m["peak_tflops"], "{:.0f}"),
-             _f(None if m.get("mfu") is None else 100 * m["mfu"], "{:.1f}%"), m.get("peak_source", "")]
+            [str(m["rank"]), m.get("device", ""), _f(m.get("achieved_tflops"), "{:.2f}"),
+             _f(m["peak_tflops"], "{:.0f}"), _f(None if m.get("mfu") is None else 100 * m["mfu"], "{:.1f}%"),
+             m.get("peak_source", "")]
             for m in mfu
         ]
         out += _table(["rank", "device", "TFLOP/s", "peak", "MFU", "peak from"], rows)
