@@ -181,3 +181,10 @@ def test_scheduling_noise_names_nobody_but_a_real_delay(seed):
     loud = find_stragglers(ddp_run(4, n_steps=5, noise_ms=6.0, seed=seed, late_rank=1, late_ms=25))
     assert loud["named"] == [1]
     assert loud["ranks"][0]["rank"] == 1
+
+
+def test_two_rank_job_names_its_straggler():
+    # with 2 ranks the cross-rank scatter is the straggler's own lateness: it must not raise the threshold
+    res = find_stragglers(ddp_run(2, n_steps=5, late_rank=1, late_ms=20))
+    assert res["named"] == [1]
+    assert res["rule"]["arrival_jitter_ms"] == 0.0

@@ -185,7 +185,10 @@ def arrival_jitter_ms(run: MergedRun, t: Table) -> float:
     estimates = []
     host_of = np.array([str(run.hosts.get(int(r), "?")) for r in t["rank"]], dtype=object).astype(str)
     _, hidx = np.unique(host_of, return_inverse=True)
-    for key, min_n in ((t["inst"] * (int(hidx.max()) + 1) + hidx.reshape(-1), 2), (t["inst"], 3)):
+    keys = [(t["inst"], 3)]  # with 2 arrivals the MAD is half the gap: a straggler would set its own threshold
+    if int(hidx.max()) > 0:  # several hosts: a slow host's ranks agree with each other
+        keys.insert(0, (t["inst"] * (int(hidx.max()) + 1) + hidx.reshape(-1), 2))
+    for key, min_n in keys:
         _, g = np.unique(key, return_inverse=True)
         g = g.reshape(-1)
         ng = int(g.max()) + 1

@@ -1,0 +1,54 @@
+"""Issue acceptance on real 4-rank gloo runs of examples/ddp_mlp.py (small width so injected delays dominate).
+
+Tolerances are a little wider than the figures measured on a quiet machine (see the closing notes), because CI
+shares 2 cores between 4 ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import distprof
+from conftest import EXAMPLES, job_env, torchrun
+from distprof.analysis.report import build_report
+
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp_path, tag, script_args, **env):
+    e = job_env(DISTPROF_RUN_ID=tag, **env)
+    torchrun(4, ["-m", "distprof.launch", "--out", "out", str(EXAMPLES / "ddp_mlp.py"), "--hidden", "256",
+                 "--steps", "12", *script_args], cwd=tmp_path, env=e)
+    return build_report(distprof.load(tmp_path / "out" / tag))
+
+
+def test_straggler_with_skewed_simulated_clocks(tmp_path):
+    rep = _run(tmp_path, "slow", ["--slow-rank", "2", "--slow-ms", "40"],
+               DISTPROF_SIM_HOSTS="0,0,1,1", DISTPROF_SIM_CLOCKS="0,3.25@40")
+    top = rep["stragglers"][0]
+    assert top["rank"] == 2 and top["named"]
+    assert abs(top["mean_lateness_ms"] - 40) <= 0.25 * 40, top
+    assert [s["rank"] for s in rep["stragglers"] if s["named"]] == [2]
+    host1 = rep["clock"]["sim-host1"]
+    assert host1["method"] == "ping-pong" and host1["residual_us"] is not None
+    # truth: host 1 runs 3.25 s + 40 ppm ahead; the reported offset maps it back to rank 0's clock
+    shard = distprof.storage.read_shard(sorted((tmp_path / "out" / "slow").glob("rank00002.*.h5"))[0])
+    sim = shard.attrs["sim_clock"]
+    t = shard.attrs["window_start_ns"]
+    truth = -(sim["offset_s"] * 1e9 + sim["drift_ppm"] * 1e-6 * (t - sim["t0_ns"]))
+    assert abs(host1["offset_ns"] - truth) < 500e3, (host1["offset_ns"], truth)  # measured ≈10 µs when quiet
+
+
+def test_no_delay_names_nobody(tmp_path):
+    rep = _run(tmp_path, "quiet", [])
+    assert [s["rank"] for s in rep["stragglers"] if s["named"]] == []
+
+
+def test_uneven_batch_shows_in_flops_and_compute(tmp_path):
+    rep = _run(tmp_path, "uneven", ["--uneven", "--batch", "32"])
+    m = rep["imbalance"]["metrics"]
+    assert m["flops"]["max_rank"] == 3 and m["compute_ms"]["max_rank"] == 3
+    per_rank = {r["rank"]: r for r in rep["imbalance"]["per_rank"]}
+    ratio = per_rank[3]["flops"] / np.mean([per_rank[r]["flops"] for r in (0, 1, 2)])
+    assert ratio == pytest.approx(48 / 32, rel=0.02)
