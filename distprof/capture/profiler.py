@@ -48,6 +48,10 @@ class _Writer:
         self._q.put(job)
 
     def _run(self) -> None:
+        try:  # Linux: a per-thread nice value, so extraction yields the CPU to training
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         while True:
             job = self._q.get()
             if job is None:
