@@ -105,46 +105,33 @@ def parse_float(value: str, name: str) -> float:
         raise ConfigError(f"{name}={value!r}: expected a number") from None
 
 
+def _parse_str(value: str, name: str) -> str | None:
+    return value or None  # an empty variable means unset
+
+
 _SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat", "skip_first")
-_BOOL_KEYS = ("flops", "memory", "shapes", "stack", "strict")
+#: option -> parser of its DISTPROF_* variable; schedule keys go into ScheduleConfig, the rest into ProfileConfig.
+_PARSERS = {
+    **{k: parse_int for k in _SCHEDULE_KEYS},
+    **{k: parse_bool for k in ("flops", "memory", "shapes", "stack", "strict")},
+    **{k: _parse_str for k in ("out", "run_id", "step_on", "codec")},
+    "sync_rounds": parse_int,
+    "sync_timeout_s": parse_float,
+}
 
 
 def config_from_mapping(values: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> ProfileConfig:
     """Build a config: explicit `values` (None = unset) win over DISTPROF_* variables, which win over defaults."""
     env = os.environ if environ is None else environ
-    known = set(_SCHEDULE_KEYS) | set(_BOOL_KEYS) | {"out", "run_id", "step_on", "codec", "sync_rounds",
-                                                      "sync_timeout_s"}
-    unknown = sorted(set(values) - known)
+    unknown = sorted(set(values) - set(_PARSERS))
     if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_PARSERS))}")
     top: dict[str, Any] = {}
     sched: dict[str, Any] = {}
-
-    def pick(key: str, parse):
+    for key, parse in _PARSERS.items():
         v = values.get(key)
-        if v is not None:
-            return v
-        raw = env.get(env_name(key))
-        if raw is None:
-            return None
-        return parse(raw, env_name(key))
-
-    for key in _SCHEDULE_KEYS:
-        v = pick(key, parse_int)
-        if v is not None:
-            sched[key] = v
-    for key in _BOOL_KEYS:
-        v = pick(key, parse_bool)
-        if v is not None:
-            top[key] = v
-    for key in ("out", "run_id", "step_on", "codec"):
-        v = pick(key, lambda raw, _n: raw)
+        if v is None and env_name(key) in env:
+            v = parse(env[env_name(key)], env_name(key))
         if v is not None and v != "":
-            top[key] = v
-    v = pick("sync_rounds", parse_int)
-    if v is not None:
-        top["sync_rounds"] = v
-    v = pick("sync_timeout_s", parse_float)
-    if v is not None:
-        top["sync_timeout_s"] = v
+            (sched if key in _SCHEDULE_KEYS else top)[key] = v
     return ProfileConfig(schedule=ScheduleConfig(**sched), **top)

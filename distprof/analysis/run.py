@@ -86,7 +86,7 @@ def load_run(
     shards = _dedupe(shards, warnings)
 
     all_ranks = sorted({s.rank for s in shards})
-    ranks_missing = [r for r in range(world_size) if r not in set(all_ranks)]
+    ranks_missing = sorted(set(range(world_size)) - set(all_ranks))
     if ranks_missing:
         warnings.append(_missing_ranks_message(run_dir, ranks_missing, world_size))
     _note_shard_problems(shards, warnings)

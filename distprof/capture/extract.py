@@ -124,7 +124,7 @@ def extract(
     corr = np.zeros(n, np.int64)
     is_mem = np.zeros(n, bool)
     nbytes = np.zeros(n, np.int64)
-    comm_bytes: dict[int, int] = {}
+    msg_bytes = np.full(n, -1, np.int64)  # collective message size, filled for communication events only
     kind_code = schema.KIND_CODE
     role_cache: dict[str, int] = {}
     from torch._C._autograd import DeviceType
@@ -153,7 +153,7 @@ def extract(
         if role is None:
             role = role_cache[name] = comm_role(name)
         if role:
-            comm_bytes[i] = _message_bytes(e)
+            msg_bytes[i] = _message_bytes(e)
 
     if sim is not None and not sim.is_identity:
         ts = sim.apply(ts)
@@ -190,8 +190,8 @@ def extract(
     ev_kind = kind[order]
     ev_ts = ts[order]
     ev_step = assign(ev_ts)
-    role_by_name = np.array([comm_role(s) for s in names], dtype=np.uint8) if names else np.zeros(0, np.uint8)
-    ev_role = role_by_name[ev_name] if len(names) else np.zeros(0, np.uint8)
+    role_by_name = np.array([role_cache.get(s, 0) for s in names], dtype=np.uint8)
+    ev_role = role_by_name[ev_name]
     category = np.full(len(order), schema.CAT_OTHER, np.uint8)
     computeish = (ev_kind == schema.KIND_CODE["cpu_op"]) | (ev_kind == schema.KIND_CODE["kernel"])
     category[computeish] = schema.CAT_COMPUTE
@@ -239,17 +239,12 @@ def extract(
     c_rows = np.flatnonzero(ev_role > 0)
     c_orig = order[c_rows]
     c_role = ev_role[c_rows]
-    op_of_name: dict[int, int] = {}
-    c_op = np.empty(len(c_rows), np.uint32)
-    for k, nid in enumerate(ev_name[c_rows].tolist()):
-        op = op_of_name.get(nid)
-        if op is None:
-            op = op_of_name[nid] = strings.id(normalize_op(names[nid]) or names[nid])
-        c_op[k] = op
-    c_tid = events["tid"][c_rows]
-    tid_pg = dict(zip(uniq_tids.tolist(), t_pg.tolist()))
-    c_pg = np.array([tid_pg.get(t, -1) for t in c_tid.tolist()], dtype=np.int32)
-    c_pg[(c_pg < 0)] = default_pg
+    op_by_name = np.zeros(len(names), np.uint32)
+    for nid in np.unique(ev_name[c_rows]).tolist():  # once per distinct name
+        op_by_name[nid] = strings.id(normalize_op(names[nid]) or names[nid])
+    c_op = op_by_name[ev_name[c_rows]]
+    c_pg = t_pg[np.searchsorted(uniq_tids, events["tid"][c_rows])]  # every event tid is in uniq_tids
+    c_pg[c_pg < 0] = default_pg
     c_seq = np.full(len(c_rows), -1, np.int32)
     ex = np.flatnonzero(c_role == schema.ROLE_EXEC)
     if len(ex):
@@ -258,15 +253,16 @@ def extract(
         starts = np.r_[0, np.flatnonzero(np.diff(pg_sorted)) + 1]
         group_first = np.repeat(starts, np.diff(np.r_[starts, len(srt)]))
         c_seq[srt] = (np.arange(len(srt)) - group_first).astype(np.int32)
-    sizes = {int(p["index"]): len(p.get("ranks", [])) for p in pgs}
-    c_gsize = np.array([sizes.get(int(p), -1) for p in c_pg.tolist()], dtype=np.int32)
+    size_by_pg = np.array([len(p.get("ranks", [])) for p in sorted(pgs, key=lambda p: int(p["index"]))] + [-1],
+                          dtype=np.int32)  # index -1 (unknown group) -> -1
+    c_gsize = size_by_pg[c_pg]
     comms = {
         "row": c_rows.astype(np.int64),
         "op_id": c_op,
         "role": c_role.astype(np.uint8),
         "pg": c_pg,
         "seq": c_seq,
-        "bytes": np.array([comm_bytes.get(int(i), -1) for i in c_orig.tolist()], dtype=np.int64),
+        "bytes": msg_bytes[c_orig],
         "group_size": c_gsize,
         "nccl_seq": np.full(len(c_rows), -1, np.int64),
     }
@@ -287,7 +283,7 @@ def extract(
     n_steps = len(step_ids)
     pos = {s: i for i, s in enumerate(step_ids.tolist())}
     in_step = ev_step >= 0
-    slot = np.array([pos.get(s, -1) for s in ev_step[in_step].tolist()], dtype=np.int64) if n_steps else np.zeros(0, np.int64)
+    slot = np.searchsorted(step_ids, ev_step[in_step])  # step ids ascend with their start times
     step_flops = np.bincount(slot, weights=events["flops"][in_step].astype(np.float64), minlength=n_steps)
     step_count = np.bincount(slot, minlength=n_steps)
     peak = np.zeros(n_steps, np.int64)

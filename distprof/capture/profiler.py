@@ -13,6 +13,7 @@ import os
 import queue
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,10 +68,28 @@ class _Writer:
         return not self._thread.is_alive()
 
 
+@dataclass
+class _WindowJob:
+    """What the training thread hands the writer when a window ends: a snapshot, nothing shared."""
+
+    results: Any  # torch's kineto results for the window
+    window: int
+    complete: bool
+    stop_s: float  # torch's own stop, on the training thread
+    ready_s: float  # distprof's window-end work on the training thread
+    samples: list
+    local: list
+    cuda_peaks: dict[int, int]
+    cuda_baseline: dict[int, int]
+    gloo_thread_pg: dict[int, str]
+    process_groups: list[dict[str, Any]]
+    backend: str
+    t_queued: float = field(default_factory=time.perf_counter)
+
+
 class RankProfiler:
-    def __init__(self, config: ProfileConfig, *, step_on: str | None = None) -> None:
+    def __init__(self, config: ProfileConfig) -> None:
         self.config = config
-        self.step_on = step_on or config.step_on
         self.step_num = 0
         self.errors: list[dict[str, str]] = []
         self.windows_written: list[dict[str, Any]] = []
@@ -84,10 +103,12 @@ class RankProfiler:
         self._started = False
         self._strict_error: BaseException | None = None
         self._warned = False
+        self._warned_manual = False
+        self._in_callback = False
+        self._t_step_call = 0.0  # perf_counter just before the training thread's prof.step()
         self._main_tid = threading.get_native_id()
         self._info: dist_info.RankInfo | None = None
         self._sync: clock.SyncState | None = None
-        self._window_t0: float = 0.0
         self._cuda_peaks: dict[int, int] = {}
         self._cuda_baseline: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -121,7 +142,7 @@ class RankProfiler:
         self._prof.start()
         self._writer = _Writer(self._fail)
         self._sync = clock.SyncState(cfg.sync_rounds, cfg.sync_timeout_s, None)
-        if self.step_on == "optimizer":
+        if cfg.step_on == "optimizer":
             self._stepper = OptimizerStepper(self._advance)
             self._stepper.install()
         _active = self
@@ -144,10 +165,6 @@ class RankProfiler:
                     "(run with --step-on manual to drive steps yourself)", self._rank_label())
             return
         self._advance()
-
-    _warned_manual = False
-    _in_callback = False
-    _t_step_call = 0.0
 
     def close(self) -> None:
         """Finish: flush the pending step, write what was recorded, wait for the writer, write the status file."""
@@ -195,7 +212,6 @@ class RankProfiler:
     def _window_begin(self) -> None:
         self._ensure_setup()
         clock.exchange(self._sync, 0)
-        self._window_t0 = time.perf_counter()
         self._cuda_window_begin()
 
     def _ensure_setup(self) -> None:
@@ -227,7 +243,6 @@ class RankProfiler:
             nxt = action_at(self.config.schedule, self.step_num)
             if nxt in RECORDING:  # the next window starts right away (wait = warmup = 0)
                 clock.exchange(self._sync, 0)
-                self._window_t0 = time.perf_counter()
                 self._cuda_window_begin()
         except BaseException as e:  # noqa: BLE001
             self._fail("window end", e)
@@ -258,51 +273,46 @@ class RankProfiler:
 
         return bool(dist.is_available() and dist.is_initialized() and self._sync.group is not None)
 
-    def _submit(self, results, window: int | None, *, complete: bool, stop_s: float, ready_s: float = 0.0) -> None:
+    def _submit(self, results, window: int, *, complete: bool, stop_s: float, ready_s: float = 0.0) -> None:
         samples, local = self._sync.take_window()
         peaks, self._cuda_peaks = self._cuda_peaks, {}
-        baseline = dict(self._cuda_baseline)
-        gloo_pg = dist_info.gloo_thread_pg()
-        pgs = dist_info.process_groups()
-        backend = dist_info.backend_name()
-        t_queued = time.perf_counter()
-        self._writer.submit(lambda: self._write_window(
-            results, window if window is not None else len(self.windows_written), complete, (stop_s, ready_s),
-            samples, local, peaks, baseline, gloo_pg, pgs, backend, t_queued))
+        job = _WindowJob(results, window, complete, stop_s, ready_s, samples, local, peaks, dict(self._cuda_baseline),
+                         dist_info.gloo_thread_pg(), dist_info.process_groups(), dist_info.backend_name())
+        self._writer.submit(lambda: self._write_window(job))
 
-    def _write_window(self, results, window, complete, hold, samples, local, peaks, baseline, gloo_pg, pgs,
-                      backend, t_queued) -> None:
+    def _write_window(self, job: _WindowJob) -> None:
+        """Writer thread: extract the window's events and write its shard."""
         t0 = time.perf_counter()
         info = self._info
         ex = extract(
-            results.events(),
+            job.results.events(),
             main_tid=self._main_tid,
             sim=info.sim_clock,
             thread_names=dist_info.thread_names(),
-            gloo_thread_pg=gloo_pg,
-            process_groups=pgs,
-            cuda_step_peaks=peaks or None,
-            cuda_baseline=baseline,
+            gloo_thread_pg=job.gloo_thread_pg,
+            process_groups=job.process_groups,
+            cuda_step_peaks=job.cuda_peaks or None,
+            cuda_baseline=job.cuda_baseline,
         )
         t1 = time.perf_counter()
-        s_tab, l_tab = clock.samples_table(samples, local)
-        tables = dict(ex.tables)
-        tables["clock/samples"] = s_tab
-        tables["clock/local"] = l_tab
+        s_tab, l_tab = clock.samples_table(job.samples, job.local)
+        tables = {**ex.tables, "clock/samples": s_tab, "clock/local": l_tab}
         roles = self._sync.roles
-        first = ex.steps_covered[0] if ex.steps_covered else -1
-        last = ex.steps_covered[-1] if ex.steps_covered else -1
+        steps = ex.steps_covered
+        timings = {"stop_s": round(job.stop_s, 6), "ready_s": round(job.ready_s, 6),
+                   "queued_s": round(t0 - job.t_queued, 6), "extract_s": round(t1 - t0, 6),
+                   "n_events": ex.stats["n_events"]}
         attrs: dict[str, Any] = {
             **info.attrs(),
             "run_id": self.run_id,
-            "backend": backend,
-            "process_groups": pgs,
+            "backend": job.backend,
+            "process_groups": job.process_groups,
             "config": self.config.to_dict(),
-            "window": int(window),
-            "first_step": int(first),
-            "last_step": int(last),
-            "steps_covered": ex.steps_covered,
-            "complete": bool(complete),
+            "window": job.window,
+            "first_step": steps[0] if steps else -1,
+            "last_step": steps[-1] if steps else -1,
+            "steps_covered": steps,
+            "complete": job.complete,
             "window_start_ns": ex.window_start_ns,
             "window_end_ns": ex.window_end_ns,
             "memory_total_relative": info.device_type == "cpu",
@@ -311,16 +321,13 @@ class RankProfiler:
             "clock_leader": roles.leader_of_me if roles else info.rank,
             "clock_reference": roles.reference if roles else 0,
             "created_ns": time.time_ns(),
+            "timings": timings,  # write_shard adds write_s
         }
-        timings = {"stop_s": round(hold[0], 6), "ready_s": round(hold[1], 6), "queued_s": round(t0 - t_queued, 6), "extract_s": round(t1 - t0, 6),
-                   "n_events": ex.stats["n_events"]}
-        attrs["timings"] = timings
-        path = self.run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=window)
+        path = self.run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=job.window)
         size = write_shard(path, tables, ex.strings, attrs, codec=self.config.codec)
-        t2 = time.perf_counter()
-        timings["write_s"] = round(t2 - t1, 6)
-        self.windows_written.append({"window": int(window), "path": str(path), "bytes": size, "steps": ex.steps_covered,
-                                     "complete": complete, **timings, "durable_after_s": round(t2 - t_queued, 6)})
+        durable = time.perf_counter() - job.t_queued
+        self.windows_written.append({"window": job.window, "path": str(path), "bytes": size, "steps": steps,
+                                     "complete": job.complete, **timings, "durable_after_s": round(durable, 6)})
         log.info("distprof: rank %d wrote %s (%d events, %.1f KB)", info.rank, path, ex.stats["n_events"], size / 1e3)
 
     # -- CUDA memory --------------------------------------------------------------------------------------------
