@@ -1,0 +1,22 @@
+"""One module per ``distprof`` subcommand; each has ``register(subparsers)`` which adds its parser and sets ``func``.
+
+Add a command by writing ``distprof/commands/<name>.py`` and listing it in ``COMMANDS`` (the order of ``--help``).
+Modules import their heavy dependencies inside the command function so ``distprof --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+COMMANDS = ("report", "timeline", "import_", "export")
+
+
+def register_all(sub) -> None:
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:  # a command still being written is simply absent
+            if e.name == f"{__name__}.{name}":
+                continue
+            raise
+        mod.register(sub)

@@ -1,0 +1,49 @@
+"""``distprof report RUN_DIR``: merge a run's shards, print the summary, optionally write report.json."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import ConfigError
+from ._common import add_steps_arg, parse_steps
+
+
+def register(sub) -> None:
+    r = sub.add_parser(
+        "report",
+        help="analyse a run: step breakdown, stragglers, overlap, imbalance, MFU",
+        description="Merge every shard of RUN_DIR (the <out>/<run-id> folder a capture wrote) and print a summary.",
+    )
+    r.add_argument("run_dir", metavar="RUN_DIR", help="the <out>/<run-id> folder holding rank*.w*.h5 shards")
+    r.add_argument("--json", metavar="PATH", help="also write the full report as JSON to PATH ('-' for stdout only)")
+    add_steps_arg(r)
+    r.add_argument("--peak-tflops", metavar="X", type=float,
+                   help="device peak TFLOP/s for MFU (overrides the built-in table; needed on CPU)")
+    r.add_argument("--top", metavar="N", type=int, default=3, help="root-cause analysis for up to N stragglers")
+    r.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    r.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the summary")
+    r.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis.report import build_report
+    from ..analysis.run import load_run
+    from ..render import render_console, render_json, write_json
+
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise ConfigError(f"--peak-tflops {args.peak_tflops}: must be a positive number of TFLOP/s")
+    if args.top < 0:
+        raise ConfigError(f"--top {args.top}: must be >= 0")
+    steps = parse_steps(args.steps) if args.steps else None
+    run_ = load_run(args.run_dir, steps=steps, progress=False if args.no_progress else None)
+    report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top)
+    if args.json == "-":
+        sys.stdout.write(render_json(report))
+        return 0
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    sys.stdout.write(render_console(report, color=color, top=args.top))
+    if args.json:
+        path = write_json(report, args.json)
+        sys.stdout.write(f"report written to {path}\n")
+    return 0
