@@ -15,13 +15,16 @@ from typing import Any
 import numpy as np
 
 from .. import _version
+from .annotations import annotations
 from .breakdown import BREAKDOWN_COLUMNS, step_breakdown
+from .findings import FindingRules, findings
 from .imbalance import imbalance
 from .mfu import mfu
 from .model import MergedRun
 from .overlap import device_ranks, overlap_by_rank, overlap_by_step
 from .rootcause import root_cause
 from .stragglers import StragglerRule, find_stragglers
+from .verdict import verdict
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +78,12 @@ def build_report(
     peak_tflops: float | None = None,
     top: int = 3,
     rule: StragglerRule | None = None,
+    finding_rules: FindingRules | None = None,
 ) -> dict[str, Any]:
     """Run every analysis on `run` and return the report dict (JSON-serialisable; keys in docs/report-format.md).
 
-    `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis.
+    `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
+    `finding_rules` overrides the thresholds of the findings (``analysis/findings.py``).
     """
     warnings = list(run.warnings)
     bd = step_breakdown(run)
@@ -97,6 +102,8 @@ def build_report(
     named = [d["rank"] for d in strag["ranks"] if d["named"]][: max(top, 0)]
     rc = root_cause(run, named, breakdown=bd) if named else []
 
+    found = findings(run, breakdown=bd, stragglers=strag, root_cause=rc, rules=finding_rules)
+    summary = _summary(bd)
     mfu_rows = mfu(run, peak_tflops=peak_tflops, breakdown=bd)
     dev = device_ranks(run)
     hosts_present = sorted({run.hosts.get(r, "?") for r in run.ranks_present})
@@ -105,6 +112,8 @@ def build_report(
         "format": REPORT_FORMAT,
         "report_version": REPORT_VERSION,
         "distprof_version": _version.__version__,
+        "verdict": verdict(summary, strag, rc, found),
+        "findings": found,
         "run": {
             "id": run.run_id,
             "world_size": run.world_size,
@@ -132,7 +141,7 @@ def build_report(
             }
             for host, hc in sorted(run.clock.items())
         },
-        "summary": _summary(bd),
+        "summary": summary,
         "steps": steps_records,
         "stragglers": strag["ranks"],
         "straggler_info": {k: v for k, v in strag.items() if k != "ranks"},
@@ -140,6 +149,7 @@ def build_report(
         "overlap": overlap_by_rank(run, breakdown=bd),
         "imbalance": imbalance(run, breakdown=bd),
         "mfu": mfu_rows,
+        "annotations": annotations(run),
         "warnings": warnings,
     }
     if not mfu_rows:

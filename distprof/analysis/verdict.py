@@ -1,0 +1,116 @@
+"""The verdict: one or two plain sentences that say what limits the run, from the analyses already done.
+
+Order of precedence:
+
+1. No recorded step: say so and where to look.
+2. A slow host (``straggler_host`` finding) or a named straggler rank (the worst by blame): who is late, how often,
+   what it costs the others per step, and its root cause — the ``[idle]`` pseudo-op as "more time outside any
+   recorded op", else the slowest op as "runs N x slower than its peers".
+3. No straggler but matched collectives: "No straggler: ranks arrive within X ms of each other" (X = the largest mean
+   lateness of any rank), then the top finding, else the largest part of the step-time summary.
+4. No collective (one rank, or nothing matched): the mean step time and its largest part, then the top finding.
+
+A second sentence names the top non-straggler finding when it is of high severity and the first sentence is about a
+straggler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .rootcause import IDLE_NAME
+
+__all__ = ["verdict"]
+
+_PARTS = (("compute_pct", "compute"), ("exposed_comm_pct", "exposed communication"), ("idle_pct", "idle"),
+          ("memcpy_pct", "memory copies"), ("other_pct", "other work"))
+
+
+def _phrase(f: dict[str, Any]) -> str:
+    """A finding as a clause: '<impact> % of step time is ...'."""
+    m = f.get("metrics", {})
+    imp = m.get("impact_pct")
+    where = "" if f.get("rank") is None else f" on rank {f['rank']}"
+    if f["id"] == "exposed_comm":
+        return f"{imp:.0f} % of step time{where} is exposed communication"
+    if f["id"] == "input_wait":
+        return f"{imp:.0f} % of step time{where} is spent waiting for input"
+    if f["id"] == "tiny_ops":
+        return (f"{m.get('tiny_share_pct', 0):.0f} % of op time{where} is in ops under "
+                f"{m.get('threshold_us', 100):.0f} us (dispatch overhead)")
+    if f["id"] == "memory_churn":
+        return f"memory churns{where} ({m.get('allocs_per_step', 0):.0f} allocations per step)"
+    return f["title"][0].lower() + f["title"][1:]
+
+
+def _largest_part(summary: dict[str, Any]) -> str:
+    parts = [(summary.get(k), label) for k, label in _PARTS if summary.get(k) is not None]
+    if not parts:
+        return ""
+    pct, label = max(parts)
+    return f"{pct:.0f} % of step time is {label}"
+
+
+def _cause(rc: dict[str, Any] | None) -> str:
+    ops = (rc or {}).get("ops") or []
+    if not ops:
+        return ""
+    bits = []
+    idle = next((o for o in ops if o["name"] == IDLE_NAME), None)
+    if idle is not None and idle is ops[0]:
+        bits.append(f"it spends {idle['excess_ms_per_step']:.1f} ms more per step than its peers outside any "
+                    f"recorded op")
+    op = next((o for o in ops if o["name"] != IDLE_NAME), None)
+    if op is not None and (not bits or op["excess_ms_per_step"] >= 0.1 * ops[0]["excess_ms_per_step"]):
+        base = op["others_median_ms_per_step"]
+        ratio = op["rank_ms_per_step"] / base if base > 0 else None
+        how = (f"runs {ratio:.1f}x slower than its peers" if ratio is not None and ratio < 100
+               else f"takes {op['excess_ms_per_step']:.1f} ms more per step than on its peers")
+        bits.append(f"its {op['name']} {how}")
+    return ", and ".join(bits)
+
+
+def verdict(
+    summary: dict[str, Any],
+    stragglers: dict[str, Any],
+    root_cause: list[dict[str, Any]],
+    findings: list[dict[str, Any]],
+) -> str:
+    """One or two sentences (see the module docstring). `stragglers` is ``find_stragglers``'s dict."""
+    if not summary.get("n_rank_steps"):
+        return ("No recorded steps: nothing to analyse (check the capture schedule --wait/--warmup/--active and that "
+                "the script calls optimizer.step()).")
+    others = [f for f in findings if f["id"] not in ("straggler_rank", "straggler_host")]
+    top = others[0] if others else None
+    host_f = next((f for f in findings if f["id"] == "straggler_host"), None)
+    named = [d for d in stragglers.get("ranks", []) if d.get("named")]
+    rc = {d["rank"]: d for d in root_cause}
+    first = ""
+    if host_f is not None:
+        m = host_f["metrics"]
+        first = (f"host {host_f['host']} is slow: its ranks arrive {m['mean_lateness_ms']:.1f} ms late together in "
+                 f"{100 * m['late_fraction']:.0f} % of collectives, costing the others "
+                 f"{m['blame_ms_per_step']:.1f} ms per step")
+    elif named:
+        d = named[0]
+        first = (f"rank {d['rank']} on host {d.get('host')} is late in {100 * d['late_fraction']:.0f} % of "
+                 f"collectives, costing the others {d['blame_ms_per_step']:.1f} ms per step")
+        cause = _cause(rc.get(d["rank"]))
+        if cause:
+            first += f"; {cause}"
+        if len(named) > 1:
+            first += f" (also late: rank{'s' if len(named) > 2 else ''} " \
+                     f"{', '.join(str(x['rank']) for x in named[1:4])}{', ...' if len(named) > 4 else ''})"
+    if first:
+        text = first[0].upper() + first[1:] + "."
+        if top is not None and top["severity"] == "high":
+            text += f" Also, {_phrase(top)}."
+        return text
+    tail = _phrase(top) if top is not None else _largest_part(summary)
+    ranks = stragglers.get("ranks", [])
+    if stragglers.get("n_instances") and ranks:
+        within = max(0.0, max(float(d.get("mean_lateness_ms") or 0.0) for d in ranks))
+        head = f"No straggler: ranks arrive within {within:.1f} ms of each other"
+    else:
+        head = f"Steps take {summary.get('step_ms_mean', 0):.1f} ms on average"
+    return f"{head}; {tail}." if tail else f"{head}."
