@@ -1,4 +1,5 @@
-"""``distprof report RUN_DIR``: merge a run's shards, print the summary, optionally write report.json."""
+"""``distprof report RUN_DIR``: merge a run's shards, print the summary, optionally write report.json and a
+self-contained report.html."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def register(sub) -> None:
     )
     r.add_argument("run_dir", metavar="RUN_DIR", help="the <out>/<run-id> folder holding rank*.w*.h5 shards")
     r.add_argument("--json", metavar="PATH", help="also write the full report as JSON to PATH ('-' for stdout only)")
+    r.add_argument("--html", metavar="PATH",
+                   help="also write a self-contained HTML report with charts to PATH (one file, works offline)")
     add_steps_arg(r)
     r.add_argument("--peak-tflops", metavar="X", type=float,
                    help="device peak TFLOP/s for MFU (overrides the built-in table; needed on CPU)")
@@ -29,21 +32,29 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..analysis.report import build_report
     from ..analysis.run import load_run
-    from ..render import render_console, render_json, write_json
+    from ..render import render_console, render_json, write_html, write_json
+    from ..render.html import check_html_path
 
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise ConfigError(f"--peak-tflops {args.peak_tflops}: must be a positive number of TFLOP/s")
     if args.top < 0:
         raise ConfigError(f"--top {args.top}: must be >= 0")
     steps = parse_steps(args.steps) if args.steps else None
+    if args.html:
+        check_html_path(args.html)  # fail before the (long) merge, not after
     run_ = load_run(args.run_dir, steps=steps, progress=False if args.no_progress else None)
     report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top)
+    html_path = write_html(report, args.html, run_) if args.html else None
     if args.json == "-":
         sys.stdout.write(render_json(report))
+        if html_path is not None:  # stdout carries only the JSON
+            sys.stderr.write(f"HTML report written to {html_path}\n")
         return 0
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     sys.stdout.write(render_console(report, color=color, top=args.top))
     if args.json:
         path = write_json(report, args.json)
         sys.stdout.write(f"report written to {path}\n")
+    if html_path is not None:
+        sys.stdout.write(f"HTML report written to {html_path}\n")
     return 0
