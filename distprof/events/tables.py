@@ -1,0 +1,299 @@
+"""Per-event columns of one rank's window -> the shard tables (events, threads, comms, steps). Pure numpy.
+
+Shared by capture (``distprof.capture.extract``) and ``distprof import``. Callers collect the raw columns (in any
+order, memory events excluded) and the collective metadata found in event arguments; this module sorts, classifies
+(:mod:`distprof.events.classify`), assigns steps, resolves process groups and numbers collectives.
+
+Step of an event: the ``ProfilerStep#N`` span (on the stepping thread) containing its start — except device events
+launched by a runtime call with the same correlation id, which take the step of their launch (a kernel belongs to the
+step that issued it, even when it runs after the step's CPU span ended).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..storage import schema
+from . import classify
+from .classify import CommArgs
+
+__all__ = ["Columns", "Built", "build_tables", "Strings"]
+
+_LAUNCH_KINDS = tuple(schema.KIND_CODE[k] for k in ("cuda_runtime", "cuda_driver", "privateuse1_runtime",
+                                                     "privateuse1_driver"))
+
+
+class Strings:
+    """String table under construction: id(s) gives a stable index."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def id(self, s: str) -> int:
+        i = self.ids.get(s)
+        if i is None:
+            i = self.ids[s] = len(self.ids)
+        return i
+
+    def list(self) -> list[str]:
+        return list(self.ids)
+
+
+@dataclass
+class Columns:
+    """Raw per-event columns (same length, any order); see the /events table for their meaning."""
+
+    name_id: np.ndarray
+    kind: np.ndarray
+    tid: np.ndarray
+    device: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    flops: np.ndarray
+    corr: np.ndarray
+    msg_bytes: np.ndarray | None = None  # from shapes, -1 unknown
+    comm_meta: dict[int, CommArgs] = field(default_factory=dict)  # event index -> metadata from its args
+
+
+@dataclass
+class Built:
+    tables: dict[str, dict[str, np.ndarray]]
+    process_groups: list[dict[str, Any]]
+    order: np.ndarray  # events-table row -> input index
+    assign_step: Callable[[np.ndarray], np.ndarray]
+    step_span: tuple[np.ndarray, np.ndarray]  # starts, ends of the steps table
+
+
+def _step_assigner(step_ids: np.ndarray, s_start: np.ndarray, s_end: np.ndarray):
+    def assign(t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t)
+        if len(step_ids) == 0:
+            return np.full(len(t), -1, np.int32)
+        k = np.searchsorted(s_start, t, side="right") - 1
+        ok = (k >= 0) & (t < s_end[np.clip(k, 0, None)])
+        return np.where(ok, step_ids[np.clip(k, 0, None)], -1).astype(np.int32)
+
+    return assign
+
+
+def _link_annotations(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_name, is_rpc_name, targets) -> dict[int, int]:
+    """events-row of a device kernel -> events-row of the ``record_param_comms`` around its launch (same corr id)."""
+    launch = np.flatnonzero(np.isin(ev_kind, _LAUNCH_KINDS) & (ev_corr != 0))
+    rpc = np.flatnonzero(is_rpc_name[ev_name])
+    if len(targets) == 0 or len(launch) == 0 or len(rpc) == 0:
+        return {}
+    by_corr = dict(zip(ev_corr[launch].tolist(), launch.tolist()))
+    out: dict[int, int] = {}
+    per_tid: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for t in np.unique(ev_tid[rpc]).tolist():
+        r = rpc[ev_tid[rpc] == t]
+        r = r[np.argsort(ev_ts[r], kind="stable")]
+        per_tid[t] = (ev_ts[r], ev_ts[r] + ev_dur[r], r)
+    for k in targets.tolist():
+        lr = by_corr.get(int(ev_corr[k]))
+        if lr is None:
+            continue
+        spans = per_tid.get(int(ev_tid[lr]))
+        if spans is None:
+            continue
+        starts, ends, rows = spans
+        j = int(np.searchsorted(starts, ev_ts[lr], side="right")) - 1
+        if j >= 0 and ev_ts[lr] < ends[j]:
+            out[k] = int(rows[j])
+    return out
+
+
+def build_tables(
+    cols: Columns,
+    strings: Strings,
+    *,
+    main_tid: int | None,
+    thread_names: Mapping[int, str] | None = None,
+    gloo_thread_pg: Mapping[int, str] | None = None,
+    process_groups: list[dict[str, Any]] | None = None,
+    add_process_groups: bool = False,
+) -> Built:
+    """Sort, classify and tabulate one window. Returns the events, threads, comms and steps tables.
+
+    A ``Process Group Name`` in an event's arguments selects that group; one not in `process_groups` is appended to
+    the returned list when `add_process_groups` (import), else ignored (capture: the shard's list is fixed).
+    """
+    names = strings.list()
+    n_names = len(names)
+    kind = np.asarray(cols.kind, np.uint8)
+    order = np.argsort(cols.ts, kind="stable")
+    ev_name = np.asarray(cols.name_id, np.uint32)[order]
+    ev_kind = kind[order]
+    ev_ts = np.asarray(cols.ts, np.int64)[order]
+    ev_dur = np.asarray(cols.dur, np.int64)[order]
+    ev_tid = np.asarray(cols.tid, np.int64)[order]
+    ev_dev = np.asarray(cols.device, np.int16)[order]
+    ev_corr = np.asarray(cols.corr, np.int64)[order]
+
+    # ---- roles and categories (once per distinct (name, is-kernel)) ------------------------------------------------
+    k_kernel = schema.KIND_CODE["kernel"]
+    role_plain = np.array([classify.comm_role(s) for s in names], dtype=np.uint8)
+    role_kernel = np.array([classify.comm_role(s, k_kernel) for s in names], dtype=np.uint8)
+    ev_role = np.where(ev_kind == k_kernel, role_kernel[ev_name] if n_names else 0,
+                       role_plain[ev_name] if n_names else 0).astype(np.uint8)
+    category = classify.categorize(ev_kind, ev_role)
+
+    # ---- steps: ProfilerStep#N annotations on the stepping thread ------------------------------------------------
+    is_step_name = np.array([s.startswith("ProfilerStep#") for s in names], dtype=bool)
+    step_rows = np.flatnonzero(is_step_name[ev_name]) if n_names else np.zeros(0, np.int64)
+    step_rows = step_rows[ev_dev[step_rows] < 0]
+    main_rows = step_rows[ev_tid[step_rows] == main_tid] if main_tid is not None else step_rows[:0]
+    if len(main_rows) == 0 and len(step_rows):
+        vals, counts = np.unique(ev_tid[step_rows], return_counts=True)
+        main_rows = step_rows[ev_tid[step_rows] == vals[np.argmax(counts)]]
+    step_ids = np.array([int(names[ev_name[r]].split("#", 1)[1]) for r in main_rows], dtype=np.int32)
+    s_start = ev_ts[main_rows]
+    s_end = s_start + ev_dur[main_rows]
+    srt = np.argsort(s_start, kind="stable")
+    step_ids, s_start, s_end = step_ids[srt], s_start[srt], s_end[srt]
+    assign = _step_assigner(step_ids, s_start, s_end)
+    ev_step = assign(ev_ts)
+    # device events inherit the step of their launch (same correlation id)
+    on_dev = np.flatnonzero((ev_dev >= 0) & (ev_corr != 0))
+    launch = np.flatnonzero(np.isin(ev_kind, _LAUNCH_KINDS) & (ev_corr != 0))
+    if len(on_dev) and len(launch):
+        lc = ev_corr[launch]
+        o = np.argsort(lc, kind="stable")
+        lc, lrow = lc[o], launch[o]
+        pos = np.searchsorted(lc, ev_corr[on_dev])
+        ok = pos < len(lc)
+        ok[ok] = lc[pos[ok]] == ev_corr[on_dev][ok]
+        ev_step[on_dev[ok]] = ev_step[lrow[pos[ok]]]
+
+    events = {
+        "name_id": ev_name,
+        "kind": ev_kind,
+        "category": category,
+        "tid": ev_tid,
+        "device": ev_dev,
+        "ts_ns": ev_ts,
+        "dur_ns": ev_dur,
+        "step": ev_step,
+        "flops": np.asarray(cols.flops, np.int64)[order],
+        "corr_id": ev_corr,
+    }
+
+    # ---- process groups / threads --------------------------------------------------------------------------------
+    pgs = [dict(p) for p in (process_groups or [])]
+    pg_index = {str(p["name"]): int(p["index"]) for p in pgs}
+    gloo_pgs = [p for p in pgs if "gloo" in str(p.get("backend", ""))]
+    default_pg = int(gloo_pgs[0]["index"]) if len(gloo_pgs) == 1 else (0 if len(pgs) == 1 else -1)
+    tpg = dict(gloo_thread_pg or {})
+    tnames = dict(thread_names or {})
+    uniq_tids, first_row = np.unique(ev_tid, return_index=True)
+    t_role = np.zeros(len(uniq_tids), np.uint8)
+    t_pg = np.full(len(uniq_tids), -1, np.int32)
+    t_name = np.zeros(len(uniq_tids), np.uint32)
+    for j, t in enumerate(uniq_tids.tolist()):
+        tname = tnames.get(t, "")
+        if ev_dev[first_row[j]] >= 0:
+            t_role[j] = schema.THREAD_STREAM
+            tname = tname or f"stream {t}"
+        elif main_tid is not None and t == main_tid:
+            t_role[j] = schema.THREAD_MAIN
+        elif tname == "pt_gloo_runloop" or t in tpg:
+            t_role[j] = schema.THREAD_COMM
+            t_pg[j] = pg_index.get(tpg.get(t, ""), default_pg)
+        t_name[j] = strings.id(tname or f"thread {t}")
+    threads = {"tid": uniq_tids.astype(np.int64), "name_id": t_name, "role": t_role, "pg": t_pg}
+
+    # ---- comms table ---------------------------------------------------------------------------------------------
+    c_rows = np.flatnonzero(ev_role > 0)
+    c_role = ev_role[c_rows]
+    inv = np.empty(len(order), np.int64)
+    inv[order] = np.arange(len(order))
+    meta: dict[int, CommArgs] = {int(inv[i]): a for i, a in cols.comm_meta.items()}
+    is_rpc_name = np.array([s == "record_param_comms" for s in names], dtype=bool)
+    kernels = c_rows[(c_role == schema.ROLE_EXEC) & (ev_dev[c_rows] >= 0)]
+    for k, a in _link_annotations(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_name, is_rpc_name, kernels).items():
+        own = meta.get(k)
+        meta[k] = own.merged(meta.get(a)) if own is not None else meta.get(a, CommArgs())
+    msg = cols.msg_bytes[order] if cols.msg_bytes is not None else np.full(len(order), -1, np.int64)
+
+    n_c = len(c_rows)
+    c_op = np.zeros(n_c, np.uint32)
+    c_pg = t_pg[np.searchsorted(uniq_tids, ev_tid[c_rows])] if n_c else np.zeros(0, np.int32)
+    c_bytes = msg[c_rows].astype(np.int64)
+    c_gsize = np.full(n_c, -1, np.int32)
+    c_nseq = np.full(n_c, -1, np.int64)
+    seq_ok = np.ones(n_c, bool)
+    op_cache: dict[int, tuple[str, bool]] = {}
+    for j, r in enumerate(c_rows.tolist()):
+        nid = int(ev_name[r])
+        hit = op_cache.get(nid)
+        if hit is None:
+            nm = names[nid]
+            op = classify.normalize_op(nm)
+            lib = not op and bool(classify.comm_kernel_op(nm))
+            hit = op_cache[nid] = (op or classify.comm_kernel_op(nm) or nm, lib)
+        op, lib = hit
+        seq_ok[j] = not lib  # library kernels (DeepEP, NVSHMEM, ...) are not numbered into a process group
+        a = meta.get(r)
+        if a is not None:
+            if a.op:
+                op = a.op
+            if a.pg_name is not None:
+                if a.pg_name not in pg_index and add_process_groups:
+                    pg_index[a.pg_name] = len(pgs)
+                    pgs.append({"index": len(pgs), "name": a.pg_name, "desc": a.pg_desc or "",
+                                "backend": "", "ranks": list(a.pg_ranks or [])})
+                c_pg[j] = pg_index.get(a.pg_name, c_pg[j])
+            if a.bytes is not None:
+                c_bytes[j] = a.bytes
+            if a.group_size is not None:
+                c_gsize[j] = a.group_size
+            if a.nccl_seq is not None:
+                c_nseq[j] = a.nccl_seq
+        c_op[j] = strings.id(op)
+    if n_c:
+        c_pg[c_pg < 0] = default_pg
+    size_by_pg = {int(p["index"]): len(p.get("ranks") or []) for p in pgs}
+    for j in np.flatnonzero(c_gsize < 0).tolist():
+        c_gsize[j] = size_by_pg.get(int(c_pg[j]), 0) or -1
+    c_seq = np.full(n_c, -1, np.int32)
+    ex = np.flatnonzero((c_role == schema.ROLE_EXEC) & seq_ok)
+    if len(ex):
+        srt = ex[np.lexsort((ev_ts[c_rows[ex]], c_pg[ex]))]
+        pg_sorted = c_pg[srt]
+        starts = np.r_[0, np.flatnonzero(np.diff(pg_sorted)) + 1]
+        group_first = np.repeat(starts, np.diff(np.r_[starts, len(srt)]))
+        c_seq[srt] = (np.arange(len(srt)) - group_first).astype(np.int32)
+    comms = {
+        "row": c_rows.astype(np.int64),
+        "op_id": c_op,
+        "role": c_role.astype(np.uint8),
+        "pg": c_pg.astype(np.int32),
+        "seq": c_seq,
+        "bytes": c_bytes,
+        "group_size": c_gsize,
+        "nccl_seq": c_nseq,
+    }
+
+    # ---- steps table (peak memory filled by the caller) ---------------------------------------------------------
+    n_steps = len(step_ids)
+    in_step = ev_step >= 0
+    slot = np.searchsorted(step_ids, ev_step[in_step]) if n_steps else np.zeros(0, np.int64)
+    valid = (slot < n_steps)
+    if n_steps:
+        valid &= step_ids[np.clip(slot, 0, n_steps - 1)] == ev_step[in_step]
+    slot = slot[valid]
+    step_flops = np.bincount(slot, weights=events["flops"][in_step][valid].astype(np.float64), minlength=n_steps)
+    step_count = np.bincount(slot, minlength=n_steps)
+    steps = {
+        "step": step_ids.astype(np.int32),
+        "start_ns": s_start.astype(np.int64),
+        "end_ns": s_end.astype(np.int64),
+        "flops": np.rint(step_flops).astype(np.int64),
+        "peak_mem_bytes": np.zeros(n_steps, np.int64),
+        "n_events": step_count.astype(np.int64),
+    }
+    return Built(tables={"events": events, "comms": comms, "threads": threads, "steps": steps},
+                 process_groups=pgs, order=order, assign_step=assign, step_span=(s_start, s_end))
