@@ -57,6 +57,8 @@ class ProfileConfig:
     codec: str = "zstd"
     sync_rounds: int = 16
     sync_timeout_s: float = 30.0
+    memory_history: bool = False  # CUDA only: allocator history per window (torch.cuda.memory._record_memory_history)
+    memory_history_entries: int = 100_000  # its ring buffer: the most alloc/free entries kept per window
 
     def __post_init__(self) -> None:
         if self.step_on not in STEP_MODES:
@@ -67,6 +69,8 @@ class ProfileConfig:
             raise ConfigError(f"sync_rounds={self.sync_rounds}: need >= 1")
         if self.sync_timeout_s <= 0:
             raise ConfigError(f"sync_timeout_s={self.sync_timeout_s}: need > 0")
+        if not isinstance(self.memory_history_entries, int) or self.memory_history_entries < 1:
+            raise ConfigError(f"memory_history_entries={self.memory_history_entries!r}: need an integer >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -113,10 +117,11 @@ _SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat", "skip_first")
 #: option -> parser of its DISTPROF_* variable; schedule keys go into ScheduleConfig, the rest into ProfileConfig.
 _PARSERS = {
     **{k: parse_int for k in _SCHEDULE_KEYS},
-    **{k: parse_bool for k in ("flops", "memory", "shapes", "stack", "strict")},
+    **{k: parse_bool for k in ("flops", "memory", "shapes", "stack", "strict", "memory_history")},
     **{k: _parse_str for k in ("out", "run_id", "step_on", "codec")},
     "sync_rounds": parse_int,
     "sync_timeout_s": parse_float,
+    "memory_history_entries": parse_int,
 }
 
 

@@ -56,6 +56,12 @@ def get_args_parser() -> argparse.ArgumentParser:
     _bool(g, "memory", d.memory, "allocator events, memory timeline and per-step peaks (profile_memory)")
     _bool(g, "shapes", d.shapes, "input shapes (record_shapes); gives collective message sizes on gloo")
     _bool(g, "stack", d.stack, "Python stacks (with_stack); costly")
+    g.add_argument("--memory-history", dest="memory_history", action=argparse.BooleanOptionalAction, default=None,
+                   help="CUDA only: record the allocator's alloc/free history in each window (per-step peaks, "
+                        "largest blocks with their stacks) and keep the raw snapshot for pytorch.org/memory_viz "
+                        f"[{'on' if d.memory_history else 'off'}]")
+    g.add_argument("--memory-history-entries", dest="memory_history_entries", type=int, default=None,
+                   help=f"most allocator entries kept per window with --memory-history [{d.memory_history_entries}]")
     g = p.add_argument_group("behaviour")
     _bool(g, "strict", d.strict, "raise on profiler errors instead of warning and letting training go on")
     g.add_argument("--sync-rounds", type=int, default=None,

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import ProfileConfig
+from ..errors import ConfigError
 from ..storage import schema
 from ..storage.writer import remove_orphans, write_shard
 from . import clock, dist_info
 from .extract import extract
+from .memhistory import SNAPSHOT_TEMPLATE, MemoryHistory, dump_snapshot, summarize_snapshot
 from .schedule import Action, action_at, window_of
 from .stepper import OptimizerStepper
 
@@ -84,6 +86,7 @@ class _WindowJob:
     gloo_thread_pg: dict[int, str]
     process_groups: list[dict[str, Any]]
     backend: str
+    memsnap: dict | None = None  # torch.cuda.memory._snapshot() at the window end (--memory-history)
     t_queued: float = field(default_factory=time.perf_counter)
 
 
@@ -111,6 +114,7 @@ class RankProfiler:
         self._sync: clock.SyncState | None = None
         self._cuda_peaks: dict[int, int] = {}
         self._cuda_baseline: dict[int, int] = {}
+        self._memhist: MemoryHistory | None = None
         self._lock = threading.Lock()
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -123,6 +127,7 @@ class RankProfiler:
 
         if self._started:
             return self
+        self._setup_memory_history(torch)
         self._started = True
         dist_info.install_group_tracking()
         dist_info.add_teardown_callback(_teardown_active)
@@ -183,6 +188,7 @@ class RankProfiler:
                 else:
                     self._guard("stop", self._stop_partial)
         finally:
+            self._memhist_stop()
             if _active is self:
                 _active = None
             ok = self._writer.close() if self._writer is not None else True
@@ -238,8 +244,9 @@ class RankProfiler:
                 self._fail("clock sync", e, disable=False)
             results = prof.profiler.kineto_results
             window = window_of(self.config.schedule, self.step_num - 1)
+            memsnap = self._memhist_end()
             self._submit(results, window, complete=True, stop_s=stop_s,
-                         ready_s=time.perf_counter() - self._t_step_call - stop_s)
+                         ready_s=time.perf_counter() - self._t_step_call - stop_s, memsnap=memsnap)
             nxt = action_at(self.config.schedule, self.step_num)
             if nxt in RECORDING:  # the next window starts right away (wait = warmup = 0)
                 clock.exchange(self._sync, 0)
@@ -259,6 +266,7 @@ class RankProfiler:
         self._cuda_step_end(self.step_num)
         prof.on_trace_ready = None
         prof.stop()
+        memsnap = self._memhist_end()
         results = prof.profiler.kineto_results if prof.profiler is not None else None
         if results is None:
             return
@@ -266,18 +274,21 @@ class RankProfiler:
             clock.exchange(self._sync, 1) if self._sync_possible() else self._sync.local_sample(1)
         except BaseException as e:  # noqa: BLE001 -- peers may have exited; keep the window anyway
             self._fail("clock sync", e, disable=False)
-        self._submit(results, window_of(self.config.schedule, self.step_num), complete=False, stop_s=0.0)
+        self._submit(results, window_of(self.config.schedule, self.step_num), complete=False, stop_s=0.0,
+                     memsnap=memsnap)
 
     def _sync_possible(self) -> bool:
         import torch.distributed as dist
 
         return bool(dist.is_available() and dist.is_initialized() and self._sync.group is not None)
 
-    def _submit(self, results, window: int, *, complete: bool, stop_s: float, ready_s: float = 0.0) -> None:
+    def _submit(self, results, window: int, *, complete: bool, stop_s: float, ready_s: float = 0.0,
+                memsnap: dict | None = None) -> None:
         samples, local = self._sync.take_window()
         peaks, self._cuda_peaks = self._cuda_peaks, {}
         job = _WindowJob(results, window, complete, stop_s, ready_s, samples, local, peaks, dict(self._cuda_baseline),
-                         dist_info.gloo_thread_pg(), dist_info.process_groups(), dist_info.backend_name())
+                         dist_info.gloo_thread_pg(), dist_info.process_groups(), dist_info.backend_name(),
+                         memsnap=memsnap)
         self._writer.submit(lambda: self._write_window(job))
 
     def _write_window(self, job: _WindowJob) -> None:
@@ -297,6 +308,16 @@ class RankProfiler:
         t1 = time.perf_counter()
         s_tab, l_tab = clock.samples_table(job.samples, job.local)
         tables = {**ex.tables, "clock/samples": s_tab, "clock/local": l_tab}
+        strings = list(ex.strings)
+        mem_attr = None
+        if job.memsnap is not None:
+            snap, job.memsnap = job.memsnap, None  # the job may outlive this call (windows_written); free it now
+            try:
+                mem_tables, mem_attr = self._memory_tables(snap, job.window, ex.tables["steps"], strings)
+                tables.update(mem_tables)
+            except Exception as e:  # noqa: BLE001 -- keep the window without the history
+                strings = list(ex.strings)
+                self._fail("memory history", e, disable=False)
         roles = self._sync.roles
         steps = ex.steps_covered
         timings = {"stop_s": round(job.stop_s, 6), "ready_s": round(job.ready_s, 6),
@@ -323,8 +344,11 @@ class RankProfiler:
             "created_ns": time.time_ns(),
             "timings": timings,  # write_shard adds write_s
         }
+        if mem_attr is not None:
+            attrs["memory_history"] = mem_attr
+            timings["memhist_s"] = mem_attr.pop("summary_s")
         path = self.run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=job.window)
-        size = write_shard(path, tables, ex.strings, attrs, codec=self.config.codec)
+        size = write_shard(path, tables, strings, attrs, codec=self.config.codec)
         durable = time.perf_counter() - job.t_queued
         self.windows_written.append({"window": job.window, "path": str(path), "bytes": size, "steps": steps,
                                      "complete": job.complete, **timings, "durable_after_s": round(durable, 6)})
@@ -338,6 +362,54 @@ class RankProfiler:
             d = torch.cuda.current_device()
             self._cuda_baseline = {d: int(torch.cuda.memory_allocated(d))}
             torch.cuda.reset_peak_memory_stats(d)
+        if self._memhist is not None:
+            try:
+                self._memhist.begin()
+            except Exception as e:  # noqa: BLE001 -- the window goes on without the history
+                self._memhist_stop()
+                self._fail("memory history", e, disable=False)
+
+    def _setup_memory_history(self, torch) -> None:
+        """--memory-history: needs CUDA; without it one warning and the run goes on (strict: ConfigError)."""
+        if not self.config.memory_history:
+            return
+        if torch.cuda.is_available():
+            self._memhist = MemoryHistory(self.config.memory_history_entries)
+        elif self.config.strict:
+            raise ConfigError("--memory-history needs CUDA (torch.cuda.is_available() is False here); "
+                              "drop the flag (DISTPROF_MEMORY_HISTORY=0) or run on a GPU")
+        else:
+            log.warning("distprof: --memory-history needs CUDA; ignored")
+
+    def _memhist_end(self) -> dict | None:
+        """Window end, training thread: the allocator snapshot (None without --memory-history), recording off."""
+        if self._memhist is None:
+            return None
+        try:
+            return self._memhist.end()
+        except Exception as e:  # noqa: BLE001 -- the window is written without the history
+            self._fail("memory history", e, disable=False)
+            return None
+
+    def _memhist_stop(self) -> None:
+        if self._memhist is not None:
+            try:
+                self._memhist.stop()
+            except Exception as e:  # noqa: BLE001
+                self._fail("memory history", e, disable=False)
+
+    def _memory_tables(self, snap: dict, window: int, steps: dict, strings: list[str]) -> tuple[dict, dict]:
+        """Writer thread: summarise the snapshot per step, pickle it beside the shard; `strings` is extended."""
+        t0 = time.perf_counter()
+        sim = self._info.sim_clock
+        summary = summarize_snapshot(snap, steps, max_entries=self._memhist.max_entries,
+                                     to_recorded=sim.apply if sim is not None and not sim.is_identity else None)
+        tables = summary.with_strings(strings)
+        name = SNAPSHOT_TEMPLATE.format(rank=self._info.rank, window=window)
+        size = dump_snapshot(snap, self.run_dir / name)
+        attr = {"snapshot": name, "snapshot_bytes": size, "max_entries": self._memhist.max_entries,
+                "stacks": self._memhist.stacks, **summary.stats, "summary_s": round(time.perf_counter() - t0, 6)}
+        return tables, attr
 
     def _cuda_step_end(self, step: int) -> None:
         import torch
@@ -384,6 +456,7 @@ class RankProfiler:
             self._stop_quietly()
 
     def _stop_quietly(self) -> None:
+        self._memhist_stop()
         prof, self._prof = self._prof, None
         if prof is not None:
             try:

@@ -84,6 +84,12 @@ class Shard:
         except OSError as e:
             raise ShardFormatError(f"{self.path}: cannot open ({e})") from None
 
+    def memory_snapshot_path(self) -> Path | None:
+        """The raw CUDA allocator snapshot beside this shard (``--memory-history``), or None when there is none."""
+        mh = self.attrs.get("memory_history")
+        name = mh.get("snapshot") if isinstance(mh, dict) else None
+        return self.path.with_name(str(name)) if name else None
+
     def has(self, table: str) -> bool:
         with self._open() as f:
             return table in f

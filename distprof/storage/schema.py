@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 FORMAT_NAME = "distprof-shard"
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: optional cuda_memory / cuda_memory_blocks tables (--memory-history)
 SCHEMA_MAJOR = 1
 
 #: One file per rank per finished window; a crash loses at most the window in flight.
@@ -108,6 +108,38 @@ TABLES: dict[str, dict[str, np.dtype]] = {
         "t_remote_ns": np.dtype("i8"),
         "t_recv_ns": np.dtype("i8"),
     },
+    # 1.1, optional (only with --memory-history on CUDA): per step and device, from the allocator's history.
+    "cuda_memory": {
+        "step": np.dtype("i4"),
+        "device": np.dtype("i2"),
+        "complete": np.dtype("u1"),
+        "n_alloc": np.dtype("i8"),
+        "alloc_bytes": np.dtype("i8"),
+        "n_free": np.dtype("i8"),
+        "free_bytes": np.dtype("i8"),
+        "n_segment_alloc": np.dtype("i8"),
+        "segment_alloc_bytes": np.dtype("i8"),
+        "n_segment_free": np.dtype("i8"),
+        "segment_free_bytes": np.dtype("i8"),
+        "n_oom": np.dtype("i4"),
+        "alloc_peak_bytes": np.dtype("i8"),
+        "alloc_end_bytes": np.dtype("i8"),
+        "reserved_peak_bytes": np.dtype("i8"),
+        "reserved_end_bytes": np.dtype("i8"),
+        "peak_ns": np.dtype("i8"),
+    },
+    # 1.1, optional: the largest allocations of each step and device.
+    "cuda_memory_blocks": {
+        "step": np.dtype("i4"),
+        "device": np.dtype("i2"),
+        "ts_ns": np.dtype("i8"),
+        "bytes": np.dtype("i8"),
+        "stream": np.dtype("i8"),
+        "lifetime_ns": np.dtype("i8"),
+        "live_at_peak": np.dtype("u1"),
+        "frame_id": np.dtype("u4"),
+        "user_frame_id": np.dtype("u4"),
+    },
     "clock/local": {
         "phase": np.dtype("u1"),
         "time_ns": np.dtype("i8"),
@@ -133,7 +165,9 @@ REQUIRED_ATTRS = (
     "first_step",
     "last_step",
 )
-JSON_ATTRS = ("config", "process_groups", "errors", "sim_clock", "timings", "steps_covered")
+JSON_ATTRS = ("config", "process_groups", "errors", "sim_clock", "timings", "steps_covered", "memory_history")
+#: Tables a shard may lack (a reader returns them empty): added in a minor version or written only on request.
+OPTIONAL_TABLES = ("cuda_memory", "cuda_memory_blocks")
 
 
 def empty_table(name: str, n: int = 0) -> dict[str, np.ndarray]:
