@@ -1,0 +1,1 @@
+"""Importers: traces from other tools -> distprof shards (see kineto.py, run.py)."""

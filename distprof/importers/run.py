@@ -1,0 +1,256 @@
+"""Kineto traces -> a distprof run directory (one shard per trace file = per rank, window 0).
+
+    import_traces(["traces/"], "runs/imported")   # then: distprof report runs/imported
+
+Files: ``*.json``/``*.json.gz`` given directly, or found in directories (TensorBoard ``*.pt.trace.json(.gz)``,
+HTA-style ``rank-N.json.gz``, ``sampled_rank-N.json.gz``). Rank and world size come from the trace's
+``distributedInfo``, else a rank number in the file name (``rank-3``, ``rank_3``, ``rank3``), else ``rank=`` (one
+file). Each file becomes one window: a trace is one profiling window, whatever ProfilerSteps it holds.
+
+Clocks: imported traces carry no clock-sync samples. Each rank is recorded as its own host (``imported-rank<N>``)
+unless ``one_host`` says they share a machine (one clock, no alignment); ``distprof report`` then aligns hosts from
+synchronising collectives (or leaves them unaligned, with a warning).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .. import _version
+from ..errors import ConfigError
+from ..events.tables import build_tables
+from ..storage import schema
+from ..storage.writer import write_shard
+from .kineto import KinetoTrace, TraceFormatError, read_header, read_kineto
+
+log = logging.getLogger(__name__)
+
+__all__ = ["import_traces", "find_trace_files", "ImportResult"]
+
+_TRACE_SUFFIXES = (".json", ".json.gz")
+_RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+@dataclass
+class ImportResult:
+    run_dir: Path
+    shards: list[Path]
+    ranks: list[int]
+    world_size: int
+    n_events: int
+    raw_bytes: int
+    seconds: float
+    warnings: list[str]
+
+
+def find_trace_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Trace files named or found (recursively) under the given paths, sorted, without duplicates."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_TRACE_SUFFIXES))
+            if not found:
+                raise ConfigError(f"{p}: no *.json or *.json.gz trace files in this directory")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ConfigError(f"{p}: no such file or directory")
+    seen: set[Path] = set()
+    return [f for f in out if not (f.resolve() in seen or seen.add(f.resolve()))]
+
+
+def _rank_of(path: Path, header: dict[str, Any], explicit: int | None, n_files: int) -> int:
+    di = header.get("distributedInfo")
+    if isinstance(di, dict) and isinstance(di.get("rank"), int):
+        return int(di["rank"])
+    m = None
+    for m in _RANK_RE.finditer(path.name):
+        pass
+    if m is not None:
+        return int(m.group(1))
+    if explicit is not None and n_files == 1:
+        return explicit
+    raise ConfigError(f"{path}: no rank in the trace (distributedInfo) nor in the file name; rename it "
+                      "rank-N.json.gz" + (" or pass --rank N" if n_files == 1 else ""))
+
+
+def _process_groups(di: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for g in di.get("pg_config") or []:
+        if not isinstance(g, dict):
+            continue
+        ranks = g.get("ranks")
+        if isinstance(ranks, str):
+            try:
+                ranks = [int(x) for x in ranks.strip("[]").split(",") if x.strip()]
+            except ValueError:
+                ranks = []
+        out.append({"index": len(out), "name": str(g.get("pg_name", len(out))), "desc": str(g.get("pg_desc", "")),
+                    "backend": str(g.get("backend_config", di.get("backend", ""))), "ranks": list(ranks or [])})
+    return out
+
+
+def _device_name(meta: dict[str, Any], devices: np.ndarray) -> tuple[str, str]:
+    props = meta.get("deviceProperties") or []
+    used = np.unique(devices[devices >= 0])
+    if used.size == 0:
+        return "cpu", "cpu"
+    idx = int(used[0])
+    for p in props if isinstance(props, list) else []:
+        if isinstance(p, dict) and p.get("id") == idx and p.get("name"):
+            return str(p["name"]), "cuda"
+    return f"gpu {idx}", "cuda"
+
+
+def _shard_for(tr: KinetoTrace, rank: int, world_size: int, run_id: str, ref_rank: int, one_host: bool,
+               out: Path, codec: str) -> Path:
+    di = tr.distributed_info
+    pgs = _process_groups(di)
+    t0 = time.perf_counter()
+    built = build_tables(tr.columns, tr.strings, main_tid=tr.main_tid, thread_names=tr.thread_names,
+                         process_groups=pgs, add_process_groups=True)
+    tabs = built.tables
+    tabs["memory"] = schema.empty_table("memory")
+    steps = tabs["steps"]
+    ev = tabs["events"]
+    device, device_type = _device_name(tr.meta, ev["device"])
+    if len(steps["step"]):
+        w0, w1 = int(steps["start_ns"].min()), int(steps["end_ns"].max())
+    elif len(ev["ts_ns"]):
+        w0, w1 = int(ev["ts_ns"].min()), int((ev["ts_ns"] + ev["dur_ns"]).max())
+    else:
+        w0 = w1 = 0
+    host = "imported" if one_host else f"imported-rank{rank}"
+    attrs = {
+        "run_id": run_id,
+        "rank": rank,
+        "world_size": world_size,
+        "local_rank": rank,
+        "local_world_size": 1,
+        "host": host,
+        "real_host": "",
+        "pid": int(tr.main_tid or 0),
+        "device": device,
+        "device_type": device_type,
+        "backend": str(di.get("backend", "none")),
+        "torch_version": "",
+        "distprof_version": _version.__version__,
+        "python_version": platform.python_version(),
+        "process_groups": built.process_groups,
+        "config": {"source": "kineto", "file": str(tr.path), "schemaVersion": tr.meta.get("schemaVersion"),
+                   "nccl_version": di.get("nccl_version")},
+        "window": 0,
+        "first_step": int(steps["step"].min()) if len(steps["step"]) else -1,
+        "last_step": int(steps["step"].max()) if len(steps["step"]) else -1,
+        "steps_covered": [int(s) for s in steps["step"]],
+        "complete": True,
+        "window_start_ns": w0,
+        "window_end_ns": w1,
+        "timings": {"extract_s": round(time.perf_counter() - t0, 6), "n_events": int(len(ev["ts_ns"]))},
+        "errors": [],
+        "clock_role": "reference" if rank == ref_rank else ("member" if one_host else "leader"),
+        "clock_leader": ref_rank if one_host else rank,
+        "clock_reference": ref_rank,
+        "clock_source": "imported",
+        "sim_clock": None,
+    }
+    path = out / schema.SHARD_TEMPLATE.format(rank=rank, window=0)
+    write_shard(path, tabs, tr.strings.list(), attrs, codec=codec)
+    return path
+
+
+def import_traces(
+    paths: Sequence[str | os.PathLike],
+    run_dir: str | os.PathLike,
+    *,
+    run_id: str | None = None,
+    world_size: int | None = None,
+    rank: int | None = None,
+    one_host: bool = False,
+    force: bool = False,
+    codec: str = "zstd",
+    progress: bool | None = None,
+) -> ImportResult:
+    """Import Kineto traces into `run_dir` (created). All shards appear together or not at all."""
+    files = find_trace_files(paths)
+    if not files:
+        raise ConfigError("no trace files given")
+    run_dir = Path(run_dir)
+    if run_dir.exists() and any(run_dir.glob(schema.SHARD_GLOB)):
+        if not force:
+            raise ConfigError(f"{run_dir}: already holds shards; choose a new directory or pass --force to replace them")
+        for p in run_dir.glob(schema.SHARD_GLOB):
+            p.unlink()
+    # ranks first, from the headers only: a duplicate is reported before any heavy work
+    ranks: dict[int, Path] = {}
+    file_rank: list[tuple[Path, int, dict]] = []
+    for f in files:
+        try:
+            hdr = read_header(f)
+        except TraceFormatError:
+            raise
+        r = _rank_of(f, hdr, rank, len(files))
+        if r in ranks:
+            raise ConfigError(f"{f}: claims rank {r} like {ranks[r]}; import one trace per rank (put other "
+                              "profiling cycles into another run directory)")
+        ranks[r] = f
+        file_rank.append((f, r, hdr))
+    sizes = [int(h["distributedInfo"]["world_size"]) for _, _, h in file_rank
+             if isinstance(h.get("distributedInfo"), dict) and isinstance(h["distributedInfo"].get("world_size"), int)]
+    ws = world_size if world_size is not None else (max(sizes) if sizes else max(ranks) + 1)
+    if ws <= max(ranks):
+        raise ConfigError(f"world size {ws} but rank {max(ranks)} present ({ranks[max(ranks)]}); "
+                          "pass --world-size larger than every rank")
+    ref = min(ranks)
+    run_id = run_id or run_dir.resolve().name
+    warnings: list[str] = []
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".import-", dir=run_dir))
+    t0 = time.perf_counter()
+    n_events = raw = 0
+    shards: list[Path] = []
+    show = progress if progress is not None else (len(file_rank) > 1 and sys.stderr.isatty())
+    it: Iterable = file_rank
+    if show:
+        from tqdm import tqdm
+
+        it = tqdm(file_rank, desc="importing traces", unit="file", file=sys.stderr, leave=False)
+    try:
+        for f, r, _hdr in it:
+            tr = read_kineto(f)
+            n_events += tr.n_events_raw
+            raw += tr.raw_bytes
+            if tr.n_inexact:
+                warnings.append(f"{f}: {tr.n_inexact} timestamp(s) not exact to the ns (exponent notation)")
+            shards.append(_shard_for(tr, r, ws, run_id, ref, one_host, tmp, codec))
+            del tr
+        final = []
+        for p in shards:
+            dest = run_dir / p.name
+            os.replace(p, dest)
+            final.append(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if len(ranks) > 1 and not one_host:
+        warnings.append("imported traces carry no clock-sync samples: `distprof report` aligns ranks from "
+                        "synchronising collectives where it can (pass --one-host if all ranks ran on one machine)")
+    missing = ws - len(ranks)
+    if missing:
+        warnings.append(f"{len(ranks)} of {ws} ranks imported; the others are reported missing")
+    for w in warnings:
+        log.warning("%s", w)
+    return ImportResult(run_dir=run_dir, shards=final, ranks=sorted(ranks), world_size=ws, n_events=n_events,
+                        raw_bytes=raw, seconds=time.perf_counter() - t0, warnings=warnings)
