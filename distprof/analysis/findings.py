@@ -31,8 +31,10 @@ rank, the worst ``max_per_rule`` ranks. Rules and thresholds (defaults of :class
 * ``straggler_rank`` — every rank the stragglers analysis names (its naming rule and threshold are in
   ``straggler_info.rule``) and that no ``straggler_host`` finding covers. Impact: its mean lateness / median step
   time. Advice follows its root cause (``[idle]`` or a slower op).
-* ``straggler_host`` — a host whose ranks are late together: named by the stragglers host rule, or with at least
-  two ranks of which ≥ ``host_min_fraction`` (75 %) are named, when the run spans at least two hosts.
+* ``straggler_host`` — a host whose ranks are late together: at least two ranks, of which ≥ ``host_min_fraction``
+  (75 %) are named stragglers, on a run that spans at least two hosts. (The stragglers host table alone is not
+  enough: a host's arrival is its latest rank's, so one late rank makes its host late.) Its lateness and share of
+  late collectives come from the stragglers host table; the ranks it covers get no ``straggler_rank`` finding.
 """
 
 from __future__ import annotations
@@ -473,8 +475,7 @@ def _straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], host
     for host, members in sorted(by_host.items()):
         late = [r for r in members if r in ranks and ranks[r].get("named")]
         h = host_rows.get(host, {})
-        if n_hosts < 2 or not (h.get("named") or (len(members) >= 2
-                                                  and len(late) >= rules.host_min_fraction * len(members))):
+        if n_hosts < 2 or len(members) < 2 or len(late) < rules.host_min_fraction * len(members):
             continue
         covered.update(late)
         lat = h.get("mean_lateness_ms") or (float(np.mean([ranks[r]["mean_lateness_ms"] for r in late])) if late else 0)
@@ -487,8 +488,8 @@ def _straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], host
                          f"{lat:.1f} ms after the other hosts on average (last in "
                          f"{100 * (h.get('late_fraction') or 0):.0f} % of collectives) and its ranks cost the others "
                          f"{blame:.1f} ms of waiting per step ({impact:.0f} % of the {median_step_ms:.1f} ms median "
-                         f"step). Rule: the stragglers host rule names it, or >= {100 * rules.host_min_fraction:.0f} % "
-                         f"of its ranks (at least 2) are named stragglers, on a run with at least 2 hosts."),
+                         f"step). Rule: >= {100 * rules.host_min_fraction:.0f} % of its ranks (at least 2) are named "
+                         f"stragglers, on a run with at least 2 hosts."),
             "advice": ("The node itself is slower: check it for thermal or power throttling (nvidia-smi -q -d "
                        "PERFORMANCE), other jobs or processes, a different device, driver or CPU model, and its "
                        "network link; exclude it from the job (e.g. Slurm --exclude) until fixed."),

@@ -1,11 +1,14 @@
-"""Terminal summary of a report: run, clocks, step breakdown, stragglers, root cause, overlap, imbalance, MFU.
+"""Terminal summary of a report: verdict and findings first, then run, clocks, step breakdown, stragglers, root
+cause, overlap, imbalance, user annotations, MFU.
 
-Plain text; ANSI bold/colour only when asked (``color=True``) — the CLI asks only when stdout is a TTY.
+Plain text; ANSI bold/colour only when asked (``color=True``) — the CLI asks only when stdout is a TTY. Keys a report
+lacks (older reports) are skipped.
 """
 
 from __future__ import annotations
 
 import logging
+import textwrap
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -13,6 +16,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["render_console"]
 
 _MAX_RANK_ROWS = 8
+_WIDTH = 116
+_MAX_FINDINGS = 8
+_MAX_ANNOTATIONS = 10
+_SEVERITY_TAG = {"high": "HIGH", "medium": "MED ", "low": "LOW "}
 
 
 def _f(x: Any, fmt: str = "{:.1f}", none: str = "-") -> str:
@@ -23,7 +30,8 @@ def _table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:
-        return indent + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return (indent + "  ".join(c.rjust(w) if i else c.ljust(w)
+                                   for i, (c, w) in enumerate(zip(cells, widths)))).rstrip()
 
     return [line(header)] + [line(r) for r in rows]
 
@@ -43,6 +51,14 @@ class _Style:
 
     def dim(self, s: str) -> str:
         return self._w("2", s)
+
+    def yellow(self, s: str) -> str:
+        return self._w("33", s)
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(text, width=_WIDTH, initial_indent=first, subsequent_indent=rest,
+                         break_on_hyphens=False, break_long_words=False) or [first.rstrip()]
 
 
 def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3) -> str:
@@ -64,6 +80,11 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
     if run.get("ranks_missing"):
         out.append(st.red(f"  missing ranks: {run['ranks_missing']}"))
 
+    verdict = report.get("verdict")
+    if verdict:
+        out += [st.bold(x) for x in _wrap(verdict, "Verdict: ", "  ")]
+    out += _findings(report, st)
+
     clock = report.get("clock", {})
     if clock:
         out.append(st.bold("Clock alignment"))
@@ -74,23 +95,12 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
                 f" residual {_f(res, '{:.0f}')} us ({c.get('method')})"
             )
 
-    s = report.get("summary", {})
-    if s.get("n_rank_steps"):
-        out.append(st.bold("Step time"))
-        out.append(
-            f"  mean {_f(s.get('step_ms_mean'))} ms (max {_f(s.get('step_ms_max'))}):"
-            f" compute {_f(s.get('compute_pct'))}%, exposed comm {_f(s.get('exposed_comm_pct'))}%,"
-            f" memcpy {_f(s.get('memcpy_pct'))}%, idle {_f(s.get('idle_pct'))}%, other {_f(s.get('other_pct'))}%"
-        )
-        out.append(
-            f"  communication {_f(s.get('comm_pct'))}% of step time, {_f(s.get('overlap_pct'))}% of it overlapped"
-            " by compute"
-        )
-
+    out += _summary(report.get("summary", {}), st)
     out += _stragglers(report, st, top)
     out += _root_cause(report)
     out += _overlap(report)
     out += _imbalance(report)
+    out += _annotations(report, st)
 
     mfu = report.get("mfu") or []
     if mfu:
@@ -145,13 +155,13 @@ def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
     cf = info.get("clock_free", {})
     if cf.get("agrees") is False:
         out.append(st.dim(f"  clock-free check: top rank by durations is {cf.get('top_rank')},"
-                          f" by aligned arrivals {cf.get('top_rank_by_blame')}"))
+                          f" by aligned arrivals {cf.get('top_rank_by_lateness')}"))
     changes = info.get("changes", [])
     if changes:
         txt = ", ".join(f"step {c['step']}: {c['from_rank']} -> {c['to_rank']}" for c in changes[:10])
         more = f" (+{len(changes) - 10} more)" if len(changes) > 10 else ""
         out.append(f"  straggler changes: {txt}{more}".replace("None", "none"))
-    out.append(st.dim(f"  rule: {rule.get('text', '')}"))
+    out += [st.dim(x) for x in _wrap(f"rule: {rule.get('text', '')}", "  ", "    ")]
     return out
 
 
@@ -202,3 +212,66 @@ def _imbalance(report: dict[str, Any]) -> list[str]:
             _f(m["lb"], "{:.3f}"),
         ])
     return ["Imbalance across ranks"] + _table(["metric", "min", "mean", "max", "lambda", "CV", "LB"], rows)
+
+
+_SUMMARY_ROWS = (("compute_pct", "compute"), ("exposed_comm_pct", "exposed communication"), ("memcpy_pct", "memcpy"),
+                 ("idle_pct", "idle"), ("other_pct", "other"))
+
+
+def _summary(s: dict[str, Any], st: _Style) -> list[str]:
+    if not s.get("n_rank_steps"):
+        return []
+    mean = s.get("step_ms_mean")
+    out = [st.bold(f"Step time: mean {_f(mean)} ms, max {_f(s.get('step_ms_max'))} ms"
+                   f" ({s.get('n_steps')} steps x {s['n_rank_steps'] // max(s.get('n_steps') or 1, 1)} ranks)")]
+
+    def ms(pct: Any) -> str:
+        return _f(None if pct is None or mean is None else pct * mean / 100, "{:.2f}")
+
+    rows = [[label, ms(s.get(k)), _f(s.get(k), "{:.1f}%")] for k, label in _SUMMARY_ROWS]
+    rows.append(["communication (all)", ms(s.get("comm_pct")), _f(s.get("comm_pct"), "{:.1f}%")])
+    out += _table(["part of step", "ms/step", "share"], rows)
+    out.append(f"  {_f(s.get('overlap_pct'), '{:.1f}%')} of communication overlapped by compute")
+    return out
+
+
+def _findings(report: dict[str, Any], st: _Style) -> list[str]:
+    fs = report.get("findings")
+    if fs is None:
+        return []
+    if not fs:
+        return [st.bold("Findings: none") + " (no rule fired; thresholds in docs/report-format.md)"]
+    out = [st.bold(f"Findings ({len(fs)}, most severe first)")]
+    for i, f in enumerate(fs[:_MAX_FINDINGS], 1):
+        sev = f.get("severity", "low")
+        tag = _SEVERITY_TAG.get(sev, sev.upper())
+        color = st.red if sev == "high" else st.yellow if sev == "medium" else (lambda x: x)
+        out.append(f"  {i}. " + color(f"[{tag.strip()}]") + " " + st.bold(str(f.get("title", ""))))
+        out += _wrap(str(f.get("evidence", "")), "     ", "     ")
+        out += [st.dim(x) for x in _wrap("Fix: " + str(f.get("advice", "")), "     ", "       ")]
+    if len(fs) > _MAX_FINDINGS:
+        out.append(st.dim(f"  ... {len(fs) - _MAX_FINDINGS} more findings in report.json"))
+    return out
+
+
+def _annotations(report: dict[str, Any], st: _Style) -> list[str]:
+    ann = report.get("annotations") or []
+    if not ann:
+        return []
+    ranks = sorted({r for a in ann for r in a.get("ranks", {})}, key=int)
+    per_rank = len(ranks) <= _MAX_RANK_ROWS
+    header = ["annotation"] + ([f"r{r} ms" for r in ranks] if per_rank else ["min ms", "mean ms", "max ms"])
+    header += ["calls/step", "spread"]
+    rows = []
+    for a in ann[:_MAX_ANNOTATIONS]:
+        vals = [a["ranks"][r]["ms_per_step"] if r in a["ranks"] else 0.0 for r in ranks]
+        calls = [a["ranks"][r]["count_per_step"] for r in a["ranks"]]
+        name = a["name"] if len(a["name"]) <= 40 else a["name"][:37] + "..."
+        cells = [_f(v, "{:.2f}") for v in vals] if per_rank else [
+            _f(min(vals), "{:.2f}"), _f(sum(vals) / len(vals), "{:.2f}"), _f(max(vals), "{:.2f}")]
+        rows.append([name] + cells + [_f(max(calls) if calls else None, "{:.1f}"),
+                                      _f(a.get("spread_pct"), "{:.0f}%")])
+    out = [st.bold("User annotations (record_function), ms per step")] + _table(header, rows)
+    if len(ann) > _MAX_ANNOTATIONS:
+        out.append(st.dim(f"  ... {len(ann) - _MAX_ANNOTATIONS} more in report.json"))
+    return out
