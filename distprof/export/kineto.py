@@ -275,6 +275,10 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
     ext = _enclosing_external_ids(tid, ts, ts + dur, corr, is_op, is_rt)
     rt_rows = np.flatnonzero(is_rt & (corr > 0))
     corr_to_rt = {int(c): int(i) for c, i in zip(corr[rt_rows], rt_rows)}
+    for i in np.flatnonzero(is_dev & (corr > 0)).tolist():  # a device row inherits its launch's External id
+        j = corr_to_rt.get(int(corr[i]))
+        if j is not None:
+            ext[i] = ext[j]
 
     comm_args = _comm_args(run, rank, rows)
 
