@@ -58,8 +58,10 @@ _PLAIN = "#6b8fb8"
 
 
 def _e(x: Any) -> str:
-    """HTML text or attribute value."""
-    return html.escape("" if x is None else str(x), quote=True)
+    """HTML text or attribute value (the JS line separators as character references too: harmless in HTML, but
+    the page then holds none anywhere)."""
+    s = html.escape("" if x is None else str(x), quote=True)
+    return s.replace("\u2028", "&#x2028;").replace("\u2029", "&#x2029;")
 
 
 def _pl(x: Any) -> str:
@@ -124,12 +126,14 @@ def _mean(vals: Iterable[float | None]) -> float | None:
 def _base_layout(height: int, **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {
         "height": height,
-        "margin": {"l": 70, "r": 20, "t": 36, "b": 50},
+        "margin": {"l": 70, "r": 20, "t": 30, "b": 50},
         "font": {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12},
         "paper_bgcolor": "#ffffff",
         "plot_bgcolor": "#ffffff",
         "hoverlabel": {"namelength": -1},
-        "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom", "traceorder": "normal"},
+        # below the plot, clear of the axis labels and of the modebar (top right)
+        "legend": {"orientation": "h", "x": 0, "yref": "container", "y": 0, "yanchor": "bottom",
+                   "traceorder": "normal"},
     }
     layout.update(extra)
     return layout
@@ -332,10 +336,10 @@ def _fig_imbalance(report: dict[str, Any]) -> dict[str, Any] | None:
         return [None if _num(r.get(key)) is None else _num(r.get(key)) / div for r in rows]
 
     panels = [
-        ("compute ms / step", scaled("compute_ms", 1.0), "{:.2f}"),
-        ("GFLOP / step", scaled("flops", 1e9), "{:.3f}"),
-        ("achieved TFLOP/s", scaled("tflops", 1.0), "{:.4f}"),
-        ("peak memory MiB", scaled("peak_mem_bytes", 2**20), "{:.1f}"),
+        ("compute ms / step", scaled("compute_ms", 1.0), "{:.4g}"),
+        ("GFLOP / step", scaled("flops", 1e9), "{:.4g}"),
+        ("achieved TFLOP/s", scaled("tflops", 1.0), "{:.4g}"),
+        ("peak memory MiB", scaled("peak_mem_bytes", 2**20), "{:.4g}"),
     ]
     n = len(panels)
     gap = 0.05
@@ -448,7 +452,7 @@ def _fig_annotations(report: dict[str, Any]) -> dict[str, Any] | None:
         label = _pl(a["name"])
         seen[label] = seen.get(label, 0) + 1
         y.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
-    trace = {"type": "heatmap", "x": [_rank_label(r) for r in ranks], "y": y, "z": z, "colorscale": "Blues",
+    trace = {"type": "heatmap", "x": [_rank_label(r) for r in ranks], "y": y, "z": z, "colorscale": "Blues", "reversescale": True,
              "colorbar": {"title": {"text": "ms/step"}}, "xgap": 1, "ygap": 1, "hoverongaps": False,
              "hovertemplate": "%{y}<br>%{x}: %{z:.3f} ms/step<extra></extra>"}
     if len(ranks) * len(ann) <= 400:
@@ -538,7 +542,7 @@ def _findings(report: dict[str, Any]) -> str:
             + (f" <span class=\"where\">{_e(' · '.join(where))}</span>" if where else "")
             + (f"<div class=\"evidence\">{_e(f.get('evidence'))}</div>" if f.get("evidence") else "")
             + (f"<div class=\"advice\"><b>Advice:</b> {_e(f.get('advice'))}</div>" if f.get("advice") else "")
-            + (f"<div class=\"metrics\">{_e(met)}</div>" if met else "")
+            + (f"<details class=\"metrics\"><summary>metrics</summary>{_e(met)}</details>" if met else "")
             + "</li>"
         )
     return "<section id=\"findings\"><h2>Findings</h2><ul class=\"findings\">" + "".join(rows) + "</ul></section>"
