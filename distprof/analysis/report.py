@@ -19,6 +19,7 @@ from .annotations import annotations
 from .breakdown import BREAKDOWN_COLUMNS, step_breakdown
 from .findings import FindingRules, findings
 from .imbalance import imbalance
+from .gpu_time import gpu_time
 from .mfu import mfu
 from .model import MergedRun
 from .overlap import device_ranks, overlap_by_rank, overlap_by_step
@@ -149,6 +150,7 @@ def build_report(
         "overlap": overlap_by_rank(run, breakdown=bd),
         "imbalance": imbalance(run, breakdown=bd),
         "mfu": mfu_rows,
+        "gpu_time": gpu_time(run),  # per device rank: idle/compute/non-compute %, comm overlap (HTA definitions)
         "annotations": annotations(run),
         "warnings": warnings,
     }
