@@ -353,3 +353,109 @@ def test_without_cuda_one_warning_and_training_goes_on(caplog, tmp_path):
     assert not read_shard(p.windows_written[0]["path"]).has("cuda_memory")
     with pytest.raises(ConfigError, match="--memory-history needs CUDA"):
         distprof.profile(out=str(tmp_path), memory_history=True, strict=True).start()
+
+
+class LiveFakeCudaMemory(FakeCudaMemory):
+    """torch.cuda.memory stand-in whose allocator history is stamped with the real clock while training runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.trace: list[dict] = []
+        self.live: dict[int, int] = {}
+        self.addr = 1 << 40
+
+    def _record_memory_history(self, enabled="all", **kw):
+        super()._record_memory_history(enabled, **kw)
+        if enabled and kw.get("clear_history"):
+            self.trace = []
+
+    def _entry(self, action, addr, size, line):
+        import time
+
+        self.trace.append({"action": action, "addr": addr, "size": size, "stream": 0,
+                           "time_us": time.time_ns() // 1000,
+                           "frames": [{"filename": "/home/u/train.py", "line": line, "name": "step"}]})
+
+    def malloc(self, size, line):
+        self.addr += 1 << 21
+        self.live[self.addr] = size
+        self._entry("alloc", self.addr, size, line)
+        return self.addr
+
+    def free(self, addr):
+        self._entry("free_requested", addr, self.live.pop(addr), 0)
+
+    def _snapshot(self, device=None):
+        self.calls.append(("snapshot",))
+        blocks = [{"address": a, "size": s, "requested_size": s, "state": "active_allocated", "frames": []}
+                  for a, s in self.live.items()]
+        return {"segments": [{"device": 0, "address": 0, "total_size": 1 << 30, "blocks": blocks}],
+                "device_traces": [list(self.trace)]}
+
+
+def test_capture_writes_tables_and_snapshot_and_load_run_merges_them(tmp_path):
+    """The capture plumbing end to end on CPU, with torch.cuda.memory faked: shard tables, pickle, MergedRun."""
+    import time
+
+    import distprof
+    from distprof.analysis.run import load_run
+
+    fake = LiveFakeCudaMemory()
+    p = distprof.profile(out=str(tmp_path), wait=0, warmup=1, active=3, repeat=1, run_id="mh")
+    p._memhist = MemoryHistory(1000, memory=fake)
+    keep = []
+    with p:
+        for i in range(5):
+            time.sleep(0.002)
+            a = [fake.malloc((i + 1) * MiB, 100 + i), fake.malloc(MiB, 200)]
+            time.sleep(0.002)
+            fake.free(a[0])
+            keep.append(a[1])
+            time.sleep(0.002)
+            p.step()
+    assert not p.errors, p.errors
+    (w,) = p.windows_written
+    s = read_shard(w["path"])
+    mh = s.attrs["memory_history"]
+    assert mh["snapshot"] == "rank00000.w0000.memsnap.pickle" and mh["max_entries"] == 1000
+    snap = pickle.loads(s.memory_snapshot_path().read_bytes())
+    assert snap["device_traces"][0][0]["action"] == "alloc"
+    cm = s.table("cuda_memory")
+    assert cm["step"].tolist() == s.attrs["steps_covered"] == [1, 2, 3]
+    assert cm["n_alloc"].tolist() == [2, 2, 2] and cm["n_free"].tolist() == [1, 1, 1]
+    # each step: (i+1) MiB + 1 MiB allocated, the first freed; 1 MiB per earlier step stays live
+    assert cm["alloc_peak_bytes"].tolist() == [(i + 2) * MiB + i * MiB for i in (1, 2, 3)]
+    assert cm["alloc_end_bytes"].tolist() == [(i + 1) * MiB for i in (1, 2, 3)]
+    assert "memhist_s" in s.attrs["timings"]
+    assert [c[0] for c in fake.calls] == ["record", "snapshot", "record"]
+
+    run = load_run(tmp_path / "mh")
+    assert run.has_memory_history
+    assert run.cuda_memory["rank"].tolist() == [0, 0, 0]
+    blk = run.cuda_memory_blocks
+    assert blk["bytes"][blk["step"] == 3].tolist() == [4 * MiB, MiB]
+    assert run.names[blk["user_frame_id"][blk["step"] == 3][0]] == "step (/home/u/train.py:103)"
+    steps = run.steps
+    for j in range(3):  # peaks are aligned with the steps
+        assert steps["start_ns"][j] <= run.cuda_memory["peak_ns"][j] < steps["end_ns"][j]
+    sub = load_run(tmp_path / "mh", steps=(2, 2))
+    assert sub.cuda_memory["step"].tolist() == [2] and set(sub.cuda_memory_blocks["step"].tolist()) == {2}
+
+
+def test_imbalance_gains_reserved_peak_with_history():
+    from test_breakdown import ddp_run
+
+    from distprof.analysis.imbalance import imbalance
+
+    run = ddp_run(3, n_steps=2)
+    assert "reserved_peak_bytes" not in imbalance(run)["metrics"]  # no history: report unchanged
+    cm = {c: np.zeros(4, dt) for c, dt in schema.TABLES["cuda_memory"].items()}
+    cm["rank"] = np.array([0, 0, 1, 1], np.int32)
+    cm["window"] = np.zeros(4, np.int32)
+    cm["reserved_peak_bytes"] = np.array([4, 6, 9, 8], np.int64) * MiB
+    run.cuda_memory = cm
+    imb = imbalance(run)
+    by = {r["rank"]: r["reserved_peak_bytes"] for r in imb["per_rank"]}
+    assert by == {0: 6 * MiB, 1: 9 * MiB, 2: None}
+    m = imb["metrics"]["reserved_peak_bytes"]
+    assert m["max_rank"] == 1 and m["max"] == 9 * MiB and m["max_over_min"] == pytest.approx(1.5)

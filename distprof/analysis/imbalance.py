@@ -82,4 +82,23 @@ def imbalance(run: MergedRun, *, breakdown: Table | None = None) -> dict[str, An
         {"rank": int(pr["rank"][i]), "n_steps": int(pr["n_steps"][i]), **{m: float(pr[m][i]) for m in METRICS}}
         for i in range(pr["rank"].size)
     ]
-    return {"per_rank": per_rank, "metrics": {m: imbalance_stats(pr[m], pr["rank"]) for m in METRICS}}
+    out = {"per_rank": per_rank, "metrics": {m: imbalance_stats(pr[m], pr["rank"]) for m in METRICS}}
+    _add_reserved_peaks(run, out)
+    return out
+
+
+def _add_reserved_peaks(run: MergedRun, out: dict[str, Any]) -> None:
+    """With --memory-history: per rank the allocator's reserved peak (max over steps and devices), the footprint
+    that decides OOMs; added as metric ``reserved_peak_bytes`` (None for ranks without history)."""
+    cm = getattr(run, "cuda_memory", None)
+    if not cm or not len(cm.get("step", ())):
+        return
+    ranks, idx = np.unique(cm["rank"], return_inverse=True)
+    peak = np.zeros(ranks.size)
+    np.maximum.at(peak, idx, cm["reserved_peak_bytes"].astype(np.float64))
+    by_rank = dict(zip(ranks.tolist(), peak.tolist()))
+    for row in out["per_rank"]:
+        row["reserved_peak_bytes"] = by_rank.get(row["rank"])
+    vals = [r["reserved_peak_bytes"] for r in out["per_rank"] if r["reserved_peak_bytes"] is not None]
+    rks = [r["rank"] for r in out["per_rank"] if r["reserved_peak_bytes"] is not None]
+    out["metrics"]["reserved_peak_bytes"] = imbalance_stats(vals, rks)

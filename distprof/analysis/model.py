@@ -46,6 +46,11 @@ class MergedRun:
     * ``steps``: step, start_ns, end_ns (aligned), flops, peak_mem_bytes, n_events.
     * ``memory``: ts_ns (aligned), bytes, total_bytes, device, step.
     * ``threads``: tid, name_id (global), role, pg.
+    * ``cuda_memory`` (``--memory-history`` on CUDA; empty columns otherwise): per step and device, allocator peaks
+      and end levels (``alloc_*`` = requested bytes, ``reserved_*`` = cached segments), alloc/free/segment/OOM
+      counts, ``peak_ns`` (aligned), ``complete``.
+    * ``cuda_memory_blocks``: the largest allocations per step and device: ts_ns (aligned), bytes, stream,
+      lifetime_ns, live_at_peak, frame_id / user_frame_id (global string table).
     """
 
     run_id: str
@@ -64,7 +69,23 @@ class MergedRun:
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     device_peak_tflops: dict[int, float] = field(default_factory=dict)  # rank -> peak, where known
+    cuda_memory: Table = field(default_factory=lambda: _empty("cuda_memory"))
+    cuda_memory_blocks: Table = field(default_factory=lambda: _empty("cuda_memory_blocks"))
+
+    @property
+    def has_memory_history(self) -> bool:
+        return len(self.cuda_memory.get("step", ())) > 0
 
     def name_id(self, name: str) -> int | None:
         hits = np.flatnonzero(self.names == name)
         return int(hits[0]) if len(hits) else None
+
+
+def _empty(table: str) -> Table:
+    """Zero-row columns of an optional shard table, plus the merged ``rank``/``window`` columns."""
+    from ..storage.schema import TABLES
+
+    cols = {c: np.zeros(0, dt) for c, dt in TABLES[table].items()}
+    cols["rank"] = np.zeros(0, np.int32)
+    cols["window"] = np.zeros(0, np.int32)
+    return cols

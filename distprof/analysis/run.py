@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 Table = dict[str, np.ndarray]
 
 #: Tables merged into MergedRun, in this order.
-TABLES = ("events", "comms", "steps", "memory", "threads")
+TABLES = ("events", "comms", "steps", "memory", "threads", "cuda_memory", "cuda_memory_blocks")
 #: Columns always read (merging, matching, alignment and step filtering need them).
 REQUIRED = {
     "events": ("ts_ns", "dur_ns", "step"),
@@ -42,6 +42,8 @@ REQUIRED = {
     "steps": ("step", "start_ns", "end_ns"),
     "memory": ("ts_ns", "step"),
     "threads": (),
+    "cuda_memory": ("step", "peak_ns"),
+    "cuda_memory_blocks": ("step", "ts_ns", "frame_id", "user_frame_id"),
 }
 #: Shards from this many on get a progress bar (when stderr is a terminal).
 PROGRESS_MIN_SHARDS = 16
@@ -158,6 +160,8 @@ def load_run(
         steps=tables["steps"],
         memory=tables["memory"],
         threads=tables["threads"],
+        cuda_memory=tables["cuda_memory"],
+        cuda_memory_blocks=tables["cuda_memory_blocks"],
         clock=model.hosts,
         attrs=dict(sorted(first_attrs.items())),
         process_groups=process_groups,
@@ -370,7 +374,8 @@ def _concat(shards: list[Shard], per_shard: list[dict[str, Table]], remaps, pg_m
     for s, tabs, remap, lut in zip(shards, per_shard, remaps, pg_maps):
         tabs = {t: dict(c) for t, c in tabs.items()}
         n_ev = len(tabs["events"]["ts_ns"])
-        for t, col in (("events", "name_id"), ("threads", "name_id"), ("comms", "op_id")):
+        for t, col in (("events", "name_id"), ("threads", "name_id"), ("comms", "op_id"),
+                       ("cuda_memory_blocks", "frame_id"), ("cuda_memory_blocks", "user_frame_id")):
             if col in tabs[t] and len(tabs[t][col]):
                 ids = tabs[t][col]
                 if int(ids.max()) >= len(remap):
@@ -411,7 +416,8 @@ def _clock_info(rank: int, a: Mapping[str, Any]) -> RankClockInfo:
 
 
 def _align(tables: dict[str, Table], model: ClockModel) -> None:
-    for t, cols in (("events", ("ts_ns",)), ("steps", ("start_ns", "end_ns")), ("memory", ("ts_ns",))):
+    for t, cols in (("events", ("ts_ns",)), ("steps", ("start_ns", "end_ns")), ("memory", ("ts_ns",)),
+                    ("cuda_memory", ("peak_ns",)), ("cuda_memory_blocks", ("ts_ns",))):
         tab = tables[t]
         for c in cols:
             if c in tab and len(tab[c]):
@@ -428,7 +434,7 @@ def _filter_steps(tables: dict[str, Table], lo: int, hi: int) -> None:
     cm = {c: v[ck] for c, v in cm.items()}
     cm["row"] = new_row[cm["row"]].astype(np.int64)
     tables["comms"] = cm
-    for t in ("steps", "memory"):
+    for t in ("steps", "memory", "cuda_memory", "cuda_memory_blocks"):
         tab = tables[t]
         k = (tab["step"] >= lo) & (tab["step"] <= hi)
         tables[t] = {c: v[k] for c, v in tab.items()}
