@@ -20,7 +20,7 @@ from distprof.analysis.stragglers import find_stragglers
 from distprof.analysis.verdict import verdict
 from distprof.render.console import render_console
 from distprof.storage import schema
-from test_breakdown import ANNOT, BASE, COMM, COMPUTE, CPU_OP, KERNEL, MS, OTHER, RunBuilder, ddp_run
+from test_breakdown import ANNOT, COMM, COMPUTE, CPU_OP, KERNEL, OTHER, RunBuilder, ddp_run
 
 DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
@@ -312,7 +312,8 @@ def test_verdict_sentences():
     assert rep["verdict"].startswith("No straggler: ranks arrive within")
     assert "exposed communication" in rep["verdict"]
     rep = build_report(loop_run(world=1, dl_ms=8.0))
-    assert rep["verdict"].startswith("Steps take 30.0 ms on average; 27 % of step time on rank 0 is spent waiting for input")
+    assert rep["verdict"].startswith(
+        "Steps take 30.0 ms on average; 27 % of step time on rank 0 is spent waiting for input")
     empty = RunBuilder(2).build()
     assert build_report(empty)["verdict"].startswith("No recorded steps")
 

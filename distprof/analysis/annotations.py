@@ -1,4 +1,4 @@
-"""User annotations: time per ``record_function`` region, per rank and step, so marked code can be compared across ranks.
+"""User annotations: time per ``record_function`` region, per rank and step, to compare marked code across ranks.
 
 Which events count: CPU ``user_annotation`` events (``with torch.profiler.record_function("forward"):``) whose name
 is not a framework-internal region. Framework names (``FRAMEWORK_PREFIXES``) are excluded: the profiler's

@@ -40,7 +40,7 @@ rank, the worst ``max_per_rule`` ranks. Rules and thresholds (defaults of :class
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -116,7 +116,7 @@ def _top_level(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def _boundary_gaps(busy: iv.Intervals, ws: np.ndarray, we: np.ndarray) -> iv.Intervals:
-    """Per window [ws, we): the gap from ws to the first busy interval and from the last one to we (a normalised set)."""
+    """Per window [ws, we): the gaps from ws to the first busy interval and from the last one to we (normalised)."""
     bs, be = busy.s, busy.e
     if bs.size == 0:
         return iv.union(ws, we)
@@ -144,6 +144,7 @@ def rank_measures(run: MergedRun, breakdown: Table, rules: FindingRules | None =
     is_exec[exec_rows[(exec_rows >= 0) & (exec_rows < is_exec.size)]] = True
     tiny_ns = rules.tiny_op_us * 1e3
     mem = run.memory
+    m_order, m_slices = rank_slices(np.asarray(mem.get("rank", np.zeros(0, np.int32))))
     out = []
     for rank in np.unique(bd["rank"]).tolist():
         bm = bd["rank"] == rank
@@ -206,8 +207,9 @@ def rank_measures(run: MergedRun, breakdown: Table, rules: FindingRules | None =
         m["dataloader_names"] = sorted({str(run.names[k]) for k in np.unique(nid[dl])})
 
         # memory
-        mm = np.asarray(mem.get("rank", np.zeros(0, np.int32))) == rank
-        if mm.any():
+        msl = m_slices.get(int(rank))
+        mm = m_order[msl] if msl is not None else np.zeros(0, np.int64)
+        if mm.size:
             mstep = np.asarray(mem["step"], np.int64)[mm]
             mb = np.asarray(mem["bytes"], np.int64)[mm]
             mt = np.asarray(mem["total_bytes"], np.int64)[mm]
@@ -273,6 +275,7 @@ def _tiny_ops(ms: list[dict], rules: FindingRules) -> list[_Hit]:
                 "tiny_ms_per_step": m["tiny_ms_per_step"], "tiny_median_us": m["tiny_median_us"],
                 "ops_per_step": m["ops_per_step"], "op_ms_per_step": m["op_ms_per_step"],
                 "device_idle_ms_per_step": m["idle_ms_per_step"] if m["device_rank"] else 0.0,
+                "device_rank": float(m["device_rank"]),
                 "step_ms": m["step_ms"], "threshold_us": rules.tiny_op_us,
                 "threshold_share_pct": rules.tiny_min_share_pct, "threshold_per_step": rules.tiny_min_per_step,
                 "threshold_step_pct": rules.tiny_min_step_pct}))
@@ -351,7 +354,10 @@ def _fmt_ranks(ranks: list[int]) -> str:
 
 
 def _group(rule_id: str, hits: list[_Hit], n_ranks: int, rules: FindingRules, text) -> list[dict[str, Any]]:
-    """One finding for many ranks, else one per rank (worst first); `text(metrics, where)` -> (title, evidence, advice)."""
+    """One finding for many ranks, else one per rank (worst first).
+
+    `text(metrics, where, worst_hit)` returns (title, evidence, advice).
+    """
     if not hits:
         return []
     hits = sorted(hits, key=lambda h: (-h.impact_pct, -h.metrics.get("times_threshold", 0.0), h.rank))
@@ -386,7 +392,7 @@ def _group(rule_id: str, hits: list[_Hit], n_ranks: int, rules: FindingRules, te
 
 
 def _tiny_text(m, where, worst):
-    dev = m["device_idle_ms_per_step"] > 0 or "kernel" in where
+    dev = m["device_rank"] >= 0.5
     unit = "kernels" if dev else "ops"
     title = f"Many tiny {unit} on {where}: {m['tiny_share_pct']:.0f} % of {unit[:-1]} time in {unit} under " \
             f"{m['threshold_us']:.0f} us"
@@ -571,7 +577,3 @@ def findings(
     logger.debug("findings: %s", [(f["id"], f["severity"], f["rank"]) for f in out])
     return out
 
-
-def rules_dict(rules: FindingRules | None = None) -> dict[str, Any]:
-    """The thresholds as a plain dict (for the report)."""
-    return asdict(rules or FindingRules())
