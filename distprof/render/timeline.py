@@ -145,6 +145,7 @@ class TimelinePlan:
     """Which rows of a MergedRun go into the timeline, and how they are laid out. Built by :func:`plan_timeline`."""
 
     ev_rows: np.ndarray  # kept rows of run.events
+    ev_dur_ns: np.ndarray  # their durations on the aligned clock, nesting repaired (see _nested_ends)
     mem_rows: np.ndarray  # kept rows of run.memory
     step_rows: np.ndarray  # kept rows of run.steps
     flow_src: np.ndarray  # events row where each flow starts
@@ -253,6 +254,7 @@ def plan_timeline(
                                               comm_member)
 
     ev_rows = np.flatnonzero(ev_keep)
+    ev_dur = _aligned_durations(run, ev_rows)
     mem_rows = np.flatnonzero(mem_keep)
     step_rows = np.flatnonzero(st_keep)
 
@@ -273,7 +275,7 @@ def plan_timeline(
     origin = int(min(int(t.min()) for t in times if len(t)))
     kept_windows = sorted({int(w) for w in ev["window"][ev_rows]} | {int(w) for w in st["window"][step_rows]})
     plan = TimelinePlan(
-        ev_rows=ev_rows, mem_rows=mem_rows, step_rows=step_rows, flow_src=flow_src, flow_dst=flow_dst,
+        ev_rows=ev_rows, ev_dur_ns=ev_dur, mem_rows=mem_rows, step_rows=step_rows, flow_src=flow_src, flow_dst=flow_dst,
         flow_op=flow_op, ranks=ranks_out, windows=kept_windows, origin_ns=origin,
         tracks=_tracks(run, ev_rows, ranks_out), cut=cut,
         selection={"ranks": None if ranks is None else list(sel_ranks),
@@ -484,6 +486,61 @@ def _drift_factor(run: MergedRun, ranks: np.ndarray) -> np.ndarray:
     return f
 
 
+def _aligned_durations(run: MergedRun, rows: np.ndarray) -> np.ndarray:
+    """Durations of events `rows` on the aligned clock: scaled by the host's drift, then nesting repaired."""
+    ev = run.events
+    rank = ev["rank"][rows]
+    dur = np.rint(ev["dur_ns"][rows] * _drift_factor(run, rank)).astype(np.int64)
+    ts = ev["ts_ns"][rows]
+    track = _track_key(ev["device"][rows] >= 0, ev["tid"][rows]) * 65536 + rank
+    end = _nested_ends(track, ts, ts + dur)
+    return end - ts
+
+
+def _nested_ends(track: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Ends such that slices on one track nest or follow each other (what trace viewers require).
+
+    Aligning starts per window and durations with the host's drift leaves a few ns of partial overlap between events
+    that abutted on the recorded clock (real traces have some of their own). A slice that starts inside the open one
+    and ends after it is taken as its next sibling when it sticks out more than it overlaps (the open one is cut
+    to end where it starts), else as its child (its end is clamped to the open one's).
+    """
+    n = len(ts)
+    if n < 2:
+        return end.copy()
+    order = np.lexsort((ts - end, ts, track))
+    tr, s, e = track[order].tolist(), ts[order].tolist(), end[order].tolist()
+    stack: list[int] = []
+    prev = None
+    fixed = 0
+    for i in range(n):
+        if tr[i] != prev:
+            stack.clear()
+            prev = tr[i]
+        si, ei = s[i], e[i]
+        while stack:
+            top = stack[-1]
+            pe = e[top]
+            if pe <= si:
+                stack.pop()
+            elif ei <= pe:
+                break
+            elif pe - si <= ei - pe:
+                e[top] = si
+                stack.pop()
+                fixed += 1
+            else:
+                e[i] = ei = pe
+                fixed += 1
+                break
+        stack.append(i)
+    if fixed:
+        log.debug("timeline: %d slice end(s) moved to keep tracks nested", fixed)
+    out = np.empty(n, np.int64)
+    out[order] = e
+    return out
+
+
 def timeline_metadata(run: MergedRun, plan: TimelinePlan) -> dict[str, Any]:
     """The ``otherData.distprof`` dict: origin, run, selection, clocks, counts and the cut."""
     origin = plan.origin_ns
@@ -534,7 +591,7 @@ def iter_trace_events(run: MergedRun, plan: TimelinePlan) -> Iterator[dict[str, 
         rows = rows_all[c0:c0 + _CHUNK]
         rank = ev["rank"][rows]
         keys = _track_key(ev["device"][rows] >= 0, ev["tid"][rows])
-        dur = np.rint(ev["dur_ns"][rows] * _drift_factor(run, rank)).astype(np.int64)
+        dur = plan.ev_dur_ns[c0:c0 + _CHUNK]
         cols = zip(rows.tolist(), names[ev["name_id"][rows]].tolist(), ev["kind"][rows].tolist(),
                    ev["category"][rows].tolist(), _us(ev["ts_ns"][rows] - origin), _us(dur), rank.tolist(),
                    keys.tolist(), ev["step"][rows].tolist(), ev["flops"][rows].tolist(), ev["device"][rows].tolist(),
