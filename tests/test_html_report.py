@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import textwrap
@@ -238,6 +239,8 @@ def _browser_missing() -> str | None:
 def browser():
     why = _browser_missing()
     if why:
+        if os.environ.get("DISTPROF_REQUIRE_BROWSER") == "1":  # CI sets it: a missing browser is a failure there
+            pytest.fail(f"DISTPROF_REQUIRE_BROWSER=1 but {why}")
         pytest.skip(why)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

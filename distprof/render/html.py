@@ -452,7 +452,8 @@ def _fig_annotations(report: dict[str, Any]) -> dict[str, Any] | None:
         label = _pl(a["name"])
         seen[label] = seen.get(label, 0) + 1
         y.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
-    trace = {"type": "heatmap", "x": [_rank_label(r) for r in ranks], "y": y, "z": z, "colorscale": "Blues", "reversescale": True,
+    trace = {"type": "heatmap", "x": [_rank_label(r) for r in ranks], "y": y, "z": z,
+             "colorscale": "Blues", "reversescale": True,  # plotly's Blues runs dark -> light; more time = darker
              "colorbar": {"title": {"text": "ms/step"}}, "xgap": 1, "ygap": 1, "hoverongaps": False,
              "hovertemplate": "%{y}<br>%{x}: %{z:.3f} ms/step<extra></extra>"}
     if len(ranks) * len(ann) <= 400:
@@ -509,12 +510,14 @@ def _header(report: dict[str, Any]) -> str:
     ]
     s = report.get("summary") or {}
     if s.get("step_ms_mean") is not None:
-        meta.append(f"mean step {_fmt(s.get('step_ms_mean'), '{:.2f}')} ms (max {_fmt(s.get('step_ms_max'), '{:.2f}')})")
+        meta.append(f"mean step {_fmt(s.get('step_ms_mean'), '{:.2f}')} ms "
+                    f"(max {_fmt(s.get('step_ms_max'), '{:.2f}')})")
     out = [f"<h1>distprof report — run <span class=\"runid\">{_e(run.get('id', '?'))}</span></h1>",
            "<p class=\"meta\">" + " · ".join(_e(m) for m in meta) + "</p>"]
     if run.get("ranks_missing"):
         out.append(f"<p class=\"warn\">Missing ranks (no shard): {_e(', '.join(map(str, run['ranks_missing'])))}</p>")
-    out.append(f"<div class=\"verdict\" id=\"verdict\"><span class=\"label\">Verdict</span> {_e(_verdict(report))}</div>")
+    out.append("<div class=\"verdict\" id=\"verdict\"><span class=\"label\">Verdict</span> "
+               f"{_e(_verdict(report))}</div>")
     return "\n".join(out)
 
 
@@ -580,7 +583,8 @@ def _root_cause(report: dict[str, Any]) -> str:
     out = []
     for item in rc:
         rows = [[_e(op.get("name")), _e(op.get("kind")), _e(_fmt(op.get("excess_ms_per_step"), "{:.3f}")),
-                 _e(_fmt(op.get("rank_ms_per_step"), "{:.3f}")), _e(_fmt(op.get("others_median_ms_per_step"), "{:.3f}")),
+                 _e(_fmt(op.get("rank_ms_per_step"), "{:.3f}")),
+                 _e(_fmt(op.get("others_median_ms_per_step"), "{:.3f}")),
                  _e(_fmt(op.get("calls_per_step"), "{:.1f}"))] for op in item.get("ops") or []]
         out.append(f"<h3>rank {_e(item.get('rank'))} on host {_e(item.get('host'))}"
                    f" <span class=\"muted\">({_e(item.get('n_steps'))} steps)</span></h3>")
@@ -749,7 +753,8 @@ def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = 
     if summary.get("n_rank_steps"):
         bd_caption += (f" Over all ranks: compute {_fmt(summary.get('compute_pct'), '{:.0f}')} %, exposed comm "
                        f"{_fmt(summary.get('exposed_comm_pct'), '{:.0f}')} %, idle "
-                       f"{_fmt(summary.get('idle_pct'), '{:.0f}')} %, other {_fmt(summary.get('other_pct'), '{:.0f}')} %.")
+                       f"{_fmt(summary.get('idle_pct'), '{:.0f}')} %, "
+                       f"other {_fmt(summary.get('other_pct'), '{:.0f}')} %.")
     rule_text = ((report.get("straggler_info") or {}).get("rule") or {}).get("text") or ""
     has_ann_key = "annotations" in report
     body = [
