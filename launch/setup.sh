@@ -11,7 +11,7 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     "$PY" -m pip install -q "torch==2.13.0"
 fi
 "$PY" -m pip install -q -e ".[test]"
-if [ "${DISTPROF_SETUP_BROWSER:-1}" != "0" ] && ! command -v chromium >/dev/null 2>&1 \
+if [ "${DISTPROF_SETUP_BROWSER:-1}" != "0" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 \
         && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
     echo "setup: installing Debian's chromium for the HTML-report tests" >&2
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
