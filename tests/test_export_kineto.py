@@ -326,36 +326,43 @@ def test_hta_figures_on_a_gpu_like_export(gpu_run, tmp_path, hta_python):
             assert tb[r]["idle_time(us)"] == pytest.approx(span_us - 5000 * n_steps, abs=2 * n_steps + 2)
 
 
-def _trace_filter_dir() -> Path | None:
-    for d in (Path(__file__).parent / "data" / "hta" / "trace_filter", SHARED_HTA / "trace_filter"):
-        if (d / "sampled_rank-0.json.gz").exists() and (d / "sampled_rank-1.json.gz").exists():
+def _shipped(sub: str, names: list[str]) -> Path | None:
+    for d in (Path(__file__).parent / "data" / "hta" / sub, SHARED_HTA / sub):
+        if all((d / n).exists() for n in names):
             return d
     return None
 
 
-def test_hta_round_trip_of_real_gpu_traces(tmp_path, hta_python):
-    """Real A100/NCCL traces: distprof import -> export -> HTA gives HTA's own figures on the originals, so kernels,
-    streams and correlation ids survive (../shared/docs/hta-reference-figures.md §1)."""
-    src = _trace_filter_dir()
+# HTA's figures on the originals (../shared/docs/hta-reference-figures.md §1 and addendum): rank -> (idle %, overlap %)
+ROUND_TRIPS = {
+    "trace_filter": (["sampled_rank-0.json.gz", "sampled_rank-1.json.gz"], {0: (53.56, 11.81), 1: (54.72, 20.05)}),
+    "nccl_parser_config": (["nccl_data.json.gz"], {0: (77.78, 14.31)}),
+}
+
+
+@pytest.mark.parametrize("sub", sorted(ROUND_TRIPS))
+def test_hta_round_trip_of_real_gpu_traces(sub, tmp_path, hta_python):
+    """Real A100/NCCL traces: distprof import -> export -> HTA gives HTA's own figures and rows on the originals, so
+    kernels, streams, correlation ids and the CPU/GPU split survive."""
+    names, documented = ROUND_TRIPS[sub]
+    src = _shipped(sub, names)
     if src is None:
-        pytest.skip("trace_filter/sampled_rank-{0,1}.json.gz not found in tests/data/hta or ../shared/traces/hta")
+        pytest.skip(f"{sub}/{names} not found in tests/data/hta or ../shared/traces/hta")
     run_dir, out = tmp_path / "run", tmp_path / "k"
-    assert main(["import", str(src / "sampled_rank-0.json.gz"), str(src / "sampled_rank-1.json.gz"),
-                 "-o", str(run_dir), "--no-progress"]) == 0
+    assert main(["import", *(str(src / n) for n in names), "-o", str(run_dir), "--no-progress"]) == 0
     assert main(["export", str(run_dir), "-o", str(out), "--no-progress"]) == 0
     orig_dir = tmp_path / "orig"  # HTA on the originals, in a directory of their own
     orig_dir.mkdir()
-    for r in (0, 1):
-        (orig_dir / f"sampled_rank-{r}.json.gz").symlink_to(src / f"sampled_rank-{r}.json.gz")
+    for n in names:
+        (orig_dir / n).symlink_to(src / n)
     orig, got = hta_env.run_probe(orig_dir), hta_env.run_probe(out)
-    assert got["ranks"] == orig["ranks"] == [0, 1]
-    documented = {0: (53.56, 11.81), 1: (54.72, 20.05)}
-    for r in (0, 1):
+    assert got["ranks"] == orig["ranks"] == sorted(documented)
+    idle = {row["rank"]: row["idle_time_pctg"] for row in got["temporal_breakdown"]}
+    ov = {row["rank"]: row["comp_comm_overlap_pctg"] for row in got["comm_comp_overlap"]}
+    for r in documented:
         g, o = got["per_rank"][str(r)], orig["per_rank"][str(r)]
-        assert g["by_cat"] == o["by_cat"] and g["kernels_per_stream"] == o["kernels_per_stream"]
-        assert g["iterations"] == o["iterations"] == [551]
-        idle = {row["rank"]: row["idle_time_pctg"] for row in got["temporal_breakdown"]}[r]
-        ov = {row["rank"]: row["comp_comm_overlap_pctg"] for row in got["comm_comp_overlap"]}[r]
-        assert idle == pytest.approx(documented[r][0], abs=0.5) and ov == pytest.approx(documented[r][1], abs=0.5)
+        assert g["rows"] == o["rows"] and g["by_cat"] == o["by_cat"]
+        assert g["kernels_per_stream"] == o["kernels_per_stream"] and g["iterations"] == o["iterations"]
+        assert idle[r] == pytest.approx(documented[r][0], abs=0.5) and ov[r] == pytest.approx(documented[r][1], abs=0.5)
     assert got["temporal_breakdown"] == orig["temporal_breakdown"]
     assert got["comm_comp_overlap"] == orig["comm_comp_overlap"]

@@ -16,10 +16,11 @@ What a file holds (format in docs/export.md):
   epoch ns exactly. The ranks share MergedRun's aligned clock, so a reader that adds the base (or shifts every rank by
   one global minimum, as HTA does) sees the ranks in step.
 * events: ``ph:"X"``, ``cat`` = the Kineto activity kind; CPU rows on ``pid`` = OS pid (else 1,000,000 + rank),
-  ``tid`` = OS thread id; device rows on ``pid`` = device index, ``tid`` = stream, with ``args.device``/``stream``.
-  Links: ``External id`` on CPU ops and annotations (their correlation id); ``correlation`` on runtime calls and device
-  rows; a runtime call's ``External id`` is that of the innermost CPU op around it on its thread, a device row's that
-  of its launching runtime call; ``ac2g`` flow pairs (``ph`` s/f) draw the launch arrows. ``ProfilerStep#N``
+  ``tid`` = OS thread id; device rows on ``pid`` = device index, ``tid`` = stream; kernels, memcpy and memset carry
+  ``args.device``/``stream``/``correlation`` (a ``gpu_user_annotation`` only an ``External id``, as in Kineto).
+  Links: ``External id`` on CPU ops and annotations (their correlation id); ``correlation`` on runtime calls; a runtime
+  call's ``External id`` is that of the innermost CPU op around it on its thread, a device row's that of its
+  launching runtime call; ``ac2g`` flow pairs (``ph`` s/f) draw the launch arrows. ``ProfilerStep#N``
   annotations exist for every recorded step (synthesised from /steps when a shard lacks them). Communication rows
   carry ``Collective name``, ``Process Group Name/Description/Ranks``, ``Group size``, ``In msg bytes``, ``Seq`` (NCCL
   sequence number, where recorded) and distprof's instance key (``distprof window``/``distprof seq``).
@@ -53,6 +54,9 @@ KINETO_SCHEMA_VERSION = 1
 CPU_PID_BASE = 1_000_000
 #: Device rows: Kineto puts them on pid = device, tid = stream.
 DEVICE_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
+#: Device rows that carry ``device``/``stream``/``correlation`` args. Not gpu_user_annotation: Kineto gives it only an
+#: ``External id``, so HTA keeps it off its GPU timeline (a ``stream`` arg would make HTA count it as GPU activity).
+LINKED_DEVICE_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 #: Host-side calls into the device runtime: carry ``correlation`` (= the device row's) and the enclosing op's id.
 RUNTIME_KINDS = frozenset({"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver"})
 #: Host rows that Kineto gives an ``External id`` of their own, and that enclose runtime calls.
@@ -177,8 +181,10 @@ def _distributed_info(run: MergedRun, rank: int) -> dict[str, Any]:
             "pg_size": len(g["ranks"]) if g.get("ranks") else -1,
             "ranks": [int(x) for x in g.get("ranks") or []],
         } for g in pgs]
-    if attrs.get("nccl_version"):
-        info["nccl_version"] = str(attrs["nccl_version"])
+    cfg = attrs.get("config") if isinstance(attrs.get("config"), dict) else {}
+    nccl = attrs.get("nccl_version") or cfg.get("nccl_version")  # imported traces keep it in config
+    if nccl:
+        info["nccl_version"] = str(nccl)
     return info
 
 
@@ -272,10 +278,11 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
     is_dev = np.isin(kind_s, list(DEVICE_KINDS)) | (device >= 0)
     is_rt = np.isin(kind_s, list(RUNTIME_KINDS)) & ~is_dev
     is_op = np.isin(kind_s, list(EXTERNAL_ID_KINDS)) & ~is_dev
+    is_linked = np.isin(kind_s, list(LINKED_DEVICE_KINDS))
     ext = _enclosing_external_ids(tid, ts, ts + dur, corr, is_op, is_rt)
     rt_rows = np.flatnonzero(is_rt & (corr > 0))
     corr_to_rt = {int(c): int(i) for c, i in zip(corr[rt_rows], rt_rows)}
-    for i in np.flatnonzero(is_dev & (corr > 0)).tolist():  # a device row inherits its launch's External id
+    for i in np.flatnonzero(is_linked & (corr > 0)).tolist():  # a device row inherits its launch's External id
         j = corr_to_rt.get(int(corr[i]))
         if j is not None:
             ext[i] = ext[j]
@@ -288,7 +295,8 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
     name_l = [str(names[i]) if i < len(names) else extra_names[i - len(names)] for i in name_id.tolist()]
     kind_l, tid_l, dev_l = kind_s.tolist(), tid.tolist(), device.tolist()
     corr_l, ext_l, flops_l, src_l = corr.tolist(), ext.tolist(), flops.tolist(), src.tolist()
-    is_dev_l, is_rt_l, is_op_l = is_dev.tolist(), is_rt.tolist(), is_op.tolist()
+    is_rt_l, is_op_l, is_linked_l = is_rt.tolist(), is_op.tolist(), is_linked.tolist()
+    is_dev_l = is_dev.tolist()
 
     t_first = ts_us[0] if n else 0.0
     yield from _metadata(rank, cpu_pid, threads, sorted({int(t) for t in tid[~is_dev]} | {main_tid}),
@@ -300,7 +308,7 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
         k = kind_l[i]
         c = corr_l[i]
         args: dict[str, Any] = {}
-        if is_dev_l[i]:
+        if is_linked_l[i]:
             if ext_l[i] > 0:
                 args["External id"] = ext_l[i]
             args["device"] = max(dev_l[i], 0)
@@ -311,7 +319,7 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
                 args["External id"] = ext_l[i]
             if c > 0:
                 args["correlation"] = c
-        elif is_op_l[i] and c > 0:
+        elif (is_op_l[i] or is_dev_l[i]) and c > 0:
             args["External id"] = c
         if flops_l[i]:
             args["flops"] = flops_l[i]
@@ -324,7 +332,7 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
             continue
         yield {"ph": "X", "cat": k, "name": name_l[i], "pid": pid[i], "tid": tid_l[i], "ts": ts_us[i],
                "dur": dur_us[i], "args": args}
-        if is_dev_l[i] and c > 0:
+        if is_linked_l[i] and c > 0:
             j = corr_to_rt.get(c)
             if j is not None:
                 flows.append({"ph": "s", "id": c, "pid": pid[j], "tid": tid_l[j], "ts": ts_us[j], "cat": "ac2g",
