@@ -3,7 +3,7 @@
 **Streaming.** The file is decompressed and parsed in slices of about :data:`READ_BYTES`: the top-level object up to
 ``"traceEvents": [`` (checked by parsing it with an empty list), then batches of whole events (a batch ends at a ``}``
 followed by ``,`` or ``]``; a cut inside a string or a nested object makes the batch invalid JSON, so a batch that
-parses is a correct cut), then the rest of the top-level object. Peak memory is one slice (its Python objects take ~8x its bytes) plus the numeric columns
+parses is a correct cut), then the rest of the top-level object. Peak memory is one slice (its Python objects take ~20x its bytes) plus the numeric columns
 (≈ 60 bytes per event), well below the size of the JSON.
 
 **Exact timestamps.** ``ts``/``dur`` are µs: integers (older traces: absolute epoch µs) or decimals with three
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["KinetoTrace", "read_kineto", "read_header", "TraceFormatError", "READ_BYTES"]
 
-READ_BYTES = 1 << 18  # 256 KiB: parsed, a slice takes ~8x its size in Python objects
+READ_BYTES = 1 << 17  # 128 KiB: parsed, a slice takes ~20x its size in Python objects
 _MAX_TRIES = 4  # candidate cuts tried per slice before reading more
 
 _TE_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
