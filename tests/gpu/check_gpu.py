@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""GPU check: real CUDA captures land in the shards and `distprof report` reads them. One short run (< 3 min).
+
+    python tests/gpu/check_gpu.py            # on a CUDA machine; prints "skipped: no CUDA" and exits 0 elsewhere
+    python tests/gpu/check_gpu.py --allow-cpu  # the same jobs on CPU (gloo), CUDA-only checks inverted: plumbing test
+
+Runs (each with --memory-history, schedule wait 1 / warmup 1 / active 3, 8 steps of a small MLP):
+  1. one process on cuda:0 (`python -m distprof.launch`);
+  2. two ranks sharing cuda:0 under torchrun: NCCL first; if NCCL refuses two ranks on one device (it normally does:
+     "Duplicate GPU detected"), gloo over CUDA tensors.
+Asserts per run: a shard per rank, kernels, device_stream threads, FLOPs, CUDA [memory] events, the cuda_memory and
+cuda_memory_blocks tables with the raw .memsnap.pickle beside each shard, communication events for two ranks, and a
+clean `distprof report --json`. Prints one summary line per run; exit 1 with the failed check otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+TRAIN = HERE / "train_small.py"
+STEPS = 8
+SCHEDULE = ["--wait", "1", "--warmup", "1", "--active", "3", "--repeat", "1"]
+ACTIVE_STEPS = [2, 3, 4]
+sys.path.insert(0, str(ROOT))  # import distprof from this checkout
+NCCL_TIMEOUT_S = 75
+JOB_TIMEOUT_S = 120
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+def need(cond: bool, what: str) -> None:
+    if not cond:
+        raise CheckFailed(what)
+
+
+def job_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("DISTPROF_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                          "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "2")
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+    return env
+
+
+def run_job(nproc: int, out: Path, run_id: str, backend: str, device: str, timeout: float):
+    launch = ["-m", "distprof.launch", "--out", str(out), "--run-id", run_id, *SCHEDULE, "--memory-history",
+              str(TRAIN), str(STEPS), backend, device]
+    if nproc == 1:
+        cmd = [sys.executable, *launch]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *launch]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout)
+        rc, err = proc.returncode, proc.stdout[-2000:] + proc.stderr[-6000:]
+    except subprocess.TimeoutExpired as e:
+        rc, err = 124, f"timed out after {timeout} s: {(e.stderr or b'')[-3000:]!r}"
+    return rc, err, time.perf_counter() - t0
+
+
+def check_run(run_dir: Path, *, world: int, cuda: bool, backend: str, stderr: str) -> dict:
+    """Assert what the shards of one run must hold; returns the numbers for the summary line."""
+    import numpy as np
+
+    from distprof.analysis.run import load_run
+    from distprof.storage import find_shards, read_shard, schema
+
+    shards = [read_shard(p) for p in find_shards(run_dir)]
+    need(sorted(s.rank for s in shards) == list(range(world)),
+         f"{run_dir}: expected one shard per rank 0..{world - 1}, found {[s.path.name for s in shards]}")
+    for s in shards:
+        need(not s.attrs.get("errors"), f"{s.path.name}: capture errors {s.attrs.get('errors')}")
+        need(s.attrs["steps_covered"] == ACTIVE_STEPS, f"{s.path.name}: steps {s.attrs['steps_covered']}")
+        need(s.attrs["device_type"] == ("cuda" if cuda else "cpu"), f"{s.path.name}: device_type "
+             f"{s.attrs['device_type']}")
+    run = load_run(run_dir, progress=False)
+    ev, th, mem = run.events, run.threads, run.memory
+    kernels = int((ev["kind"] == schema.KIND_CODE["kernel"]).sum())
+    streams = int((th["role"] == schema.THREAD_STREAM).sum())
+    flops = int(ev["flops"].sum())
+    cuda_mem = int((mem["device"] >= 0).sum())
+    need(flops > 0, "no FLOPs recorded")
+    need(len(mem["ts_ns"]) > 0, "no [memory] events")
+    if cuda:
+        need(kernels > 0, "no CUDA kernels in /events")
+        need(streams > 0, "no device_stream threads in /threads")
+        need(cuda_mem > 0, "no CUDA [memory] events (device >= 0)")
+    else:
+        need(kernels == 0 and streams == 0 and cuda_mem == 0, "CPU run recorded CUDA activity")
+
+    cm, blk = run.cuda_memory, run.cuda_memory_blocks
+    snaps = [s.memory_snapshot_path() for s in shards]
+    if cuda:
+        need(len(cm["step"]) == world * len(ACTIVE_STEPS),
+             f"cuda_memory has {len(cm['step'])} rows, expected {world * len(ACTIVE_STEPS)} (rank x step)")
+        need(sorted(set(cm["step"].tolist())) == ACTIVE_STEPS, f"cuda_memory steps {sorted(set(cm['step'].tolist()))}")
+        need(bool((cm["n_alloc"] > 0).all()), f"a step without allocations: n_alloc {cm['n_alloc'].tolist()}")
+        need(bool((cm["alloc_peak_bytes"] > 0).all()), "zero allocated peak")
+        need(bool((cm["reserved_peak_bytes"] >= cm["alloc_peak_bytes"]).all()), "reserved peak below allocated peak")
+        need(bool(cm["complete"].all()), "memory history truncated (raise --memory-history-entries)")
+        need(len(blk["step"]) > 0, "cuda_memory_blocks is empty")
+        users = {str(run.names[i]) for i in blk["user_frame_id"].tolist()}
+        need(any("train_small.py" in u for u in users), f"no allocation attributed to train_small.py: {sorted(users)[:5]}")
+        for s, p in zip(shards, snaps):
+            need(p is not None and p.is_file(), f"{s.path.name}: no memory snapshot file ({p})")
+            with open(p, "rb") as f:
+                snap = pickle.load(f)
+            need(isinstance(snap, dict) and snap.get("device_traces") and snap.get("segments") is not None,
+                 f"{p.name}: not a torch memory snapshot")
+    else:
+        need(len(cm["step"]) == 0 and all(p is None for p in snaps), "CPU run wrote memory-history tables")
+        need("--memory-history needs CUDA; ignored" in stderr, "CPU run did not warn that --memory-history is ignored")
+
+    comm_names = set()
+    if world > 1:
+        rows = run.comms["row"]
+        need(len(rows) > 0, "no communication events")
+        exec_rows = rows[run.comms["role"] == schema.ROLE_EXEC]
+        comm_names = {str(n) for n in run.names[np.unique(ev["name_id"][exec_rows])]}
+        prefix = "nccl" if backend == "nccl" else "gloo:"
+        need(any(n.lower().startswith(prefix) for n in comm_names),
+             f"no {prefix}* communication executions among {sorted(comm_names)[:6]}")
+
+    t0 = time.perf_counter()
+    rep_path = run_dir / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "distprof", "report", str(run_dir), "--json", str(rep_path),
+                           "--no-progress", "--color", "never"], cwd=ROOT, env=job_env(), capture_output=True,
+                          text=True, timeout=120)
+    need(proc.returncode == 0, f"distprof report failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    report = json.loads(rep_path.read_text())
+    need(len(report["imbalance"]["per_rank"]) == world, "report: imbalance lacks ranks")
+    if cuda:
+        need("reserved_peak_bytes" in report["imbalance"]["metrics"], "report: no reserved_peak_bytes metric")
+    return {
+        "ranks": world, "kernels": kernels, "streams": streams, "gflop": round(flops / 1e9, 2), "cuda_mem_ev": cuda_mem,
+        "memhist_rows": int(len(cm["step"])), "blocks": int(len(blk["step"])),
+        "alloc_peak_mib": round(float(cm["alloc_peak_bytes"].max()) / 2**20, 1) if len(cm["step"]) else None,
+        "reserved_peak_mib": round(float(cm["reserved_peak_bytes"].max()) / 2**20, 1) if len(cm["step"]) else None,
+        "snapshot_kib": round(sum(p.stat().st_size for p in snaps if p) / 1024, 1),
+        "comm": sorted(comm_names)[:3], "report_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--allow-cpu", action="store_true", help="run on CPU with gloo (plumbing test; CUDA checks inverted)")
+    ap.add_argument("--keep", metavar="DIR", help="write the runs under DIR and keep them")
+    args = ap.parse_args(argv)
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.allow_cpu:
+        print("skipped: no CUDA")
+        return 0
+    device = "cuda" if cuda else "cpu"
+    name = torch.cuda.get_device_name(0) if cuda else "cpu"
+    print(f"distprof GPU check on {name} (torch {torch.__version__})", flush=True)
+    tmp = None if args.keep else tempfile.TemporaryDirectory(prefix="distprof-gpu-check-")
+    out = Path(args.keep or tmp.name)
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    failures = 0
+    plan = [("1gpu", 1, ["none"]), ("2rank", 2, ["nccl", "gloo"] if cuda else ["gloo"])]
+    try:
+        for label, nproc, backends in plan:
+            notes = []
+            for backend in backends:
+                run_id = f"{label}-{backend}"
+                timeout = NCCL_TIMEOUT_S if backend == "nccl" else JOB_TIMEOUT_S
+                rc, err, wall = run_job(nproc, out, run_id, backend, device, timeout)
+                if rc != 0 and backend == "nccl":
+                    last = [ln for ln in err.strip().splitlines() if "rror" in ln][-1:] or ["?"]
+                    notes.append(f"nccl refused ({last[0].strip()[:120]}); gloo over CUDA tensors")
+                    continue
+                try:
+                    need(rc == 0, f"job failed (exit {rc}):\n{err}")
+                    res = check_run(out / run_id, world=nproc, cuda=cuda, backend=backend, stderr=err)
+                    print(f"ok   {run_id:12s} job {wall:5.1f}s  " + "  ".join(f"{k}={v}" for k, v in res.items())
+                          + (f"  [{'; '.join(notes)}]" if notes else ""), flush=True)
+                except CheckFailed as e:
+                    failures += 1
+                    print(f"FAIL {run_id:12s} {e}", flush=True)
+                break
+            else:
+                failures += 1
+                print(f"FAIL {label}: no backend worked: {'; '.join(notes)}", flush=True)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    print(f"{'passed' if not failures else f'{failures} failed'} in {time.perf_counter() - t_all:.0f} s", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
