@@ -193,3 +193,23 @@ def test_explicit_api_two_ranks(tmp_path):
         assert s.attrs["config"]["step_on"] == "manual"
         names = s.names[s.table("events", ["name_id"])["name_id"]]
         assert "gloo:all_reduce" in set(names)
+
+
+@pytest.mark.parametrize("steps", [5, 0])
+def test_schedule_recording_from_step_zero(tmp_path, steps):
+    """wait = warmup = 0: the first window starts with the profiler, before any step(); it must still be set up and
+    written (also when the job closes inside it before its first step)."""
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import torch, distprof\n"
+        f"with distprof.profile(out='prof', run_id='z', wait=0, warmup=0, active=3, repeat=1) as p:\n"
+        f"    for _ in range({steps}):\n"
+        "        torch.randn(64, 64) @ torch.randn(64, 64)\n"
+        "        p.step()\n"
+        "    torch.randn(8, 8) @ torch.randn(8, 8)\n"
+        "print('errors', p.errors)\n"
+    )
+    proc = python([str(script)], cwd=tmp_path)
+    assert "errors []" in proc.stdout, proc.stdout + proc.stderr
+    (shard,) = [read_shard(p) for p in find_shards(tmp_path / "prof" / "z")]
+    assert shard.attrs["steps_covered"] == ([0, 1, 2] if steps else [0])

@@ -211,6 +211,10 @@ class RankProfiler:
             self._cuda_step_end(self.step_num)
         if nxt in RECORDING and cur not in RECORDING:
             self._window_begin()
+        elif cur in RECORDING and self._info is None:
+            # The schedule records from step 0 (wait = warmup = 0): the window began with the profiler, before the
+            # process group may have existed; set up and take the start samples now, at its first step boundary.
+            self._window_begin()
         self.step_num += 1
         self._t_step_call = time.perf_counter()
         self._prof.step()  # on the window's last step this stops the trace and calls _on_trace_ready
@@ -266,6 +270,7 @@ class RankProfiler:
         self._cuda_step_end(self.step_num)
         prof.on_trace_ready = None
         prof.stop()
+        self._ensure_setup()  # closed inside a window that began at step 0, before any step() set things up
         memsnap = self._memhist_end()
         results = prof.profiler.kineto_results if prof.profiler is not None else None
         if results is None:
