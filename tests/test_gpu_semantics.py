@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +16,6 @@ from distprof.storage.reader import find_shards, read_shard
 
 DATA = Path(__file__).parent / "data" / "hta"
 K = schema.KIND_CODE
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.getLogger("distprof").setLevel(logging.ERROR)
 
 
 @pytest.mark.parametrize("name,role,op", [

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,6 @@ TOL_PP = 0.5
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    logging.getLogger("distprof").setLevel(logging.ERROR)
     out = {}
     for name in HTA:
         d = tmp_path_factory.mktemp(name)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import logging
 from decimal import Decimal
 from pathlib import Path
 
@@ -23,11 +22,6 @@ from distprof.storage.reader import find_shards, read_shard
 DATA = Path(__file__).parent / "data" / "hta"
 NS = DATA / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
 TF = DATA / "trace_filter"
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.getLogger("distprof").setLevel(logging.ERROR)
 
 
 def _decimal_ns(path: Path) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from conftest import EXAMPLES, job_env, only_run_dir, python, torchrun
+from conftest import job_env, only_run_dir, python, torchrun
 from distprof.config import ProfileConfig, config_from_mapping
 from distprof.errors import ConfigError
 from distprof.launch import config_from_args, get_args_parser

@@ -53,7 +53,7 @@ from .rootcause import IDLE_NAME
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FindingRules", "findings", "verdict", "rank_measures", "DATALOADER_PREFIX"]
+__all__ = ["FindingRules", "findings", "rank_measures", "DATALOADER_PREFIX"]
 
 NS_PER_MS = 1e6
 MIB = 2**20
