@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -55,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DistprofError as e:
         print(f"distprof: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `distprof report RUN | head`: the reader left; no error, no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except OSError as e:  # unwritable --json path and the like: a user problem, not a bug
         print(f"distprof: error: {e}", file=sys.stderr)
         return 2

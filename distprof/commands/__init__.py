@@ -13,10 +13,4 @@ COMMANDS = ("report", "timeline", "import_", "export")
 
 def register_all(sub) -> None:
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:  # a command still being written is simply absent
-            if e.name == f"{__name__}.{name}":
-                continue
-            raise
-        mod.register(sub)
+        importlib.import_module(f"{__name__}.{name}").register(sub)
