@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Profile a 2-rank CPU DDP job end to end (rank 1 is made slow on purpose), then report on it.
+# Profile a 2-rank CPU DDP job end to end (rank 1 is made slow on purpose), then report on it:
+# terminal summary, report.json, a self-contained report.html and a merged Perfetto timeline.
 #   bash launch/demo.sh            -> shards in ./distprof-runs/demo-<time>/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,6 @@ RUN_ID=demo-$(date +%Y%m%d-%H%M%S)
     examples/ddp_mlp.py --hidden 256 --steps 12 --slow-rank 1 --slow-ms 20
 echo "demo: shards in $OUT/$RUN_ID:"
 ls -l "$OUT/$RUN_ID"
-if "$PY" -c "import distprof.cli" >/dev/null 2>&1; then
-    "$PY" -m distprof report "$OUT/$RUN_ID" --json "$OUT/$RUN_ID/report.json"
-fi
+"$PY" -m distprof report "$OUT/$RUN_ID" --json "$OUT/$RUN_ID/report.json" --html "$OUT/$RUN_ID/report.html"
+"$PY" -m distprof timeline "$OUT/$RUN_ID" -o "$OUT/$RUN_ID/timeline.json.gz"
+echo "demo: open $OUT/$RUN_ID/report.html in a browser, $OUT/$RUN_ID/timeline.json.gz in https://ui.perfetto.dev"

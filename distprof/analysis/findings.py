@@ -49,6 +49,7 @@ from ..storage.schema import CAT_COMM, CAT_COMPUTE, KIND_CODE, ROLE_EXEC, THREAD
 from . import intervals as iv
 from .breakdown import rank_slices, step_name_mask
 from .model import MergedRun, Table
+from .names import display_name
 from .rootcause import IDLE_NAME
 
 logger = logging.getLogger(__name__)
@@ -511,7 +512,7 @@ def _straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], host
             continue
         impact = _pct(d["mean_lateness_ms"], median_step_ms)
         ops = (rc.get(r) or {}).get("ops") or []
-        cause = "; ".join(f"{o['name']} +{o['excess_ms_per_step']:.1f} ms/step ({o['rank_ms_per_step']:.1f} vs "
+        cause = "; ".join(f"{display_name(o['name'])} +{o['excess_ms_per_step']:.1f} ms/step ({o['rank_ms_per_step']:.1f} vs "
                           f"{o['others_median_ms_per_step']:.1f})" for o in ops[:3])
         top = ops[0] if ops else None
         if top is None:
@@ -523,7 +524,7 @@ def _straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], host
                       "collection) and for CPU contention on its host (other processes, OMP_NUM_THREADS, CPU "
                       "affinity).")
         else:
-            advice = (f"Rank {r}'s {top['name']} is slower than on its peers: check for uneven work (batch or "
+            advice = (f"Rank {r}'s {display_name(top['name'])} is slower than on its peers: check for uneven work (batch or "
                       "sequence lengths per rank; balance the sampler), a slower or throttled device, or CPU "
                       "contention on its host.")
         out.append({

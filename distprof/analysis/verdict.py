@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .names import display_name
 from .rootcause import IDLE_NAME
 
 __all__ = ["verdict"]
@@ -66,7 +67,7 @@ def _cause(rc: dict[str, Any] | None) -> str:
         ratio = op["rank_ms_per_step"] / base if base > 0 else None
         how = (f"runs {ratio:.1f}x slower than its peers" if ratio is not None and ratio < 100
                else f"takes {op['excess_ms_per_step']:.1f} ms more per step than on its peers")
-        bits.append(f"its {op['name']} {how}")
+        bits.append(f"its {display_name(op['name'])} {how}")
     return ", and ".join(bits)
 
 

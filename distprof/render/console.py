@@ -11,6 +11,8 @@ import logging
 import textwrap
 from typing import Any
 
+from ..analysis.names import display_name, rank_ranges
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["render_console"]
@@ -78,7 +80,7 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
         f"{'/'.join(run.get('backend', []))}, {'/'.join(run.get('devices', []))}"
     )
     if run.get("ranks_missing"):
-        out.append(st.red(f"  missing ranks: {run['ranks_missing']}"))
+        out.append(st.red(f"  missing ranks: {rank_ranges(run['ranks_missing'])}"))
 
     verdict = report.get("verdict")
     if verdict:
@@ -173,7 +175,7 @@ def _root_cause(report: dict[str, Any]) -> list[str]:
             out.append("  no op took longer than on the other ranks")
         for op in rc["ops"][:5]:
             out.append(
-                f"  +{op['excess_ms_per_step']:.2f} ms/step  {op['name']} ({op['kind']}):"
+                f"  +{op['excess_ms_per_step']:.2f} ms/step  {display_name(op['name'])} ({op['kind']}):"
                 f" {op['rank_ms_per_step']:.2f} vs {op['others_median_ms_per_step']:.2f} ms/step"
             )
     return out
@@ -266,7 +268,7 @@ def _annotations(report: dict[str, Any], st: _Style) -> list[str]:
     for a in ann[:_MAX_ANNOTATIONS]:
         vals = [a["ranks"][r]["ms_per_step"] if r in a["ranks"] else 0.0 for r in ranks]
         calls = [a["ranks"][r]["count_per_step"] for r in a["ranks"]]
-        name = a["name"] if len(a["name"]) <= 40 else a["name"][:37] + "..."
+        name = display_name(a["name"], 40)
         cells = [_f(v, "{:.2f}") for v in vals] if per_rank else [
             _f(min(vals), "{:.2f}"), _f(sum(vals) / len(vals), "{:.2f}"), _f(max(vals), "{:.2f}")]
         rows.append([name] + cells + [_f(max(calls) if calls else None, "{:.1f}"),

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..analysis.names import display_name, rank_ranges
 from ..errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -515,7 +516,7 @@ def _header(report: dict[str, Any]) -> str:
     out = [f"<h1>distprof report — run <span class=\"runid\">{_e(run.get('id', '?'))}</span></h1>",
            "<p class=\"meta\">" + " · ".join(_e(m) for m in meta) + "</p>"]
     if run.get("ranks_missing"):
-        out.append(f"<p class=\"warn\">Missing ranks (no shard): {_e(', '.join(map(str, run['ranks_missing'])))}</p>")
+        out.append(f"<p class=\"warn\">Missing ranks (no shard): {_e(rank_ranges(run['ranks_missing']))}</p>")
     out.append("<div class=\"verdict\" id=\"verdict\"><span class=\"label\">Verdict</span> "
                f"{_e(_verdict(report))}</div>")
     return "\n".join(out)
@@ -582,7 +583,7 @@ def _root_cause(report: dict[str, Any]) -> str:
         return "<p class=\"muted\">No named straggler, so no root-cause analysis.</p>"
     out = []
     for item in rc:
-        rows = [[_e(op.get("name")), _e(op.get("kind")), _e(_fmt(op.get("excess_ms_per_step"), "{:.3f}")),
+        rows = [[f'<span title="{_e(op.get("name"))}">{_e(display_name(str(op.get("name"))))}</span>', _e(op.get("kind")), _e(_fmt(op.get("excess_ms_per_step"), "{:.3f}")),
                  _e(_fmt(op.get("rank_ms_per_step"), "{:.3f}")),
                  _e(_fmt(op.get("others_median_ms_per_step"), "{:.3f}")),
                  _e(_fmt(op.get("calls_per_step"), "{:.1f}"))] for op in item.get("ops") or []]

@@ -1,0 +1,61 @@
+"""Short display forms of trace names and rank lists, for sentences and tables (the data keeps the full names).
+
+GPU kernel names are demangled C++ signatures that can run to thousands of characters (fbgemm, cutlass); a sentence
+or a table cell shows ``split_embedding_backward_codegen_..._kernel<…>(…)`` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+__all__ = ["display_name", "rank_ranges"]
+
+
+def _collapse(text: str, open_: str, close: str, keep: str) -> str:
+    """Replace every outermost ``open_ ... close`` group by ``open_ + keep + close``; unbalanced text is kept."""
+    out, depth = [], 0
+    for ch in text:
+        if ch == open_:
+            if depth == 0:
+                out.append(open_ + keep)
+            depth += 1
+        elif ch == close and depth > 0:
+            depth -= 1
+            if depth == 0:
+                out.append(close)
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out) if depth == 0 else text
+
+
+def display_name(name: str, limit: int = 80) -> str:
+    """A readable form of `name` of at most `limit` characters.
+
+    Short names are returned unchanged. Longer ones lose ``void `` prefixes, template arguments (``<…>``) and
+    parameter lists (``(…)``), then the middle is elided with ``…``.
+    """
+    name = str(name)
+    if len(name) <= limit:
+        return name
+    s = name[5:] if name.startswith("void ") else name
+    s = _collapse(s, "(", ")", "…")
+    s = _collapse(s, "<", ">", "…")
+    if len(s) <= limit:
+        return s
+    keep = max(limit - 1, 2)
+    head = (keep + 1) // 2
+    return s[:head] + "…" + s[len(s) - (keep - head):]
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+    rs = sorted({int(r) for r in ranks})
+    parts: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(parts)
