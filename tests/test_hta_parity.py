@@ -96,3 +96,15 @@ def test_report_carries_gpu_time(runs):
     rep = build_report(runs["nccl_parser_config"])
     assert rep["gpu_time"][0]["rank"] == 0
     assert rep["gpu_time"][0]["overlap_pct"] is not None
+
+
+def test_gpu_time_shown_in_console_and_html(runs):
+    from distprof.render import render_console, render_html
+
+    rep = build_report(runs["trace_filter"])
+    text = render_console(rep)
+    assert "GPU time per rank" in text
+    # the default (all recorded steps, ns) figures: HTA's formula on the raw traces gives 14.95 / 19.93 % overlap
+    assert "14.95%" in text and "19.93%" in text
+    page = render_html(rep, compress_js=False)
+    assert 'id="gpu-time"' in page and "<td>14.95</td>" in page

@@ -101,6 +101,7 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
     out += _stragglers(report, st, top)
     out += _root_cause(report)
     out += _overlap(report)
+    out += _gpu_time(report)
     out += _imbalance(report)
     out += _annotations(report, st)
 
@@ -194,6 +195,23 @@ def _overlap(report: dict[str, Any]) -> list[str]:
     out += _table(["rank", "mode", "comm ms/step", "exposed ms/step", "overlap", "exposed of step"], rows)
     if len(ov) > 16:
         out.append(f"  ... {len(ov) - 16} more ranks in report.json")
+    return out
+
+
+def _gpu_time(report: dict[str, Any]) -> list[str]:
+    rows_in = report.get("gpu_time") or []
+    if not rows_in:
+        return []
+    rows = [
+        [str(g["rank"]), _f(g.get("span_us", 0) / 1e3, "{:.1f}"), _f(g.get("idle_pct"), "{:.2f}%"),
+         _f(g.get("compute_pct"), "{:.2f}%"), _f(g.get("non_compute_pct"), "{:.2f}%"),
+         _f(g.get("overlap_pct"), "{:.2f}%")]
+        for g in rows_in[:16]
+    ]
+    out = ["GPU time per rank (HTA's temporal breakdown and comm/comp overlap, all recorded steps)"]
+    out += _table(["rank", "span ms", "idle", "compute", "non-compute", "comm overlap"], rows)
+    if len(rows_in) > 16:
+        out.append(f"  ... {len(rows_in) - 16} more ranks in report.json")
     return out
 
 

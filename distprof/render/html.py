@@ -609,6 +609,16 @@ def _annotation_table(report: dict[str, Any]) -> str:
     return _table(["region", "mean ms/step", "calls/step", "spread % (max−min over mean)"], rows, "num") + more
 
 
+def _gpu_time_table(report: dict[str, Any]) -> str:
+    rows = [[_e(g.get("rank")), _e(_fmt(_num(g.get("span_us")) and _num(g.get("span_us")) / 1e3, "{:.1f}")),
+             _e(_fmt(g.get("idle_pct"), "{:.2f}")), _e(_fmt(g.get("compute_pct"), "{:.2f}")),
+             _e(_fmt(g.get("non_compute_pct"), "{:.2f}")), _e(_fmt(g.get("overlap_pct"), "{:.2f}"))]
+            for g in report.get("gpu_time") or [] if isinstance(g, dict)]
+    if not rows:
+        return ""
+    return _table(["rank", "GPU span ms", "idle %", "compute %", "non-compute %", "comm overlap %"], rows)
+
+
 def _warnings(report: dict[str, Any]) -> str:
     w = [str(x) for x in report.get("warnings") or []]
     notes = [report["mfu_note"]] if report.get("mfu_note") else []
@@ -784,6 +794,12 @@ def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = 
         "</div>",
         _chart("fig-memory", "Memory timeline per rank", mem_fig, figs, mem_note if mem_fig else "", mem_note),
     ]
+    gpu_table = _gpu_time_table(report)
+    if gpu_table:
+        body.append("<section id=\"gpu-time\"><h2>GPU time per rank</h2><p class=\"caption\">HTA's temporal "
+                    "breakdown of each rank's GPU span (idle: no kernel or copy on any stream; non-compute: only "
+                    "communication or memory ran) and the share of communication-kernel time hidden under "
+                    f"compute kernels.</p>{gpu_table}</section>")
     ann_table = _annotation_table(report)
     if ann_table:
         body.append(f"<section id=\"annotation-table\"><h2>Annotation spread</h2>{ann_table}</section>")
