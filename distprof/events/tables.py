@@ -20,7 +20,7 @@ from ..storage import schema
 from . import classify
 from .classify import CommArgs
 
-__all__ = ["Columns", "Built", "build_tables", "Strings"]
+__all__ = ["Columns", "Built", "build_tables", "Strings", "track_keys"]
 
 _LAUNCH_KINDS = tuple(schema.KIND_CODE[k] for k in ("cuda_runtime", "cuda_driver", "privateuse1_runtime",
                                                      "privateuse1_driver"))
@@ -65,6 +65,24 @@ class Built:
     order: np.ndarray  # events-table row -> input index
     assign_step: Callable[[np.ndarray], np.ndarray]
     step_span: tuple[np.ndarray, np.ndarray]  # starts, ends of the steps table
+
+
+def track_keys(device: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct tracks of events: (device, tid) pairs with every CPU event (device < 0) on device −1.
+
+    Returns the tracks' devices and tids, sorted by (device, tid) — CPU threads first — and each event's track index.
+    """
+    dev = np.where(np.asarray(device) >= 0, np.asarray(device, np.int64), -1)
+    tid = np.asarray(tid, np.int64)
+    if len(tid) == 0:
+        return np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    o = np.lexsort((tid, dev))
+    ds, ts_ = dev[o], tid[o]
+    new = np.r_[True, (ds[1:] != ds[:-1]) | (ts_[1:] != ts_[:-1])]
+    idx = np.cumsum(new) - 1
+    inv = np.empty(len(tid), np.int64)
+    inv[o] = idx
+    return ds[new].astype(np.int16), ts_[new], inv
 
 
 def _step_assigner(step_ids: np.ndarray, s_start: np.ndarray, s_end: np.ndarray):
@@ -112,6 +130,7 @@ def build_tables(
     *,
     main_tid: int | None,
     thread_names: Mapping[int, str] | None = None,
+    stream_names: Mapping[tuple[int, int], str] | None = None,
     gloo_thread_pg: Mapping[int, str] | None = None,
     process_groups: list[dict[str, Any]] | None = None,
     add_process_groups: bool = False,
@@ -120,6 +139,9 @@ def build_tables(
 
     A ``Process Group Name`` in an event's arguments selects that group; one not in `process_groups` is appended to
     the returned list when `add_process_groups` (import), else ignored (capture: the shard's list is fixed).
+
+    Threads table: one row per OS thread (``device`` −1, `thread_names` by tid) and per device stream (``device`` ≥ 0,
+    ``tid`` = stream id, `stream_names` by (device, stream), default ``stream S``).
     """
     names = strings.list()
     n_names = len(names)
@@ -188,22 +210,27 @@ def build_tables(
     default_pg = int(gloo_pgs[0]["index"]) if len(gloo_pgs) == 1 else (0 if len(pgs) == 1 else -1)
     tpg = dict(gloo_thread_pg or {})
     tnames = dict(thread_names or {})
-    uniq_tids, first_row = np.unique(ev_tid, return_index=True)
+    snames = dict(stream_names or {})
+    # one row per track: an OS thread (device -1) or a device stream, keyed by (device, stream) so stream 7 of
+    # GPU 0 and stream 7 of GPU 1 stay two tracks
+    u_dev, uniq_tids, ev_track = track_keys(ev_dev, ev_tid)
     t_role = np.zeros(len(uniq_tids), np.uint8)
     t_pg = np.full(len(uniq_tids), -1, np.int32)
     t_name = np.zeros(len(uniq_tids), np.uint32)
-    for j, t in enumerate(uniq_tids.tolist()):
-        tname = tnames.get(t, "")
-        if ev_dev[first_row[j]] >= 0:
+    for j, (d, t) in enumerate(zip(u_dev.tolist(), uniq_tids.tolist())):
+        if d >= 0:
             t_role[j] = schema.THREAD_STREAM
-            tname = tname or f"stream {t}"
-        elif main_tid is not None and t == main_tid:
-            t_role[j] = schema.THREAD_MAIN
-        elif tname == "pt_gloo_runloop" or t in tpg:
-            t_role[j] = schema.THREAD_COMM
-            t_pg[j] = pg_index.get(tpg.get(t, ""), default_pg)
+            tname = snames.get((d, t), "") or f"stream {t}"
+        else:
+            tname = tnames.get(t, "")
+            if main_tid is not None and t == main_tid:
+                t_role[j] = schema.THREAD_MAIN
+            elif tname == "pt_gloo_runloop" or t in tpg:
+                t_role[j] = schema.THREAD_COMM
+                t_pg[j] = pg_index.get(tpg.get(t, ""), default_pg)
         t_name[j] = strings.id(tname or f"thread {t}")
-    threads = {"tid": uniq_tids.astype(np.int64), "name_id": t_name, "role": t_role, "pg": t_pg}
+    threads = {"tid": uniq_tids.astype(np.int64), "device": u_dev.astype(np.int16), "name_id": t_name,
+               "role": t_role, "pg": t_pg}
 
     # ---- comms table ---------------------------------------------------------------------------------------------
     c_rows = np.flatnonzero(ev_role > 0)
@@ -220,7 +247,7 @@ def build_tables(
 
     n_c = len(c_rows)
     c_op = np.zeros(n_c, np.uint32)
-    c_pg = t_pg[np.searchsorted(uniq_tids, ev_tid[c_rows])] if n_c else np.zeros(0, np.int32)
+    c_pg = t_pg[ev_track[c_rows]] if n_c else np.zeros(0, np.int32)
     c_bytes = msg[c_rows].astype(np.int64)
     c_gsize = np.full(n_c, -1, np.int32)
     c_nseq = np.full(n_c, -1, np.int64)

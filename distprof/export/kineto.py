@@ -196,15 +196,19 @@ def _device_properties(run: MergedRun, rank: int) -> list[dict[str, Any]]:
             given = json.loads(given)
         except ValueError:
             given = None
-    if isinstance(given, list):
-        return [dict(d) for d in given if isinstance(d, dict)]
+    out = [dict(d) for d in given if isinstance(d, dict)] if isinstance(given, list) else []
     dtype = str(attrs.get("device_type") or "")
     if dtype in ("", "cpu"):
-        return []
+        return out
     ev = run.events
     m = (ev["rank"] == rank) & (ev["device"] >= 0) if "device" in ev else np.zeros(0, bool)
-    devices = sorted({int(d) for d in np.unique(ev["device"][m])}) if m.any() else [int(attrs.get("local_rank", 0))]
-    return [{"id": d, "name": str(attrs.get("device") or dtype)} for d in devices]
+    if m.any():
+        devices = sorted({int(d) for d in np.unique(ev["device"][m])})
+    else:
+        devices = [] if out else [int(attrs.get("local_rank", 0))]
+    have = {d.get("id") for d in out}
+    # a device the rank's events use but the shard has no properties for: Kineto's minimum, id and name
+    return out + [{"id": d, "name": str(attrs.get("device") or dtype)} for d in devices if d not in have]
 
 
 def _clock_note(run: MergedRun, rank: int) -> dict[str, Any]:
@@ -238,7 +242,7 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
     src = np.arange(len(rows), dtype=np.int64)  # position in `rows`; -1 for synthesised rows
 
     threads = _threads(run, rank)
-    main_tid = next((t for t, (_, role) in threads.items() if role == schema.THREAD_MAIN), None)
+    main_tid = next((t for (d, t), (_, role) in threads.items() if d == -1 and role == schema.THREAD_MAIN), None)
     if main_tid is None and len(tid):
         vals, counts = np.unique(tid[device < 0], return_counts=True)
         main_tid = int(vals[np.argmax(counts)]) if len(vals) else 0
@@ -343,21 +347,27 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
     yield from _memory_events(run, rank, base_ns, cpu_pid, main_tid)
 
 
-def _threads(run: MergedRun, rank: int) -> dict[int, tuple[str, int]]:
-    """tid -> (name, role) of `rank` (first row wins across windows)."""
+def _threads(run: MergedRun, rank: int) -> dict[tuple[int, int], tuple[str, int]]:
+    """(device, tid) -> (name, role) of `rank`'s tracks, first row wins across windows: OS threads on device −1,
+    streams on their device. A stream row of a shard older than ``threads.device`` (read as device 0) is also keyed
+    (−2, stream): the fallback for a stream of any device."""
     th = run.threads
-    out: dict[int, tuple[str, int]] = {}
+    out: dict[tuple[int, int], tuple[str, int]] = {}
+    has_dev = "device" in th
     for j in _rank_rows(th, rank):
         t = int(th["tid"][j])
-        if t in out:
-            continue
+        role = int(th["role"][j]) if "role" in th else 0
+        stream = role == schema.THREAD_STREAM
+        d = (int(th["device"][j]) if has_dev else 0) if stream else -1
         nid = int(th["name_id"][j]) if "name_id" in th else -1
         nm = str(run.names[nid]) if 0 <= nid < len(run.names) else ""
-        out[t] = (nm, int(th["role"][j]) if "role" in th else 0)
+        out.setdefault((d, t), (nm, role))
+        if stream:
+            out.setdefault((-2, t), (nm, role))
     return out
 
 
-def _metadata(rank: int, cpu_pid: int, threads: dict[int, tuple[str, int]], cpu_tids: list[int],
+def _metadata(rank: int, cpu_pid: int, threads: dict[tuple[int, int], tuple[str, int]], cpu_tids: list[int],
               streams: list[tuple[int, int]], attrs: dict[str, Any], ts: float) -> Iterator[dict[str, Any]]:
     def meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:
         return {"name": name, "ph": "M", "ts": ts, "pid": pid, "tid": tid, "args": args}
@@ -367,7 +377,7 @@ def _metadata(rank: int, cpu_pid: int, threads: dict[int, tuple[str, int]], cpu_
     yield meta("process_labels", cpu_pid, 0, {"labels": "CPU"})
     yield meta("process_sort_index", cpu_pid, 0, {"sort_index": 0})
     for k, t in enumerate(cpu_tids):
-        nm, role = threads.get(t, ("", 0))
+        nm, role = threads.get((-1, t), ("", 0))
         yield meta("thread_name", cpu_pid, t, {"name": nm or f"thread {t}"})
         yield meta("thread_sort_index", cpu_pid, t, {"sort_index": (0 if role == schema.THREAD_MAIN else 1 + k)})
     for d in sorted({d for d, _ in streams}):
@@ -375,7 +385,7 @@ def _metadata(rank: int, cpu_pid: int, threads: dict[int, tuple[str, int]], cpu_
         yield meta("process_labels", d, 0, {"labels": f"GPU {d}"})
         yield meta("process_sort_index", d, 0, {"sort_index": 1_000 + d})
     for d, s in streams:
-        nm = threads.get(s, ("", 0))[0]
+        nm = threads.get((d, s), threads.get((-2, s), ("", 0)))[0]
         yield meta("thread_name", d, s, {"name": nm or f"stream {s}"})
         yield meta("thread_sort_index", d, s, {"sort_index": s})
 

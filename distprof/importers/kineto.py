@@ -176,12 +176,13 @@ class KinetoTrace:
     meta: dict[str, Any]  # top-level keys except traceEvents
     strings: Strings
     columns: Columns
-    thread_names: dict[int, str]
+    thread_names: dict[int, str]  # OS tid -> name (thread_name metadata of the CPU process)
     main_tid: int | None
     n_events_raw: int
     raw_bytes: int
     n_inexact: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    stream_names: dict[tuple[int, int], str] = field(default_factory=dict)  # (device, stream) -> name
 
     @property
     def distributed_info(self) -> dict[str, Any]:
@@ -225,7 +226,8 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
     name_id, kind, tid, device = array("I"), array("B"), array("q"), array("h")
     ts, dur, flops, corr = array("q"), array("q"), array("q"), array("q")
     comm_meta: dict[int, CommArgs] = {}
-    thread_names: dict[int, str] = {}
+    track_names: dict[tuple[int | None, int], str] = {}  # (pid, tid) -> thread_name metadata, first wins
+    dev_pids: set[int] = set()  # pids of device rows (Kineto: pid = device index)
     role_cache: dict[tuple[str, int], int] = {}
     step_tids: dict[int, int] = {}
     skipped: dict[str, int] = {}
@@ -265,7 +267,7 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
                     t = _int(e.get("tid"))
                     nm = (e.get("args") or {}).get("name")
                     if t is not None and isinstance(nm, str):
-                        thread_names.setdefault(t, nm)
+                        track_names.setdefault((_int(e.get("pid")), t), nm)
                 continue
             elif ph in ("i", "I"):
                 k = _K_INSTANT
@@ -275,6 +277,9 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
             if k in _DEVICE_KINDS:
                 d = _int(args.get("device", e.get("pid")))
                 t = _int(args.get("stream", e.get("tid")))
+                p = _int(e.get("pid"))
+                if p is not None:
+                    dev_pids.add(p)
             else:
                 d = -1
                 t = _int(e.get("tid"))
@@ -328,11 +333,19 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
         comm_meta=comm_meta,
     )
     main_tid = max(step_tids, key=step_tids.get) if step_tids else _busiest_cpu_thread(cols)
+    # names: a device pid's tracks are its streams (pid = device, tid = stream); every other pid's are OS threads
+    thread_names: dict[int, str] = {}
+    stream_names: dict[tuple[int, int], str] = {}
+    for (p, t), nm in track_names.items():
+        if p is not None and p in dev_pids:
+            stream_names.setdefault((p, t), nm)
+        else:
+            thread_names.setdefault(t, nm)
     if n_inexact:
         log.warning("%s: %d timestamp(s) in exponent notation beyond 2^43 µs could not be read exactly "
                     "(may be off by < 1 µs)", path, n_inexact)
     return KinetoTrace(path=path, meta=meta, strings=strings, columns=cols, thread_names=thread_names,
-                       main_tid=main_tid, n_events_raw=n_raw, raw_bytes=rd.raw_bytes, n_inexact=n_inexact,
+                       stream_names=stream_names, main_tid=main_tid, n_events_raw=n_raw, raw_bytes=rd.raw_bytes, n_inexact=n_inexact,
                        skipped=skipped)
 
 

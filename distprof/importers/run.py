@@ -115,13 +115,21 @@ def _device_name(meta: dict[str, Any], devices: np.ndarray) -> tuple[str, str]:
     return f"gpu {idx}", "cuda"
 
 
+def _device_properties(meta: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The trace's ``deviceProperties`` (one dict per device Kineto saw), kept as written; None when absent."""
+    props = meta.get("deviceProperties")
+    if not isinstance(props, list):
+        return None
+    return [dict(p) for p in props if isinstance(p, dict)]
+
+
 def _shard_for(tr: KinetoTrace, rank: int, world_size: int, run_id: str, ref_rank: int, one_host: bool,
                out: Path, codec: str) -> Path:
     di = tr.distributed_info
     pgs = _process_groups(di)
     t0 = time.perf_counter()
     built = build_tables(tr.columns, tr.strings, main_tid=tr.main_tid, thread_names=tr.thread_names,
-                         process_groups=pgs, add_process_groups=True)
+                         stream_names=tr.stream_names, process_groups=pgs, add_process_groups=True)
     tabs = built.tables
     tabs["memory"] = schema.empty_table("memory")
     steps = tabs["steps"]
@@ -167,6 +175,9 @@ def _shard_for(tr: KinetoTrace, rank: int, world_size: int, run_id: str, ref_ran
         "clock_source": "imported",
         "sim_clock": None,
     }
+    props = _device_properties(tr.meta)
+    if props is not None:
+        attrs["device_properties"] = props
     path = out / schema.SHARD_TEMPLATE.format(rank=rank, window=0)
     write_shard(path, tabs, tr.strings.list(), attrs, codec=codec)
     return path

@@ -222,7 +222,7 @@ def plan_timeline(
                    ) if budget is not None else []
     # metadata: 2 per process, 2 per track (the tracks the selection would use, plus "steps")
     sel_keys = np.unique(np.stack([ev["rank"][ev_m].astype(np.int64),
-                                   _track_key(ev["device"][ev_m] >= 0, ev["tid"][ev_m])]), axis=1)
+                                   _track_key(ev["device"][ev_m], ev["tid"][ev_m])]), axis=1)
     n_meta_est = 4 * len(sel_ranks) + 2 * sel_keys.shape[1]
     cut = Cut(budget=budget or 0, needed=0, stage="none", steps_selected=units, steps_kept=list(units),
               ranks_selected=list(sel_ranks), ranks_kept=list(sel_ranks))
@@ -373,14 +373,29 @@ def _rank_chunks(ranks: Sequence[int], cost: np.ndarray, room: int) -> list[list
     return out
 
 
-def _track_key(is_device: np.ndarray | bool, tid: np.ndarray | int):
-    """Tracks are keyed by (device event?, tid) so a stream id never collides with an OS thread id."""
-    return np.asarray(tid, np.int64) * 2 + np.asarray(is_device, np.int64)
+_DEV_BITS = 10  # device index bits in a stream's track key
+
+
+def _track_key(device: np.ndarray | int, tid: np.ndarray | int):
+    """Tracks are keyed by (device, tid): an OS thread (device < 0) is ``tid·2``, stream S of device D is
+    ``(S·1024 + D)·2 + 1``, so a stream never collides with an OS thread nor with the same stream id of another
+    device."""
+    device = np.asarray(device, np.int64)
+    tid = np.asarray(tid, np.int64)
+    is_dev = device >= 0
+    return np.where(is_dev, ((tid << _DEV_BITS) + (device & ((1 << _DEV_BITS) - 1))) * 2 + 1, tid * 2)
+
+
+def _split_key(k: int) -> tuple[int, int | None]:
+    """(tid or stream, device or None for an OS thread) of a track key."""
+    if k & 1:
+        return (k >> 1) >> _DEV_BITS, (k >> 1) & ((1 << _DEV_BITS) - 1)
+    return k >> 1, None
 
 
 def _tracks(run: MergedRun, ev_rows: np.ndarray, ranks: list[int]) -> dict[int, list[tuple[int, int, str]]]:
     ev, th = run.events, run.threads
-    keys = _track_key(ev["device"][ev_rows] >= 0, ev["tid"][ev_rows])
+    keys = _track_key(ev["device"][ev_rows], ev["tid"][ev_rows])
     rk = ev["rank"][ev_rows]
     names = run.names
     out: dict[int, list[tuple[int, int, str]]] = {}
@@ -392,10 +407,11 @@ def _tracks(run: MergedRun, ev_rows: np.ndarray, ranks: list[int]) -> dict[int, 
             dev_of.setdefault(k, d)
         info: dict[int, tuple[int, str]] = {}
         tm = th["rank"] == r
-        for tid, nid, role, pg in zip(th["tid"][tm].tolist(), th["name_id"][tm].tolist(), th["role"][tm].tolist(),
-                                      th["pg"][tm].tolist()):
+        th_dev = th["device"][tm].tolist() if "device" in th else [0] * int(tm.sum())
+        for tid, nid, role, pg, d in zip(th["tid"][tm].tolist(), th["name_id"][tm].tolist(),
+                                         th["role"][tm].tolist(), th["pg"][tm].tolist(), th_dev):
             dev = role == schema.THREAD_STREAM
-            k = int(_track_key(dev, tid))
+            k = int(_track_key(d if dev else -1, tid))
             name = str(names[nid]) if nid < len(names) else f"thread {tid}"
             if dev:
                 label = name if "stream" in name.lower() else f"stream {tid} {name}".strip()
@@ -408,7 +424,7 @@ def _tracks(run: MergedRun, ev_rows: np.ndarray, ranks: list[int]) -> dict[int, 
             info.setdefault(k, (role, label))
         rows = []
         for k in used.tolist():
-            tid, is_dev = k >> 1, k & 1
+            tid, is_dev = _split_key(k)[0], k & 1
             if k in info:
                 role, label = info[k]
             elif is_dev:
@@ -492,7 +508,7 @@ def _aligned_durations(run: MergedRun, rows: np.ndarray) -> np.ndarray:
     rank = ev["rank"][rows]
     dur = np.rint(ev["dur_ns"][rows] * _drift_factor(run, rank)).astype(np.int64)
     ts = ev["ts_ns"][rows]
-    track = _track_key(ev["device"][rows] >= 0, ev["tid"][rows]) * 65536 + rank
+    track = _track_key(ev["device"][rows], ev["tid"][rows]) * 65536 + rank
     end = _nested_ends(track, ts, ts + dur)
     return end - ts
 
@@ -590,7 +606,7 @@ def iter_trace_events(run: MergedRun, plan: TimelinePlan) -> Iterator[dict[str, 
     for c0 in range(0, len(rows_all), _CHUNK):
         rows = rows_all[c0:c0 + _CHUNK]
         rank = ev["rank"][rows]
-        keys = _track_key(ev["device"][rows] >= 0, ev["tid"][rows])
+        keys = _track_key(ev["device"][rows], ev["tid"][rows])
         dur = plan.ev_dur_ns[c0:c0 + _CHUNK]
         cols = zip(rows.tolist(), names[ev["name_id"][rows]].tolist(), ev["kind"][rows].tolist(),
                    ev["category"][rows].tolist(), _us(ev["ts_ns"][rows] - origin), _us(dur), rank.tolist(),
@@ -643,7 +659,7 @@ def iter_trace_events(run: MergedRun, plan: TimelinePlan) -> Iterator[dict[str, 
         name = str(names[op]) if op < len(names) else "collective"
         for ph, row in (("s", src), ("f", dst)):
             r = int(ev["rank"][row])
-            k = int(_track_key(ev["device"][row] >= 0, ev["tid"][row]))
+            k = int(_track_key(ev["device"][row], ev["tid"][row]))
             e = {"ph": ph, "id": fid, "name": name, "cat": "collective", "ts": (int(ev["ts_ns"][row]) - origin) / 1e3,
                  "pid": r + 1, "tid": tid_of[(r, k)]}
             if ph == "f":

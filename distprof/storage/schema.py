@@ -82,6 +82,7 @@ TABLES: dict[str, dict[str, np.dtype]] = {
     },
     "threads": {
         "tid": np.dtype("i8"),
+        "device": np.dtype("i2"),  # -1 OS thread, else the stream's device (absent in older 1.1 shards: read as 0)
         "name_id": np.dtype("u4"),
         "role": np.dtype("u1"),
         "pg": np.dtype("i4"),
@@ -165,7 +166,8 @@ REQUIRED_ATTRS = (
     "first_step",
     "last_step",
 )
-JSON_ATTRS = ("config", "process_groups", "errors", "sim_clock", "timings", "steps_covered", "memory_history")
+JSON_ATTRS = ("config", "process_groups", "errors", "sim_clock", "timings", "steps_covered", "memory_history",
+              "device_properties")
 #: Tables a shard may lack (a reader returns them empty): added in a minor version or written only on request.
 OPTIONAL_TABLES = ("cuda_memory", "cuda_memory_blocks")
 
