@@ -1,15 +1,18 @@
 """Model FLOPs utilisation: achieved TFLOP/s (torch's FLOP counts / step wall time) over the device's peak.
 
 Peaks are dense BF16 tensor-core TFLOP/s from vendor data sheets (no sparsity), matched by case-insensitive substring
-of the shard's ``device`` attribute, most specific entry first. ``--peak-tflops`` overrides for every rank; a rank
+of the shard's ``device`` attribute, most specific entry first; when that name is not in the table (an imported
+trace's ``gpu 0``, a generic ROCm name), the names in the shard's ``device_properties`` are tried, the rank's own
+device (the one its kernels ran on) first. ``--peak-tflops`` overrides for every rank; a rank
 whose device is not in the table (every CPU) has no MFU unless overridden. torch counts FLOPs only for a few ops
 (``aten::mm/addmm/bmm/baddbmm/conv2d/mul/add``), so MFU here is a lower bound.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -18,7 +21,7 @@ from .model import MergedRun, Table
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PEAK_TFLOPS", "peak_tflops_for", "mfu"]
+__all__ = ["PEAK_TFLOPS", "peak_tflops_for", "device_names", "mfu"]
 
 #: (substring of the device name, dense BF16 TFLOP/s). Ordered: more specific names first.
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -53,6 +56,31 @@ def peak_tflops_for(device: str | None) -> float | None:
     return None
 
 
+def device_names(attrs: dict[str, Any], used: Iterable[int] = ()) -> list[str]:
+    """Names that may identify a rank's device: its ``device`` attribute, then the ``name`` of each
+    ``device_properties`` entry, those whose ``id`` is in `used` first. Distinct, in that order."""
+    out = [str(attrs.get("device") or "")]
+    props = attrs.get("device_properties")
+    if isinstance(props, str):
+        try:
+            props = json.loads(props)
+        except ValueError:
+            props = None
+    entries = [p for p in props if isinstance(p, dict)] if isinstance(props, list) else []
+    used = set(used)
+    entries.sort(key=lambda p: p.get("id") not in used)  # stable: the rank's devices first
+    out += [str(p.get("name") or "") for p in entries]
+    return [n for i, n in enumerate(out) if n and n not in out[:i]]
+
+
+def _used_devices(run: MergedRun, rank: int) -> list[int]:
+    ev = run.events
+    if "device" not in ev or "rank" not in ev or not len(ev["device"]):
+        return []
+    d = np.asarray(ev["device"])[(np.asarray(ev["rank"]) == rank)]
+    return np.unique(d[d >= 0]).tolist()
+
+
 def mfu(run: MergedRun, *, peak_tflops: float | None = None, breakdown: Table | None = None) -> list[dict[str, Any]]:
     """Per rank where a peak is known: ``{rank, device, peak_tflops, peak_source, achieved_tflops, mfu}``.
 
@@ -61,13 +89,19 @@ def mfu(run: MergedRun, *, peak_tflops: float | None = None, breakdown: Table | 
     pr = per_rank_metrics(run, breakdown=breakdown)
     out = []
     for i, r in enumerate(pr["rank"].tolist()):
-        device = str(run.attrs.get(r, {}).get("device", "") or "")
+        attrs = run.attrs.get(r, {})
+        device = str(attrs.get("device", "") or "")
         if peak_tflops is not None:
             peak, src = float(peak_tflops), "override"
         elif r in run.device_peak_tflops:
             peak, src = float(run.device_peak_tflops[r]), "run"
         else:
-            peak, src = peak_tflops_for(device), "table"
+            peak, src = None, "table"
+            for name in device_names(attrs, _used_devices(run, r)):
+                peak = peak_tflops_for(name)
+                if peak is not None:
+                    device = name
+                    break
         if peak is None or peak <= 0:
             continue
         achieved = float(pr["tflops"][i])

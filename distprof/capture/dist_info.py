@@ -39,6 +39,7 @@ class RankInfo:
     device: str
     device_type: str
     device_index: int
+    device_properties: list[dict[str, Any]] | None = None  # Kineto-style, the rank's device; None on CPU
 
     def attrs(self) -> dict[str, Any]:
         import torch
@@ -59,6 +60,7 @@ class RankInfo:
             "distprof_version": __version__,
             "python_version": platform.python_version(),
             "sim_clock": self.sim_clock.to_dict() if self.sim_clock else None,
+            **({"device_properties": self.device_properties} if self.device_properties is not None else {}),
         }
 
 
@@ -85,12 +87,59 @@ def rank_info() -> RankInfo:
     h = sim_host_index(rank)
     host = f"sim-host{h}" if h is not None else real_host
     clock = sim_clock(h)
+    props = None
     if torch.cuda.is_available():
         idx = torch.cuda.current_device()
         device, dtype, didx = torch.cuda.get_device_name(idx), "cuda", idx
+        try:
+            props = [kineto_device_properties(torch.cuda.get_device_properties(idx), idx,
+                                              rocm=bool(getattr(torch.version, "hip", None)))]
+        except Exception as e:  # noqa: BLE001 -- the properties are informative; never fail the capture on them
+            log.warning("distprof: cannot read the properties of cuda:%d (%s); shards go without device_properties",
+                        idx, e)
     else:
         device, dtype, didx = "cpu", "cpu", -1
-    return RankInfo(rank, world, local_rank, local_world, host, real_host, h, clock, device, dtype, didx)
+    return RankInfo(rank, world, local_rank, local_world, host, real_host, h, clock, device, dtype, didx, props)
+
+
+#: Kineto's ``deviceProperties`` keys (CUDA) and the attribute of torch's device-properties object holding each
+#: value, in Kineto's order. Attributes a torch build lacks are left out (as Kineto leaves out what it cannot read).
+_KINETO_PROPS: tuple[tuple[str, str], ...] = (
+    ("totalGlobalMem", "total_memory"),
+    ("computeMajor", "major"),
+    ("computeMinor", "minor"),
+    ("maxThreadsPerBlock", "max_threads_per_block"),
+    ("maxThreadsPerMultiprocessor", "max_threads_per_multi_processor"),
+    ("regsPerBlock", "regs_per_block"),
+    ("regsPerMultiprocessor", "regs_per_multiprocessor"),
+    ("warpSize", "warp_size"),
+    ("sharedMemPerBlock", "shared_memory_per_block"),
+    ("sharedMemPerMultiprocessor", "shared_memory_per_multiprocessor"),
+    ("numSms", "multi_processor_count"),
+    ("sharedMemPerBlockOptin", "shared_memory_per_block_optin"),
+)
+#: Kineto's ROCm traces name the shared memory per multiprocessor differently.
+_ROCM_RENAME = {"sharedMemPerMultiprocessor": "maxSharedMemoryPerMultiProcessor"}
+
+
+def kineto_device_properties(props: Any, index: int, *, rocm: bool = False) -> dict[str, Any]:
+    """One ``deviceProperties`` entry as Kineto writes it, from a ``torch.cuda.get_device_properties`` object.
+
+    Pure (any object with the attributes will do). Keys: ``id``, ``name``, then those of :data:`_KINETO_PROPS` whose
+    attribute exists and is an integer; on ROCm ``maxSharedMemoryPerMultiProcessor`` replaces
+    ``sharedMemPerMultiprocessor`` (Kineto's spelling there) and ``gcnArchName`` (e.g. ``gfx90a``) is added, the
+    only way to tell AMD parts apart when the name is the generic ``AMD Radeon Graphics``.
+    """
+    out: dict[str, Any] = {"id": int(index), "name": str(getattr(props, "name", "") or "")}
+    for key, attr in _KINETO_PROPS:
+        v = getattr(props, attr, None)
+        if isinstance(v, bool) or not isinstance(v, int):
+            continue
+        out[_ROCM_RENAME.get(key, key) if rocm else key] = int(v)
+    arch = getattr(props, "gcnArchName", None)
+    if rocm and isinstance(arch, str) and arch:
+        out["gcnArchName"] = arch
+    return out
 
 
 def backend_name() -> str:
