@@ -84,6 +84,22 @@ def test_minor_version_and_missing_columns_are_tolerated(tmp_path):
     assert len(got["corr_id"]) == 10 and (got["corr_id"] == 0).all()
 
 
+def test_schema_1_0_threads_read_device_minus_one(tmp_path):
+    """A 1.0 shard has no threads.device: its threads read as OS threads' -1, never as device 0."""
+    path = tmp_path / "rank00000.w0000.h5"
+    t = _tables(10)
+    th = schema.empty_table("threads", 2)
+    th["tid"] = np.array([11, 7])
+    th["device"] = np.array([-1, 0])
+    t["threads"] = th
+    write_shard(path, t, ["a", "b", "c"], _attrs())
+    with h5py.File(path, "r+") as f:
+        f.attrs["schema_version"] = "1.0"
+        del f["threads/device"]
+    got = read_shard(path).table("threads")
+    assert got["tid"].tolist() == [11, 7] and got["device"].tolist() == [-1, -1]
+
+
 def test_not_a_shard_is_one_clear_line(tmp_path):
     bad = tmp_path / "rank00000.w0000.h5"
     bad.write_bytes(b"garbage")

@@ -108,7 +108,7 @@ class Shard:
                     if col not in known:
                         raise KeyError(f"{self.path}: table {name!r} has no column {col!r}")
                     n = _table_len(grp)
-                    out[col] = np.zeros(n, dtype=known[col])
+                    out[col] = np.full(n, schema.MISSING_DEFAULTS.get((name, col), 0), dtype=known[col])
                     continue
                 try:
                     out[col] = grp[col][()]

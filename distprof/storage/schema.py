@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 FORMAT_NAME = "distprof-shard"
-SCHEMA_VERSION = "1.1"  # 1.1: optional cuda_memory / cuda_memory_blocks tables (--memory-history)
+SCHEMA_VERSION = "1.1"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties
 SCHEMA_MAJOR = 1
 
 #: One file per rank per finished window; a crash loses at most the window in flight.
@@ -56,6 +56,9 @@ THREAD_OTHER, THREAD_MAIN, THREAD_COMM, THREAD_STREAM = range(4)
 # Clock-sync phases.
 PHASES = ("window_start", "window_end")
 
+#: Value a reader gives a column that an older shard lacks (default 0).
+MISSING_DEFAULTS: dict[tuple[str, str], int] = {("threads", "device"): -1}
+
 #: dataset -> column -> dtype. Every column of a table has the same length.
 TABLES: dict[str, dict[str, np.dtype]] = {
     "events": {
@@ -82,7 +85,7 @@ TABLES: dict[str, dict[str, np.dtype]] = {
     },
     "threads": {
         "tid": np.dtype("i8"),
-        "device": np.dtype("i2"),  # -1 OS thread, else the stream's device (absent in older 1.1 shards: read as 0)
+        "device": np.dtype("i2"),  # -1 OS thread, else the stream's device (1.1; a 1.0 shard reads it as -1)
         "name_id": np.dtype("u4"),
         "role": np.dtype("u1"),
         "pg": np.dtype("i4"),
