@@ -9,7 +9,7 @@ Layout (Perfetto UI and chrome://tracing):
 * one process per rank, ``pid = rank + 1`` (pid 0 is special in Perfetto), named ``rank 3 · host``, sorted by rank;
 * per rank, tracks (``tid`` 1, 2, … per rank): ``steps`` (one slice per ``steps`` row, named ``step N``), then the
   main thread, communication workers, device streams, other threads; their names come from the ``threads`` table and
-  carry the OS thread id (``python3 [31441] main``) or stream (``cuda:0 stream 7``);
+  carry the OS thread id (``python3 [31441] main``) or stream (``device 0 stream 7``);
 * events as complete events (``ph`` "X"; "i" for instants) with ``cat`` = Kineto kind and ``args`` step, category,
   flops, device, correlation where they mean something; exec collectives also carry op, pg, seq, bytes, their arrival
   order and ``late_ms`` (arrival minus the median of the other ranks' arrivals, as in the straggler analysis);
