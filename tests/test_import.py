@@ -112,7 +112,20 @@ def test_rank_from_file_name_and_errors(tmp_path):
     bad.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1')
     with pytest.raises(DistprofError, match="truncated|damaged"):
         import_traces([bad], tmp_path / "r5", progress=False)
-    assert not find_shards(tmp_path / "r5")
+    assert not (tmp_path / "r5").exists()  # a failed import leaves no run directory it created
+
+
+def test_malformed_events_are_counted_and_named(tmp_path, caplog):
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1},
+          {"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "ts": "soon", "dur": 1},
+          {"ph": "X", "cat": "cpu_op", "name": "c", "pid": 1, "ts": 3, "dur": 1}]
+    src = tmp_path / "rank-0.json"
+    src.write_text(json.dumps({"traceEvents": ev}))
+    caplog.set_level("WARNING", logger="distprof")
+    import_traces([src], tmp_path / "r", progress=False)
+    (msg,) = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert "rank-0.json: skipped 2 malformed event(s)" in msg and "1 no ts" in msg
+    assert len(read_shard(find_shards(tmp_path / "r")[0]).table("events", ["ts_ns"])["ts_ns"]) == 1
 
 
 def test_cli_import_then_report(tmp_path, capsys):

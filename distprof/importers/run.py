@@ -228,6 +228,7 @@ def import_traces(
     ref = min(ranks)
     run_id = run_id or run_dir.resolve().name
     warnings: list[str] = []
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".import-", dir=run_dir))
     t0 = time.perf_counter()
@@ -246,6 +247,10 @@ def import_traces(
             raw += tr.raw_bytes
             if tr.n_inexact:
                 warnings.append(f"{f}: {tr.n_inexact} timestamp(s) not exact to the ns (exponent notation)")
+            bad = {k: v for k, v in tr.skipped.items() if k != "Trace"}  # the profiler's own span is expected
+            if bad:
+                warnings.append(f"{f}: skipped {sum(bad.values()):,} malformed event(s) ("
+                                + ", ".join(f"{v:,} {k}" for k, v in sorted(bad.items())) + ")")
             shards.append(_shard_for(tr, r, ws, run_id, ref, one_host, tmp, codec))
             del tr
         final = []
@@ -253,6 +258,11 @@ def import_traces(
             dest = run_dir / p.name
             os.replace(p, dest)
             final.append(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created:  # leave nothing behind that looks like a run
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if len(ranks) > 1 and not one_host:
