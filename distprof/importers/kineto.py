@@ -45,12 +45,22 @@ _MAX_TRIES = 4  # candidate cuts tried per slice before reading more
 
 _TE_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
 _CUT_RE = re.compile(rb"\}[ \t\r\n]*[,\]]")
-_TS3_RE = re.compile(rb'(?<!\\)"(ts|dur)"(\s*):(\s*)(-?\d+)\.(\d{3})(?![\d.eE])')
-_TSD_RE = re.compile(rb'(?<!\\)"(ts|dur)"(\s*):(\s*)(-?\d+\.\d+)(?![\deE])')
+# Pass 1 (Kineto's own form, 3 fraction digits): the decimal point is shifted textually, "ts": 12.345 -> "ts_ns":12345,
+# an integer ns literal orjson returns as int. A zero integer part drops the fraction's leading zeros (JSON forbids
+# them): 0.045 -> 45, -0.000 -> -0. The opening quote is matched without a look-behind for a backslash: in valid JSON
+# a `"ts"` whose closing quote is unescaped is a key (inside a string both quotes would be escaped), so no string value
+# can be touched; a "ts" inside args is rewritten like any other (the importer reads none).
+_TS3_RE = re.compile(rb'("ts|"dur)"[ \t\r\n]*:[ \t\r\n]*'
+                     rb'(?:(-?[1-9][0-9]*)\.([0-9]{3})|(-?)0\.(?:00([0-9])|0([1-9][0-9])|([0-9]{3})))(?![0-9.eE])')
+_TS3_GROUPS = 7
+_NS_KEY = b'_ns":'
+# Pass 2 (only where pass 1 left a "ts"/"dur" key): any other decimal -> a string of it, converted exactly (Decimal)
+_TSD_RE = re.compile(rb'("ts|"dur)"([ \t\r\n]*):([ \t\r\n]*)(-?[0-9]+\.[0-9]+)(?![0-9eE])')
 _WS = b" \t\r\n,"
 _DEVICE_KINDS = classify.DEVICE_KINDS
 _K_KERNEL = schema.KIND_CODE["kernel"]
 _K_INSTANT = schema.KIND_CODE["cpu_instant_event"]
+_K_TRACE = -1  # cat "Trace": the profiler's own span, skipped
 _FLOAT_EXACT_LIMIT = 2.0 ** 43  # below it a 3-decimal µs value survives float64 (half spacing < 0.5 ns)
 
 
@@ -67,8 +77,25 @@ def _open(path: Path) -> BinaryIO:
 
 
 def _rewrite(b: bytes) -> bytes:
-    b = _TS3_RE.sub(rb'"\1_ns"\2:\3"\4\5"', b)
-    return _TSD_RE.sub(rb'"\1_d"\2:\3"\4"', b)
+    """Rewrite the ``ts``/``dur`` decimals of a batch's text so orjson reads them without float (module docstring).
+
+    Pass 1 runs as one ``re.split`` plus list slicing and a join — no Python code per match: the split gives the text
+    between matches and the 7 groups of each match; a constant (``_ns":``) goes after each key group, the groups that
+    did not take part (None) are filtered out.
+    """
+    parts = _TS3_RE.split(b)
+    g = _TS3_GROUPS
+    n = (len(parts) - 1) // (g + 1)
+    if n:
+        out = [_NS_KEY] * (1 + (g + 2) * n)
+        out[0::g + 2] = parts[0::g + 1]  # the text before each match, and after the last
+        out[1::g + 2] = parts[1::g + 1]  # '"ts' / '"dur'; out[2::g + 2] stays '_ns":'
+        for j in range(2, g + 1):
+            out[j + 1::g + 2] = parts[j::g + 1]  # the number's pieces (None where their alternative did not match)
+        b = b"".join(filter(None, out))
+    if b'"ts"' in b or b'"dur"' in b:  # integers (µs, read as they are), other decimals, exponents
+        b = _TSD_RE.sub(rb'\1_d"\2:\3"\4"', b)
+    return b
 
 
 def _dec_ns(s: str) -> int:
@@ -131,9 +158,8 @@ class _Reader:
             if self.buf[:1] == b"]":
                 self.buf = self.buf[1:]
                 return
-            cuts = [m.start() for m in _CUT_RE.finditer(self.buf)]
             done = False
-            for c in reversed(cuts[-_MAX_TRIES:]):
+            for c in _last_cuts(self.buf, _MAX_TRIES):
                 try:
                     evs = orjson.loads(b"[" + _rewrite(self.buf[: c + 1]) + b"]")
                 except orjson.JSONDecodeError:
@@ -156,6 +182,21 @@ class _Reader:
             raise TraceFormatError(f"{self.path}: invalid JSON after \"traceEvents\" ({e})") from None
         self.buf = b""
         return doc if isinstance(doc, dict) else {}
+
+
+def _last_cuts(buf: bytes, n: int) -> list[int]:
+    """Offsets of the last `n` candidate cuts (a ``}`` followed by ``,`` or ``]``), last first; found from the end."""
+    out: list[int] = []
+    end = len(buf)
+    match = _CUT_RE.match
+    while len(out) < n:
+        j = buf.rfind(b"}", 0, end)
+        if j < 0:
+            break
+        if match(buf, j) is not None:
+            out.append(j)
+        end = j
+    return out
 
 
 def read_header(path: str | os.PathLike) -> dict[str, Any]:
@@ -218,29 +259,41 @@ def read_kineto(path: str | os.PathLike) -> KinetoTrace:
             gc.enable()
 
 
+def _cat_kind(cat: Any) -> int:
+    """Kind code of a ``ph: X`` event's category (0 when unknown), or _K_TRACE for the profiler's own span."""
+    if cat == "Trace":
+        return _K_TRACE
+    return schema.KIND_CODE.get(str("" if cat is None else cat).lower(), 0)
+
+
 def _read(path: Path, rd: _Reader) -> KinetoTrace:
     header = rd.header()
     strings = Strings()
-    sid = strings.id
-    kind_code = schema.KIND_CODE
+    ids = strings.ids
     name_id, kind, tid, device = array("I"), array("B"), array("q"), array("h")
     ts, dur, flops, corr = array("q"), array("q"), array("q"), array("q")
+    a_name, a_kind, a_tid, a_dev = name_id.append, kind.append, tid.append, device.append
+    a_ts, a_dur, a_flops, a_corr = ts.append, dur.append, flops.append, corr.append
     comm_meta: dict[int, CommArgs] = {}
     track_names: dict[tuple[int | None, int], str] = {}  # (pid, tid) -> thread_name metadata, first wins
     dev_pids: set[int] = set()  # pids of device rows (Kineto: pid = device index)
-    role_cache: dict[tuple[str, int], int] = {}
+    # per distinct name: (string id, is a ProfilerStep, comm role off / on a kernel) — classified once
+    name_info: dict[str, tuple[int, bool, int, int]] = {}
+    cat_kinds: dict[str, int] = {}  # cat -> kind code (or _K_TRACE)
     step_tids: dict[int, int] = {}
     skipped: dict[str, int] = {}
+    empty: dict = {}
     n_raw = 0
     n_inexact = 0
 
-    def t_ns(e: dict, key: str) -> int | None:
+    def slow_ns(e: dict, key: str) -> int | None:
+        """Any `ts`/`dur` form but the integer ns pass 1 writes: a decimal string, integer µs, a float."""
         nonlocal n_inexact
         v = e.get(key + "_ns")
-        if v is not None:
-            return int(v)
+        if v.__class__ is int:
+            return v
         v = e.get(key + "_d")
-        if v is not None:
+        if v.__class__ is str:
             return _dec_ns(v)
         v = e.get(key)
         if v.__class__ is int:
@@ -251,6 +304,9 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
             return int(round(v * 1000))
         return None
 
+    def skip(why: str) -> None:
+        skipped[why] = skipped.get(why, 0) + 1
+
     for batch in rd.batches():
         n_raw += len(batch)
         for e in batch:
@@ -258,9 +314,14 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
                 continue
             ph = e.get("ph")
             if ph == "X":
-                k = kind_code.get(str(e.get("cat", "")).lower(), 0)
-                if e.get("cat") == "Trace":
-                    skipped["Trace"] = skipped.get("Trace", 0) + 1
+                cat = e.get("cat")
+                k = cat_kinds.get(cat) if cat.__class__ is str else None
+                if k is None:
+                    k = _cat_kind(cat)
+                    if cat.__class__ is str:
+                        cat_kinds[cat] = k
+                if k == _K_TRACE:
+                    skip("Trace")
                     continue
             elif ph == "M":
                 if e.get("name") == "thread_name":
@@ -269,48 +330,70 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
                     if t is not None and isinstance(nm, str):
                         track_names.setdefault((_int(e.get("pid")), t), nm)
                 continue
-            elif ph in ("i", "I"):
+            elif ph == "i" or ph == "I":
                 k = _K_INSTANT
             else:
                 continue
-            args = e.get("args") or {}
+            args = e.get("args")
+            if args.__class__ is not dict:
+                args = empty
             if k in _DEVICE_KINDS:
-                d = _int(args.get("device", e.get("pid")))
-                t = _int(args.get("stream", e.get("tid")))
-                p = _int(e.get("pid"))
+                p = e.get("pid")
+                d = args.get("device", p)
+                t = args.get("stream", e.get("tid"))
+                if d.__class__ is not int:
+                    d = _int(d)
+                if t.__class__ is not int:
+                    t = _int(t)
+                if p.__class__ is not int:
+                    p = _int(p)
                 if p is not None:
                     dev_pids.add(p)
             else:
                 d = -1
-                t = _int(e.get("tid"))
+                t = e.get("tid")
+                if t.__class__ is not int:
+                    t = _int(t)
             if t is None or d is None:
-                skipped["no thread/stream id"] = skipped.get("no thread/stream id", 0) + 1
+                skip("no thread/stream id")
                 continue
-            t0 = t_ns(e, "ts")
-            if t0 is None:
-                skipped["no ts"] = skipped.get("no ts", 0) + 1
-                continue
+            t0 = e.get("ts_ns")
+            if t0.__class__ is not int:
+                t0 = slow_ns(e, "ts")
+                if t0 is None:
+                    skip("no ts")
+                    continue
+            if ph == "X":
+                d0 = e.get("dur_ns")
+                if d0.__class__ is not int:
+                    d0 = slow_ns(e, "dur") or 0
+            else:
+                d0 = 0
             name = e.get("name", "")
-            if name.__class__ is not str:
-                name = str(name)
+            info = name_info.get(name) if name.__class__ is str else None
+            if info is None:
+                name = name if name.__class__ is str else str(name)
+                info = name_info.get(name)
+                if info is None:
+                    nid = ids.get(name)
+                    if nid is None:
+                        nid = ids[name] = len(ids)
+                    info = name_info[name] = (nid, name.startswith("ProfilerStep#"), classify.comm_role(name),
+                                              classify.comm_role(name, _K_KERNEL))
             i = len(ts)
-            name_id.append(sid(name))
-            kind.append(k)
-            tid.append(t)
-            device.append(d)
-            ts.append(t0)
-            dur.append((t_ns(e, "dur") or 0) if ph == "X" else 0)
+            a_name(info[0])
+            a_kind(k)
+            a_tid(t)
+            a_dev(d)
+            a_ts(t0)
+            a_dur(d0)
             f = args.get("flops")
-            flops.append(f if f.__class__ is int else 0)
+            a_flops(f if f.__class__ is int else 0)
             c = args.get("correlation")
-            corr.append(c if c.__class__ is int else 0)
-            if name.startswith("ProfilerStep#") and d < 0:
+            a_corr(c if c.__class__ is int else 0)
+            if info[1] and d < 0:
                 step_tids[t] = step_tids.get(t, 0) + 1
-            rk = (name, k)
-            role = role_cache.get(rk)
-            if role is None:
-                role = role_cache[rk] = classify.comm_role(name, k)
-            if role:
+            if info[3] if k == _K_KERNEL else info[2]:
                 a = classify.comm_args(args)
                 if a is not None:
                     comm_meta[i] = a
@@ -318,20 +401,16 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
     meta = {**header, **trailer}
 
     base = _int(meta.get("baseTimeNanoseconds")) or 0
-    ts_arr = np.frombuffer(ts, dtype=np.int64).copy() if len(ts) else np.zeros(0, np.int64)
+
+    def col(a: array, dtype: type) -> np.ndarray:  # a view of the array's buffer: no second copy of the column
+        return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype)
+
+    ts_arr = col(ts, np.int64)
     if base:
         ts_arr += base
-    cols = Columns(
-        name_id=np.frombuffer(name_id, dtype=np.uint32).copy() if len(name_id) else np.zeros(0, np.uint32),
-        kind=np.frombuffer(kind, dtype=np.uint8).copy() if len(kind) else np.zeros(0, np.uint8),
-        tid=np.frombuffer(tid, dtype=np.int64).copy() if len(tid) else np.zeros(0, np.int64),
-        device=np.frombuffer(device, dtype=np.int16).copy() if len(device) else np.zeros(0, np.int16),
-        ts=ts_arr,
-        dur=np.frombuffer(dur, dtype=np.int64).copy() if len(dur) else np.zeros(0, np.int64),
-        flops=np.frombuffer(flops, dtype=np.int64).copy() if len(flops) else np.zeros(0, np.int64),
-        corr=np.frombuffer(corr, dtype=np.int64).copy() if len(corr) else np.zeros(0, np.int64),
-        comm_meta=comm_meta,
-    )
+    cols = Columns(name_id=col(name_id, np.uint32), kind=col(kind, np.uint8), tid=col(tid, np.int64),
+                   device=col(device, np.int16), ts=ts_arr, dur=col(dur, np.int64), flops=col(flops, np.int64),
+                   corr=col(corr, np.int64), comm_meta=comm_meta)
     main_tid = max(step_tids, key=step_tids.get) if step_tids else _busiest_cpu_thread(cols)
     # names: a device pid's tracks are its streams (pid = device, tid = stream); every other pid's are OS threads
     thread_names: dict[int, str] = {}
