@@ -6,6 +6,7 @@ Hand-built MergedRuns (``RunBuilder`` / ``ddp_run`` from test_breakdown, times i
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,14 +14,14 @@ import pytest
 from conftest import EXAMPLES, only_run_dir, torchrun
 from distprof.analysis.annotations import annotations
 from distprof.analysis.breakdown import step_breakdown
-from distprof.analysis.findings import FindingRules, findings, rank_measures
+from distprof.analysis.findings import FindingRules, findings, is_sync_call, rank_measures
 from distprof.analysis.report import build_report
 from distprof.analysis.rootcause import root_cause
 from distprof.analysis.stragglers import find_stragglers
 from distprof.analysis.verdict import verdict
 from distprof.render.console import render_console
 from distprof.storage import schema
-from test_breakdown import ANNOT, COMM, COMPUTE, CPU_OP, KERNEL, OTHER, RunBuilder, ddp_run
+from test_breakdown import ANNOT, COMM, COMPUTE, COPY, CPU_OP, KERNEL, MEMCPY, OTHER, RunBuilder, ddp_run
 
 DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
@@ -131,9 +132,228 @@ def test_tiny_kernels_on_a_device_rank():
         b.event(0, "elementwise_kernel", KERNEL, COMPUTE, 7, t0, t0 + 0.02, step=1, device=0)
     fs, _, _ = analyse(b.build())
     (f,) = by_id(fs, "tiny_ops")
-    assert f["rank"] == 0 and f["severity"] == "high"
-    assert f["metrics"]["device_idle_ms_per_step"] == pytest.approx(32, abs=0.1)
-    assert "kernels" in f["title"]
+    # its impact is its own kernel time (8 of 40 ms); the 32 ms of idle between the kernels is device_idle's
+    assert f["rank"] == 0 and f["severity"] == "medium"
+    assert f["metrics"]["impact_pct"] == pytest.approx(20, abs=0.01)
+    assert "kernels" in f["title"] and "of kernel time" in f["title"]
+    assert "8.0 ms of 8.0 ms kernel time" in f["evidence"] and "op time" not in f["evidence"]
+    (d,) = by_id(fs, "device_idle")
+    assert d["metrics"]["device_idle_ms_per_step"] == pytest.approx(32, abs=1e-6)
+    assert f["metrics"]["impact_pct"] + d["metrics"]["impact_pct"] == pytest.approx(100)  # nothing counted twice
+
+
+# -------------------------------------------------------------------------------------- device idle, host sync
+
+
+RUNTIME, CUDA_SYNC = schema.KIND_CODE["cuda_runtime"], schema.KIND_CODE["cuda_sync"]
+
+
+def gpu_run(per_step, *, world=1, n_steps=3, step_ms=10.0):
+    """A GPU rank per `world`: main thread tid 1, device 0 stream 7; `per_step(b, rank, step, t)` adds one step."""
+    b = RunBuilder(world, device="NVIDIA H100 80GB HBM3")
+    for r in range(world):
+        b.thread(r, 1, schema.THREAD_MAIN)
+        for s in range(n_steps):
+            t = s * step_ms
+            b.step(r, s, t, t + step_ms)
+            per_step(b, r, s, t)
+    return b.build()
+
+
+def launch(b, r, s, t0, t1, name="aten::add", k0=None, k1=None):
+    """A host op [t0, t1) on the main thread launching one kernel [k0, k1) (times in ms)."""
+    b.event(r, name, CPU_OP, COMPUTE, 1, t0, t1, step=s)
+    if k0 is not None:
+        b.event(r, "cudaLaunchKernel", RUNTIME, OTHER, 1, t0 + 0.01, t0 + 0.02, step=s)
+        b.event(r, f"{name}_kernel", KERNEL, COMPUTE, 7, k0, k1, step=s, device=0)
+
+
+def launch_bound(b, r, s, t):
+    # 20 ops of 0.5 ms back to back, each launching a 50 us kernel 0.3 ms into the op: the device idles 90 %
+    for k in range(20):
+        o = t + 0.5 * k
+        launch(b, r, s, o, o + 0.5, k0=o + 0.3, k1=o + 0.35)
+
+
+def test_device_idle_fires_on_a_launch_bound_rank():
+    fs, _, _ = analyse(gpu_run(launch_bound, world=2))
+    (f,) = by_id(fs, "device_idle")
+    m = f["metrics"]
+    assert f["rank"] is None and m["n_ranks"] == 2 and f["severity"] == "high"
+    assert m["impact_pct"] == pytest.approx(90) and m["device_idle_ms_per_step"] == pytest.approx(9)
+    assert m["idle_head_ms_per_step"] == pytest.approx(0.3)
+    assert m["idle_tail_ms_per_step"] == pytest.approx(0.15)
+    assert m["idle_between_ms_per_step"] == pytest.approx(8.55)
+    assert m["idle_host_ops_ms_per_step"] == pytest.approx(9)  # the host was inside aten::add all the time
+    assert m["idle_input_ms_per_step"] == m["idle_after_sync_ms_per_step"] == m["idle_host_other_ms_per_step"] == 0
+    assert m["kernels_per_step"] == 20 and m["threshold_step_pct"] == 10
+    assert "(largest: aten::add 9.00 ms (rank 0))" in f["evidence"]
+    assert f["advice"].startswith("The device waits for the host to launch work")
+    assert "reduce-overhead" in f["advice"] and "CUDA graphs" in f["advice"]
+    assert not by_id(fs, "tiny_ops") and not by_id(fs, "host_sync")  # 20 kernels per step; no synchronisation
+
+
+def input_bound(b, r, s, t):
+    # DataLoader __next__ for 4 ms, then one op whose kernel keeps the device busy to the end of the step
+    b.event(r, DL, ANNOT, OTHER, 1, t, t + 4, step=s)
+    launch(b, r, s, t + 4, t + 10, name="aten::mm", k0=t + 4.1, k1=t + 10)
+
+
+def test_device_idle_split_when_the_host_waits_for_input():
+    fs, _, _ = analyse(gpu_run(input_bound))
+    (f,) = by_id(fs, "device_idle")
+    m = f["metrics"]
+    assert f["rank"] == 0 and m["impact_pct"] == pytest.approx(41)
+    assert m["idle_head_ms_per_step"] == pytest.approx(4.1) and m["idle_between_ms_per_step"] == pytest.approx(0)
+    assert m["idle_input_ms_per_step"] == pytest.approx(4.0) and m["idle_host_ops_ms_per_step"] == pytest.approx(0.1)
+    assert f["advice"].startswith("The device waits while the main thread waits for input")
+    assert "num_workers" in f["advice"]
+    assert by_id(fs, "input_wait")  # the cause has its own finding; device_idle says how much device time it costs
+
+
+def sync_step(b, r, s, t):
+    """loss.item() in the middle of the step: the host blocks until the device drains, then runs Python for 1.9 ms."""
+    launch(b, r, s, t, t + 1, name="aten::mm", k0=t + 0.5, k1=t + 6)
+    b.event(r, "aten::item", CPU_OP, OTHER, 1, t + 1, t + 6.1, step=s)
+    b.event(r, "aten::_local_scalar_dense", CPU_OP, OTHER, 1, t + 1, t + 6.1, step=s)
+    b.event(r, "cudaMemcpyAsync", RUNTIME, OTHER, 1, t + 1.01, t + 1.05, step=s)  # async: not a sync by itself
+    b.event(r, "cudaStreamSynchronize", RUNTIME, OTHER, 1, t + 1.05, t + 6.05, step=s)
+    b.event(r, "Stream Sync", CUDA_SYNC, OTHER, 7, t + 1.05, t + 6.05, step=s, device=0)  # the same wait, from CUPTI
+    b.event(r, "Memcpy DtoH (Device -> Pinned)", MEMCPY, COPY, 7, t + 6.0, t + 6.02, step=s, device=0)
+    launch(b, r, s, t + 8, t + 10, k0=t + 8.2, k1=t + 9.8)
+
+
+def test_host_sync_and_the_device_idle_it_causes():
+    fs, _, _ = analyse(gpu_run(sync_step))
+    (h,) = by_id(fs, "host_sync")
+    m = h["metrics"]
+    assert h["rank"] == 0
+    # the runtime call and Kineto's cuda_sync record of the same wait count once
+    assert m["syncs_per_step"] == 1 and m["sync_calls_per_step"] == 1
+    assert m["sync_ms_per_step"] == pytest.approx(5.0) and m["blocked_pct"] == pytest.approx(50)
+    # device idle from the copy's end (6.02) to the next kernel (8.2)
+    assert m["idle_after_sync_ms_per_step"] == pytest.approx(2.18)
+    assert m["impact_pct"] == pytest.approx(21.8) and h["severity"] == "medium"
+    assert "aten::item 5.00 ms (1.0 per step)" in h["evidence"]
+    assert ".item()" in h["advice"] and "non_blocking=True" in h["advice"]
+    (d,) = by_id(fs, "device_idle")
+    dm = d["metrics"]
+    assert dm["device_idle_ms_per_step"] == pytest.approx(0.5 + 2.18 + 0.2)
+    assert dm["idle_after_sync_ms_per_step"] == pytest.approx(2.18)  # host_sync's impact is this part of it
+    assert dm["idle_host_ops_ms_per_step"] == pytest.approx(0.7)  # head and tail, inside aten::mm / aten::add
+    assert d["advice"].startswith("Host synchronisations drain the device's queue")
+
+
+def busy_device(b, r, s, t):
+    launch(b, r, s, t, t + 10, name="aten::conv", k0=t + 0.1, k1=t + 9.8)
+    b.event(r, "cudaEventSynchronize", RUNTIME, OTHER, 1, t + 5, t + 5.01, step=s)  # short, device busy after
+
+
+def test_device_idle_and_host_sync_do_not_fire_on_a_busy_device_or_a_cpu_rank():
+    run = gpu_run(busy_device)
+    fs, _, _ = analyse(run)
+    assert not by_id(fs, "device_idle") and not by_id(fs, "host_sync")
+    (m,) = rank_measures(run, step_breakdown(run))
+    assert m["device_idle_ms_per_step"] == pytest.approx(0.3) and m["syncs_per_step"] == 1
+    # a CPU rank whose main thread idles: input_wait's business, never device_idle/host_sync
+    fs, _, _ = analyse(loop_run(head_gap_ms=10.0))
+    assert by_id(fs, "input_wait") and not by_id(fs, "device_idle") and not by_id(fs, "host_sync")
+    # thresholds are FindingRules fields
+    fs, _, _ = analyse(gpu_run(launch_bound), FindingRules(idle_min_step_pct=95.0))
+    assert not by_id(fs, "device_idle")
+    fs, _, _ = analyse(gpu_run(sync_step), FindingRules(sync_min_step_pct=60.0))
+    assert not by_id(fs, "host_sync")
+
+
+@pytest.mark.parametrize("name,sync", [
+    ("cudaDeviceSynchronize", True), ("cudaStreamSynchronize", True), ("cudaEventSynchronize", True),
+    ("cudaMemcpy", True), ("cudaMemcpy2D", True), ("cudaStreamSynchronize_ptsz", True),
+    ("hipDeviceSynchronize", True), ("hipStreamSynchronize", True), ("hipMemcpyWithStream", True),
+    ("cuStreamSynchronize", True), ("cuCtxSynchronize", True), ("cuMemcpyDtoH_v2", True),
+    ("cudaMemcpyAsync", False), ("cudaMemcpy2DAsync", False), ("hipMemcpyAsync", False),
+    ("cuMemcpyDtoHAsync_v2", False), ("cudaLaunchKernel", False), ("cudaStreamWaitEvent", False),
+    ("cudaEventQuery", False), ("cudaStreamQuery", False), ("cudaEventRecord", False),
+])
+def test_sync_call_names(name, sync):
+    assert is_sync_call(name) is sync
+
+
+def test_verdict_uses_the_findings_own_number_and_unit():
+    # device rank: tiny_ops speaks of kernel time, with the share of its title
+    b = RunBuilder(1, device="NVIDIA H100 80GB HBM3")
+    b.thread(0, 1, schema.THREAD_MAIN)
+    b.step(0, 1, 0, 40)
+    for k in range(400):
+        b.event(0, "elementwise_kernel", KERNEL, COMPUTE, 7, 0.05 + 0.1 * k, 0.07 + 0.1 * k, step=1, device=0)
+    fs, s, rc = analyse(b.build())
+    (tiny,) = by_id(fs, "tiny_ops")
+    share = f"{tiny['metrics']['tiny_share_pct']:.0f} % of kernel time"
+    assert share in tiny["title"]
+    summary = {"n_rank_steps": 1, "step_ms_mean": 40.0}
+    assert f"{share} on rank 0 is in kernels under 100 us" in verdict(summary, s, rc, [tiny])
+    # CPU rank: op time
+    fs, s, rc = analyse(loop_run(world=1, tiny=300, tiny_us=50, big_ms=2.0))
+    (tiny,) = by_id(fs, "tiny_ops")
+    assert "of op time" in tiny["title"] and "% of op time on rank 0 is in ops under 100 us" in verdict(
+        summary, s, rc, [tiny])
+    # device_idle: its impact (share of step time) and its largest cause
+    fs, s, rc = analyse(gpu_run(launch_bound))
+    (d,) = by_id(fs, "device_idle")
+    assert verdict(summary, s, rc, fs).endswith(
+        "no kernel or copy runs on the device on rank 0 for 90 % of step time, mostly while the host is inside ops, "
+        "dispatching and launching work (launch/CPU-bound).")
+
+
+# ---------------------------------------------------------------------------------- imported real GPU traces
+
+HTA_DATA = Path(__file__).parent / "data" / "hta"
+
+
+@pytest.fixture(scope="module")
+def hta_reports(tmp_path_factory):
+    from distprof.analysis.run import load_run
+    from distprof.importers.run import import_traces
+
+    out = {}
+    for name in ("amd_trace", "ns_resolution_trace", "nccl_parser_config"):
+        d = tmp_path_factory.mktemp(name)
+        import_traces([HTA_DATA / name], d, rank=0, progress=False)
+        run = load_run(d, progress=False)
+        bd = step_breakdown(run)
+        out[name] = (build_report(run), rank_measures(run, bd)[0], float(np.mean(bd["idle_ms"])))
+    return out
+
+
+def test_real_traces_device_idle_and_host_sync(hta_reports):
+    # every rule's device idle is the breakdown's device idle
+    for rep, m, idle_ms in hta_reports.values():
+        assert m["device_rank"] and m["device_idle_ms_per_step"] == pytest.approx(idle_ms, rel=1e-9)
+    # MI250 toy run: the device idles 98 % of the step while the host is in ops (one 6.5 ms hipLaunchKernel)
+    rep, m, _ = hta_reports["amd_trace"]
+    (d,) = by_id(rep["findings"], "device_idle")
+    assert d["rank"] == 0 and d["severity"] == "high" and rep["findings"][0] is d
+    assert d["metrics"]["impact_pct"] == pytest.approx(rep["summary"]["idle_pct"], abs=0.01)
+    assert d["metrics"]["impact_pct"] > 95 and "aten::add_" in d["evidence"]
+    assert d["advice"].startswith("The device waits for the host to launch work")
+    assert "no kernel or copy runs on the device on rank 0 for 98 % of step time" in rep["verdict"]
+    # its two synchronous input copies (hipMemcpyWithStream under aten::to) drain the queue: a low finding
+    (h,) = by_id(rep["findings"], "host_sync")
+    assert h["severity"] == "low" and "aten::to" in h["evidence"] and h["metrics"]["sync_calls_per_step"] == 1
+    # V100, 97 % compute: nothing about idle, syncs or tiny kernels (its one cudaDeviceSynchronize is outside steps)
+    rep, m, _ = hta_reports["ns_resolution_trace"]
+    assert not {f["id"] for f in rep["findings"]} & {"device_idle", "host_sync", "tiny_ops"}
+    assert m["syncs_per_step"] == 0
+    # A100 DDP rank: 76 % device idle while the host dispatches ops -> device_idle, high; tiny kernels hold 51 % of
+    # kernel time but only 9 % of step time (below tiny_ops' 10 %); 8 short cudaEventSynchronize per step -> no host_sync
+    rep, m, _ = hta_reports["nccl_parser_config"]
+    assert [f["id"] for f in rep["findings"]] == ["device_idle"]
+    (d,) = rep["findings"]
+    assert d["severity"] == "high" and 75 < d["metrics"]["impact_pct"] < 78
+    assert d["metrics"]["idle_host_ops_ms_per_step"] > 0.8 * d["metrics"]["device_idle_ms_per_step"]
+    assert m["tiny_share_pct"] == pytest.approx(51.4, abs=0.1) and m["tiny_ms_per_step"] == pytest.approx(19.8, abs=0.1)
+    assert m["syncs_per_step"] == 8 and m["sync_ms_per_step"] < 0.1
+    assert rep["verdict"].startswith("Steps take 222.4 ms on average; no kernel or copy runs on the device on rank 0 "
+                                     "for 76 % of step time, mostly while the host is inside ops")
 
 
 # --------------------------------------------------------------------------------------------------- input wait

@@ -40,21 +40,24 @@ rank, the worst ``max_per_rule`` ranks. Rules and thresholds (defaults of :class
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..storage.schema import CAT_COMM, CAT_COMPUTE, KIND_CODE, ROLE_EXEC, THREAD_MAIN
+from ..storage.schema import CAT_COMM, CAT_COMPUTE, KIND_CODE, ROLE_EXEC, THREAD_COMM, THREAD_MAIN
 from . import intervals as iv
 from .breakdown import rank_slices, step_name_mask
+from .gpu_time import GPU_KINDS
 from .model import MergedRun, Table
 from .names import display_name
 from .rootcause import IDLE_NAME
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FindingRules", "findings", "rank_measures", "DATALOADER_PREFIX"]
+__all__ = ["FindingRules", "findings", "rank_measures", "DATALOADER_PREFIX", "SYNC_CALL_RE", "is_sync_call",
+           "IDLE_CAUSES", "dominant_idle_cause"]
 
 NS_PER_MS = 1e6
 MIB = 2**20
@@ -62,6 +65,21 @@ DATALOADER_PREFIX = "enumerate(DataLoader)#"
 _K_CPU_OP = KIND_CODE["cpu_op"]
 _K_ANNOT = KIND_CODE["user_annotation"]
 _K_KERNEL = KIND_CODE["kernel"]
+_K_CUDA_SYNC = KIND_CODE["cuda_sync"]
+_RUNTIME_KINDS = tuple(KIND_CODE[k] for k in ("cuda_runtime", "cuda_driver", "privateuse1_runtime",
+                                                "privateuse1_driver"))
+#: Runtime/driver calls that block the host until device work completes: the explicit synchronisations and the
+#: synchronous copies (``cudaMemcpy``, HIP's ``hipMemcpyWithStream`` - what a ``non_blocking=False`` copy calls on
+#: ROCm; on CUDA such a copy is ``cudaMemcpyAsync`` + ``cudaStreamSynchronize``). Suffixes ``_v2``/``_ptsz``/``_ptds``.
+SYNC_CALL_RE = re.compile(
+    r"^(?:(?:cuda|hip|cu)(?:Device|Stream|Event|Ctx)Synchronize"
+    r"|(?:cuda|hip)Memcpy(?:2D|3D|Peer|ToSymbol|FromSymbol|WithStream)?"
+    r"|cuMemcpy(?:DtoH|HtoD|DtoD|Peer)?)(?:_v\d+)?(?:_ptsz|_ptds|_spt)?$")
+
+
+def is_sync_call(name: str) -> bool:
+    """Whether a runtime/driver call name blocks the host (see ``SYNC_CALL_RE``)."""
+    return SYNC_CALL_RE.match(name) is not None
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 
 
@@ -84,6 +102,10 @@ class FindingRules:
     swing_min_pct: float = 50.0
     swing_min_mib: float = 64.0
     exposed_min_pct: float = 10.0
+    idle_min_step_pct: float = 10.0
+    idle_min_ms: float = 0.5
+    sync_min_per_step: float = 1.0
+    sync_min_step_pct: float = 5.0
     host_min_fraction: float = 0.75
     max_per_rule: int = 8
 
@@ -116,18 +138,147 @@ def _top_level(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     return ts >= prev_end
 
 
-def _boundary_gaps(busy: iv.Intervals, ws: np.ndarray, we: np.ndarray) -> iv.Intervals:
-    """Per window [ws, we): the gaps from ws to the first busy interval and from the last one to we (normalised)."""
+def _edge_gaps(busy: iv.Intervals, ws: np.ndarray, we: np.ndarray) -> tuple[iv.Intervals, iv.Intervals]:
+    """Per window [ws, we): (head, tail) - from ws to the first busy interval, and from the last one to we.
+
+    A window with nothing busy is all head (its tail is empty)."""
     bs, be = busy.s, busy.e
     if bs.size == 0:
-        return iv.union(ws, we)
+        return iv.union(ws, we), iv.empty()
     j = np.searchsorted(be, ws, side="right")  # first busy interval ending after ws
     first_s = np.where(j < bs.size, bs[np.minimum(j, bs.size - 1)], we)
     head_end = np.clip(first_s, ws, we)
     k = np.searchsorted(bs, we, side="left") - 1  # last busy interval starting before we
     last_e = np.where(k >= 0, be[np.maximum(k, 0)], ws)
     tail_start = np.clip(last_e, ws, we)
-    return iv.union(np.r_[ws, tail_start], np.r_[head_end, we])
+    head = iv.union(ws, head_end)
+    return head, iv.subtract(iv.union(tail_start, we), head)
+
+
+def _boundary_gaps(busy: iv.Intervals, ws: np.ndarray, we: np.ndarray) -> iv.Intervals:
+    """Per window [ws, we): the gaps from ws to the first busy interval and from the last one to we (normalised)."""
+    return iv.union_all(*_edge_gaps(busy, ws, we))
+
+
+def _starts_inside(starts: np.ndarray, sets: iv.Intervals) -> np.ndarray:
+    """Mask: each start lies in a closed interval [s, e] of the normalised set."""
+    if len(sets) == 0:
+        return np.zeros(starts.size, bool)
+    j = np.searchsorted(sets.s, starts, side="right") - 1
+    return (j >= 0) & (sets.e[np.maximum(j, 0)] >= starts)
+
+
+def _in_windows(t: np.ndarray, ws: np.ndarray, we: np.ndarray) -> np.ndarray:
+    """Mask: each time lies in one of the sorted, disjoint windows [ws, we)."""
+    k = np.searchsorted(ws, t, side="right") - 1
+    return (k >= 0) & (t < we[np.maximum(k, 0)])
+
+
+def _leaf_ops(ts: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """Mask of ops that enclose no other op of their thread (the op the thread is actually running)."""
+    if ts.size == 0:
+        return np.zeros(0, bool)
+    o = np.lexsort((-end, ts, tid))  # by thread, start, longest first (a parent before a child starting with it)
+    nxt_same = np.r_[tid[o][1:] == tid[o][:-1], False]
+    nxt_ts = np.r_[ts[o][1:], 0]
+    out = np.zeros(ts.size, bool)
+    out[o] = ~(nxt_same & (nxt_ts < end[o]))
+    return out
+
+
+def _outermost_op(op_ts, op_end, op_tid, op_nid, q_ts, q_end, q_tid) -> np.ndarray:
+    """For each query interval, the name id of the top-level op of its thread that encloses it, else -1."""
+    out = np.full(q_ts.size, -1, np.int64)
+    for t in np.unique(q_tid).tolist():
+        o = np.flatnonzero(op_tid == t)
+        if o.size == 0:
+            continue
+        o = o[np.lexsort((-op_end[o], op_ts[o]))]
+        o = o[_top_level(op_ts[o], op_end[o])]
+        q = np.flatnonzero(q_tid == t)
+        j = np.searchsorted(op_ts[o], q_ts[q], side="right") - 1
+        hit = (j >= 0) & (op_end[o][np.maximum(j, 0)] >= q_end[q])
+        out[q[hit]] = op_nid[o][j[hit]]
+    return out
+
+
+def _top_ids(nid: np.ndarray, weight: np.ndarray, k: int = 3) -> list[tuple[int, float]]:
+    """The k ids with the largest total weight (> 0), as (id, total)."""
+    if nid.size == 0:
+        return []
+    u, inv = np.unique(nid, return_inverse=True)
+    tot = np.bincount(inv, weights=weight.astype(np.float64))
+    top = np.argsort(-tot, kind="stable")[:k]
+    return [(int(u[i]), float(tot[i])) for i in top if tot[i] > 0]
+
+
+def _op_label(run: MergedRun, name_id: int) -> str:
+    return display_name(str(run.names[name_id])) if name_id >= 0 else "(outside any op)"
+
+
+def _device_measures(run: MergedRun, rank: int, e: dict[str, np.ndarray], ws: np.ndarray, we: np.ndarray,
+                     input_set: iv.Intervals, is_sync_name: np.ndarray) -> dict[str, Any]:
+    """Device idle (where it sits, what the host did meanwhile) and host synchronisation, per step of the rank."""
+    ts, end, kind, tid, dev, nid = e["ts"], e["end"], e["kind"], e["tid"], e["dev"], e["nid"]
+    n = ws.size
+
+    def per_step(x: iv.Intervals) -> float:
+        return float(iv.measure_in_windows(x, ws, we).sum()) / NS_PER_MS / n
+
+    win = iv.union(ws, we)
+    g = (dev >= 0) & np.isin(kind, GPU_KINDS)
+    busy = iv.union(ts[g], end[g])
+    idle = iv.subtract(win, busy)
+    head, tail = _edge_gaps(busy, ws, we)
+    head = iv.intersect(head, idle)
+    tail = iv.intersect(tail, idle)
+    # host synchronisation: blocking runtime calls on the rank's CPU threads, and Kineto's cuda_sync records
+    scall = (dev < 0) & np.isin(kind, _RUNTIME_KINDS) & is_sync_name[nid]
+    sk = scall | (kind == _K_CUDA_SYNC)
+    sync = iv.union(ts[sk], end[sk])
+    # an idle stretch that starts while the host waits in a sync: the sync drained the device's queue
+    drained_m = _starts_inside(idle.s, sync)
+    drained = iv.Intervals(idle.s[drained_m], idle.e[drained_m])
+    th = run.threads
+    th_rank = np.asarray(th.get("rank", np.zeros(0, np.int32)))
+    comm_tids = np.asarray(th.get("tid", np.zeros(0, np.int64)))[
+        (th_rank == rank) & (np.asarray(th.get("role", np.zeros(0, np.uint8))) == THREAD_COMM)]
+    hop = (dev < 0) & (kind == _K_CPU_OP) & ~np.isin(tid, comm_tids)
+    host_ops = iv.union(ts[hop], end[hop])
+    # each idle ns goes to the first of: input wait, drained by a sync, host inside an op, host outside any op
+    p_input = iv.intersect(idle, input_set)
+    rest = iv.subtract(idle, input_set)
+    p_sync = iv.intersect(rest, drained)
+    rest = iv.subtract(rest, drained)
+    p_ops = iv.intersect(rest, host_ops)
+    p_other = iv.subtract(rest, host_ops)
+    hi = np.flatnonzero(hop)
+    li = hi[_leaf_ops(ts[hi], end[hi], tid[hi])]
+    ov = iv.measure_in_windows(p_ops, ts[li], end[li])
+    top_ops = [(_op_label(run, k), t / NS_PER_MS / n) for k, t in _top_ids(nid[li], ov)]
+
+    sync_in = _in_windows(sync.s, ws, we)
+    si = np.flatnonzero(scall)
+    si = si[_in_windows(ts[si], ws, we)]
+    ci = np.flatnonzero((dev < 0) & (kind == _K_CPU_OP))
+    site = _outermost_op(ts[ci], end[ci], tid[ci], nid[ci], ts[si], end[si], tid[si])
+    sites = [(_op_label(run, k), t / NS_PER_MS / n, float(np.count_nonzero(site == k)) / n)
+             for k, t in _top_ids(site, end[si] - ts[si])]
+    return {
+        "device_idle_ms_per_step": per_step(idle),
+        "idle_head_ms_per_step": per_step(head),
+        "idle_tail_ms_per_step": per_step(tail),
+        "idle_between_ms_per_step": per_step(iv.subtract(idle, iv.union_all(head, tail))),
+        "idle_input_ms_per_step": per_step(p_input),
+        "idle_after_sync_ms_per_step": per_step(p_sync),
+        "idle_host_ops_ms_per_step": per_step(p_ops),
+        "idle_host_other_ms_per_step": per_step(p_other),
+        "idle_top_host_ops": top_ops,
+        "sync_ms_per_step": per_step(sync),
+        "syncs_per_step": float(np.count_nonzero(sync_in)) / n,
+        "sync_calls_per_step": float(si.size) / n,
+        "sync_sites": sites,
+    }
 
 
 def rank_measures(run: MergedRun, breakdown: Table, rules: FindingRules | None = None) -> list[dict[str, Any]]:
@@ -140,6 +291,7 @@ def rank_measures(run: MergedRun, breakdown: Table, rules: FindingRules | None =
     order, slices = rank_slices(ev["rank"])
     is_step_name = step_name_mask(run.names)
     is_dl_name = np.fromiter((str(n).startswith(DATALOADER_PREFIX) for n in run.names), bool, count=len(run.names))
+    is_sync_name = np.fromiter((is_sync_call(str(n)) for n in run.names), bool, count=len(run.names))
     exec_rows = np.asarray(run.comms["row"], np.int64)[np.asarray(run.comms["role"]) == ROLE_EXEC]
     is_exec = np.zeros(ev["ts_ns"].size, bool)
     is_exec[exec_rows[(exec_rows >= 0) & (exec_rows < is_exec.size)]] = True
@@ -207,6 +359,12 @@ def rank_measures(run: MergedRun, breakdown: Table, rules: FindingRules | None =
         m["input_ms_per_step"] = dl_ms + gap_ms
         m["dataloader_names"] = sorted({str(run.names[k]) for k in np.unique(nid[dl])})
 
+        # device idle and host synchronisation
+        if device_rank:
+            m.update(_device_measures(run, int(rank), {"ts": ts, "end": end, "kind": kind, "tid": tid, "dev": dev,
+                                                       "nid": nid}, ws, we, iv.union_all(dl_set, gaps),
+                                      is_sync_name))
+
         # memory
         msl = m_slices.get(int(rank))
         mm = m_order[msl] if msl is not None else np.zeros(0, np.int64)
@@ -258,6 +416,7 @@ class _Hit:
     impact_pct: float
     metrics: dict[str, float]
     severity: str | None = None  # set by rules without a time impact
+    notes: dict[str, Any] = field(default_factory=dict)  # non-numeric evidence (names), of this rank
 
 
 def _pct(x: float, of: float) -> float:
@@ -267,15 +426,13 @@ def _pct(x: float, of: float) -> float:
 def _tiny_ops(ms: list[dict], rules: FindingRules) -> list[_Hit]:
     hits = []
     for m in ms:
-        impact_ms = m["tiny_ms_per_step"] + (m["idle_ms_per_step"] if m["device_rank"] else 0.0)
-        impact = _pct(impact_ms, m["step_ms"])
+        impact = _pct(m["tiny_ms_per_step"], m["step_ms"])  # device idle between them is device_idle's
         if (m["tiny_share_pct"] >= rules.tiny_min_share_pct and m["tiny_ops_per_step"] >= rules.tiny_min_per_step
                 and impact >= rules.tiny_min_step_pct):
             hits.append(_Hit(m["rank"], m["host"], impact, {
                 "tiny_share_pct": m["tiny_share_pct"], "tiny_ops_per_step": m["tiny_ops_per_step"],
                 "tiny_ms_per_step": m["tiny_ms_per_step"], "tiny_median_us": m["tiny_median_us"],
                 "ops_per_step": m["ops_per_step"], "op_ms_per_step": m["op_ms_per_step"],
-                "device_idle_ms_per_step": m["idle_ms_per_step"] if m["device_rank"] else 0.0,
                 "device_rank": float(m["device_rank"]),
                 "step_ms": m["step_ms"], "threshold_us": rules.tiny_op_us,
                 "threshold_share_pct": rules.tiny_min_share_pct, "threshold_per_step": rules.tiny_min_per_step,
@@ -342,6 +499,66 @@ def _exposed_comm(ms: list[dict], rules: FindingRules, named: dict[int, float]) 
     return hits
 
 
+#: Where device idle time goes, in the order each idle ns is assigned: (metric, clause, advice).
+IDLE_CAUSES = (
+    ("idle_input_ms_per_step", "while the main thread waits for input",
+     "The device waits while the main thread waits for input: load batches in background processes "
+     "(DataLoader(num_workers=N > 0, pin_memory=True, prefetch_factor=2 or more, persistent_workers=True)) and copy "
+     "them with .to(device, non_blocking=True)."),
+    ("idle_after_sync_ms_per_step", "after host synchronisations drain its queue",
+     "Host synchronisations drain the device's queue, and it idles until the host launches again: avoid .item(), "
+     ".cpu(), printing losses and torch.cuda.synchronize() in the loop (see the host_sync finding)."),
+    ("idle_host_ops_ms_per_step", "while the host is inside ops, dispatching and launching work (launch/CPU-bound)",
+     "The device waits for the host to launch work (launch/CPU-bound): capture the step in CUDA graphs "
+     "(torch.compile(mode=\"reduce-overhead\") or torch.cuda.graphs), fuse small ops with torch.compile, use a "
+     "larger batch so each kernel does more work, and use fused/foreach optimizers (Adam(fused=True))."),
+    ("idle_host_other_ms_per_step", "while the host runs code outside any recorded op",
+     "The host runs code outside any recorded op (Python, logging, garbage collection, CPU preprocessing) while "
+     "the device waits: find it with with_stack=True or a Python sampler (py-spy) and move it out of the step."),
+)
+
+
+def dominant_idle_cause(metrics: dict[str, float]) -> tuple[str, str, str] | None:
+    """The ``IDLE_CAUSES`` entry holding most of a device_idle finding's idle time (None without idle)."""
+    best = max(IDLE_CAUSES, key=lambda c: metrics.get(c[0], 0.0))
+    return best if metrics.get(best[0], 0.0) > 0 else None
+
+
+def _device_idle(ms: list[dict], rules: FindingRules) -> list[_Hit]:
+    hits = []
+    for m in ms:
+        if not m["device_rank"]:
+            continue
+        idle = m["device_idle_ms_per_step"]
+        impact = _pct(idle, m["step_ms"])
+        if impact >= rules.idle_min_step_pct and idle >= rules.idle_min_ms:
+            met = {k: m[k] for k in ("device_idle_ms_per_step", "idle_head_ms_per_step", "idle_between_ms_per_step",
+                                     "idle_tail_ms_per_step", "idle_input_ms_per_step", "idle_after_sync_ms_per_step",
+                                     "idle_host_ops_ms_per_step", "idle_host_other_ms_per_step", "step_ms")}
+            met.update({"kernels_per_step": m["ops_per_step"], "tiny_kernels_per_step": m["tiny_ops_per_step"],
+                        "threshold_step_pct": rules.idle_min_step_pct, "threshold_ms": rules.idle_min_ms,
+                        "threshold_us": rules.tiny_op_us})
+            hits.append(_Hit(m["rank"], m["host"], impact, met, notes={"top_host_ops": m["idle_top_host_ops"]}))
+    return hits
+
+
+def _host_sync(ms: list[dict], rules: FindingRules) -> list[_Hit]:
+    hits = []
+    for m in ms:
+        if not m["device_rank"]:
+            continue
+        blocked = _pct(m["sync_ms_per_step"], m["step_ms"])
+        impact = _pct(m["idle_after_sync_ms_per_step"], m["step_ms"])
+        if m["syncs_per_step"] >= rules.sync_min_per_step and max(blocked, impact) >= rules.sync_min_step_pct:
+            hits.append(_Hit(m["rank"], m["host"], impact, {
+                "sync_ms_per_step": m["sync_ms_per_step"], "syncs_per_step": m["syncs_per_step"],
+                "sync_calls_per_step": m["sync_calls_per_step"], "blocked_pct": blocked,
+                "idle_after_sync_ms_per_step": m["idle_after_sync_ms_per_step"], "step_ms": m["step_ms"],
+                "threshold_per_step": rules.sync_min_per_step, "threshold_step_pct": rules.sync_min_step_pct},
+                notes={"sites": m["sync_sites"]}))
+    return hits
+
+
 def _fmt_ranks(ranks: list[int]) -> str:
     ranks = sorted(ranks)
     parts, i = [], 0
@@ -394,18 +611,72 @@ def _group(rule_id: str, hits: list[_Hit], n_ranks: int, rules: FindingRules, te
 
 def _tiny_text(m, where, worst):
     dev = m["device_rank"] >= 0.5
-    unit = "kernels" if dev else "ops"
-    title = f"Many tiny {unit} on {where}: {m['tiny_share_pct']:.0f} % of {unit[:-1]} time in {unit} under " \
+    op = "kernel" if dev else "op"
+    title = f"Many tiny {op}s on {where}: {m['tiny_share_pct']:.0f} % of {op} time in {op}s under " \
             f"{m['threshold_us']:.0f} us"
-    ev = (f"{m['tiny_ops_per_step']:.0f} of {m['ops_per_step']:.0f} top-level {unit} per step are under "
-          f"{m['threshold_us']:.0f} us (median {m['tiny_median_us']:.0f} us): {m['tiny_ms_per_step']:.1f} ms of "
-          f"{m['op_ms_per_step']:.1f} ms op time per {m['step_ms']:.1f} ms step ({m['impact_pct']:.0f} % of step time"
-          + (f", with {m['device_idle_ms_per_step']:.1f} ms device idle" if m["device_idle_ms_per_step"] else "")
-          + f"). Rule: >= {m['threshold_share_pct']:.0f} % of op time in ops under {m['threshold_us']:.0f} us, >= "
-          f"{m['threshold_per_step']:.0f} such ops per step and >= {m['threshold_step_pct']:.0f} % of step time.")
+    ev = (f"{m['tiny_ops_per_step']:.0f} of {m['ops_per_step']:.0f} {'compute' if dev else 'top-level'} {op}s per "
+          f"step are under {m['threshold_us']:.0f} us (median {m['tiny_median_us']:.0f} us): "
+          f"{m['tiny_ms_per_step']:.1f} ms of {m['op_ms_per_step']:.1f} ms {op} time per {m['step_ms']:.1f} ms step "
+          f"({m['impact_pct']:.0f} % of step time"
+          + ("; the device's idle time between kernels is the device_idle rule's" if dev else "")
+          + f"). Rule: >= {m['threshold_share_pct']:.0f} % of {op} time in {op}s under {m['threshold_us']:.0f} us, "
+          f">= {m['threshold_per_step']:.0f} such {op}s per step and >= {m['threshold_step_pct']:.0f} % of step time.")
     advice = ("Per-op dispatch and launch overhead dominates: fuse small ops (torch.compile the model or the hot "
               "function), use a larger batch per step, and replace Python loops over small tensors with batched "
               "tensor ops (torch._foreach_* / fused optimizers such as Adam(fused=True)).")
+    return title, ev, advice
+
+
+def _on_rank(where, worst) -> str:
+    return "" if where.startswith("rank ") else f" (rank {worst.rank})"
+
+
+def _device_idle_text(m, where, worst):
+    title = f"Device idle on {where}: no kernel or copy runs for {m['impact_pct']:.0f} % of step time"
+    tops = worst.notes.get("top_host_ops") or []
+    mostly = (" (largest: " + ", ".join(f"{n} {t:.2f} ms" for n, t in tops) + _on_rank(where, worst) + ")"
+              if tops else "")
+    a, b, c, d = (m[k] for k in ("idle_host_ops_ms_per_step", "idle_host_other_ms_per_step", "idle_input_ms_per_step",
+                                 "idle_after_sync_ms_per_step"))
+    parts = [(a, f"the host was inside an op, dispatching and launching work, for {a:.2f} ms{mostly}"),
+             (b, f"the host ran code outside any recorded op for {b:.2f} ms"),
+             (c, f"the main thread waited for input for {c:.2f} ms"),
+             (d, f"{d:.2f} ms followed a synchronising call that drained the device's queue")]
+    meanwhile = [text for x, text in sorted(parts, key=lambda p: -p[0]) if x >= 0.005]
+    ev = (f"no kernel, memcpy or memset runs on any stream for {m['device_idle_ms_per_step']:.2f} ms of the "
+          f"{m['step_ms']:.1f} ms step: {m['idle_head_ms_per_step']:.2f} ms before the step's first GPU work, "
+          f"{m['idle_between_ms_per_step']:.2f} ms between GPU work and {m['idle_tail_ms_per_step']:.2f} ms after "
+          f"its last. " + ("Meanwhile " + "; ".join(meanwhile) + ". " if meanwhile else "") +
+          f"The rank runs {m['kernels_per_step']:.0f} compute kernels per step, {m['tiny_kernels_per_step']:.0f} of "
+          f"them under {m['threshold_us']:.0f} us. Rule: device idle >= {m['threshold_step_pct']:.0f} % of step time "
+          f"and >= {m['threshold_ms']:.1f} ms per step.")
+    idle = m["device_idle_ms_per_step"]
+    ranked = sorted(IDLE_CAUSES, key=lambda c: -m.get(c[0], 0.0))
+    advice = ranked[0][2]
+    also = [c[2] for c in ranked[1:] if idle > 0 and m.get(c[0], 0.0) >= 0.25 * idle]
+    if also:
+        advice += " Also: " + " ".join(also)
+    return title, ev, advice
+
+
+def _host_sync_text(m, where, worst):
+    title = (f"Host synchronisation on {where}: {m['syncs_per_step']:.1f} syncs per step block the host "
+             f"{m['sync_ms_per_step']:.2f} ms")
+    sites = worst.notes.get("sites") or []
+    ev = (f"the host waits for the device in synchronising calls {m['syncs_per_step']:.1f} times per step, for "
+          f"{m['sync_ms_per_step']:.2f} ms of the {m['step_ms']:.1f} ms step ({m['blocked_pct']:.0f} %); after them "
+          f"the device sits idle {m['idle_after_sync_ms_per_step']:.2f} ms per step ({m['impact_pct']:.0f} % of "
+          f"step time, counted in device idle) until the host launches new work.")
+    if sites:
+        ev += (" Call sites" + _on_rank(where, worst) + ": "
+               + ", ".join(f"{n} {t:.2f} ms ({c:.1f} per step)" for n, t, c in sites) + ".")
+    ev += (f" Rule: >= {m['threshold_per_step']:.0f} sync per step, and the blocked time or the device idle after "
+           f"syncs >= {m['threshold_step_pct']:.0f} % of step time.")
+    advice = ("Keep the host ahead of the device: avoid host syncs in the training loop - .item(), .cpu(), .tolist(), "
+              "printing or logging a loss tensor every step (accumulate on the device, read every N steps), "
+              "torch.cuda.synchronize(), data-dependent shapes (nonzero, boolean masks); copy inputs with "
+              ".to(device, non_blocking=True) from pinned memory (DataLoader(pin_memory=True)). "
+              "torch.cuda.set_sync_debug_mode(\"warn\") reports each synchronising call.")
     return title, ev, advice
 
 
@@ -570,6 +841,8 @@ def findings(
     out = _straggler_findings(stragglers, root_cause, dict(run.hosts), median_step, rules)
     out += _group("exposed_comm", _exposed_comm(ms, rules, named_lat), n, rules, _exposed_text)
     out += _group("input_wait", _input_wait(ms, rules), n, rules, _input_text)
+    out += _group("device_idle", _device_idle(ms, rules), n, rules, _device_idle_text)
+    out += _group("host_sync", _host_sync(ms, rules), n, rules, _host_sync_text)
     out += _group("tiny_ops", _tiny_ops(ms, rules), n, rules, _tiny_text)
     out += _group("memory_churn", _memory_churn(ms, rules), n, rules, _memory_text)
     for f in out:

@@ -11,13 +11,15 @@ Order of precedence:
 4. No collective (one rank, or nothing matched): the mean step time and its largest part, then the top finding.
 
 A second sentence names the top non-straggler finding when it is of high severity and the first sentence is about a
-straggler.
+straggler. A finding is phrased with its own headline number and unit, as in its title (``tiny_ops``: share of
+kernel time on a device rank, of op time on a CPU rank; ``device_idle``: share of step time, with the largest cause).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .findings import dominant_idle_cause
 from .names import display_name
 from .rootcause import IDLE_NAME
 
@@ -28,7 +30,7 @@ _PARTS = (("compute_pct", "compute"), ("exposed_comm_pct", "exposed communicatio
 
 
 def _phrase(f: dict[str, Any]) -> str:
-    """A finding as a clause: '<impact> % of step time is ...'."""
+    """A finding as a clause, with the finding's own headline number and unit (as in its title)."""
     m = f.get("metrics", {})
     imp = m.get("impact_pct")
     where = "" if f.get("rank") is None else f" on rank {f['rank']}"
@@ -36,9 +38,17 @@ def _phrase(f: dict[str, Any]) -> str:
         return f"{imp:.0f} % of step time{where} is exposed communication"
     if f["id"] == "input_wait":
         return f"{imp:.0f} % of step time{where} is spent waiting for input"
+    if f["id"] == "device_idle":
+        cause = dominant_idle_cause(m)
+        return (f"no kernel or copy runs on the device{where} for {imp:.0f} % of step time"
+                + (f", mostly {cause[1]}" if cause else ""))
+    if f["id"] == "host_sync":
+        return (f"the host{where} blocks in {m.get('syncs_per_step', 0):.1f} device synchronisations per step "
+                f"({m.get('sync_ms_per_step', 0):.2f} ms), after which the device idles {imp:.0f} % of step time")
     if f["id"] == "tiny_ops":
-        return (f"{m.get('tiny_share_pct', 0):.0f} % of op time{where} is in ops under "
-                f"{m.get('threshold_us', 100):.0f} us (dispatch overhead)")
+        op = "kernel" if m.get("device_rank", 0) >= 0.5 else "op"
+        return (f"{m.get('tiny_share_pct', 0):.0f} % of {op} time{where} is in {op}s under "
+                f"{m.get('threshold_us', 100):.0f} us ({'launch' if op == 'kernel' else 'dispatch'} overhead)")
     if f["id"] == "memory_churn":
         return f"memory churns{where} ({m.get('allocs_per_step', 0):.0f} allocations per step)"
     return f["title"][0].lower() + f["title"][1:]
