@@ -12,8 +12,21 @@ rank, the worst ``max_per_rule`` ranks. Rules and thresholds (defaults of :class
 * ``tiny_ops`` — many tiny ops. CPU rank: top-level ``cpu_op`` events of the main thread (not nested in another op,
   not communication) in the rank's steps; device rank: compute kernels. Tiny = shorter than ``tiny_op_us`` (100 µs).
   Fires when tiny ops hold ≥ ``tiny_min_share_pct`` (50 %) of op time, number ≥ ``tiny_min_per_step`` (100) per step,
-  and the impact reaches ``tiny_min_step_pct`` (10 %) of step time. Impact: CPU = tiny-op time; device = tiny-kernel
-  time + device idle time (launch-bound devices wait between small kernels).
+  and the impact reaches ``tiny_min_step_pct`` (10 %) of step time. Impact: the tiny ops' (kernels') own time; the
+  device's idle time between small kernels is ``device_idle``'s, so no time is counted by both.
+* ``device_idle`` — GPU ranks: step time in which no kernel, memcpy or memset runs on any stream of the rank (the
+  breakdown's device idle). Fires when it reaches ``idle_min_step_pct`` (10 %) of step time and ``idle_min_ms``
+  (0.5 ms) per step; impact = that share. Evidence: where it sits (before the step's first GPU work, between, after
+  the last) and what the host did meanwhile, each idle ns counted once, in this order: the main thread waited for
+  input (``input_wait``'s time), the idle stretch began inside a synchronising call (the sync drained the queue), a
+  CPU thread of the rank (not a communication worker) was inside a ``cpu_op`` (dispatch/launch-bound; the leaf ops
+  with most such time are named), else the host ran code outside any recorded op. Advice follows the largest part.
+* ``host_sync`` — GPU ranks: synchronising calls (runtime/driver calls matching ``SYNC_CALL_RE`` on the rank's CPU
+  threads, and Kineto ``cuda_sync`` records; overlapping ones count once). Fires when there are ≥
+  ``sync_min_per_step`` (1) per step and the host's blocked time or the device idle that starts inside them reaches
+  ``sync_min_step_pct`` (5 %) of step time. Impact = that device idle (the sync's cost: the host blocked while the
+  device was busy costs nothing by itself); it is the part of ``device_idle`` the evidence calls "followed a
+  synchronising call". Call sites: the outermost ``cpu_op`` enclosing each call (e.g. ``aten::item``).
 * ``input_wait`` — the main thread waits for input. Input time = main-thread time in DataLoader ``__next__``
   (``enumerate(DataLoader)#…`` annotations) ∪ main-thread gaps at the step boundaries (from the step start to the
   first op, and from the last op to the step end; ops = ``cpu_op``/``user_annotation`` other than
