@@ -344,7 +344,7 @@ def test_real_traces_device_idle_and_host_sync(hta_reports):
     assert not {f["id"] for f in rep["findings"]} & {"device_idle", "host_sync", "tiny_ops"}
     assert m["syncs_per_step"] == 0
     # A100 DDP rank: 76 % device idle while the host dispatches ops -> device_idle, high; tiny kernels hold 51 % of
-    # kernel time but only 9 % of step time (below tiny_ops' 10 %); 8 short cudaEventSynchronize per step -> no host_sync
+    # kernel time but only 9 % of step time (below tiny_ops' 10 %); 8 short cudaEventSynchronize per step: no host_sync
     rep, m, _ = hta_reports["nccl_parser_config"]
     assert [f["id"] for f in rep["findings"]] == ["device_idle"]
     (d,) = rep["findings"]
