@@ -85,16 +85,49 @@ def track_keys(device: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndar
     return ds[new].astype(np.int16), ts_[new], inv
 
 
+_CHUNK = 1 << 18  # events per block where a per-event computation would otherwise need several full-size temporaries
+
+
 def _step_assigner(step_ids: np.ndarray, s_start: np.ndarray, s_end: np.ndarray):
-    def assign(t: np.ndarray) -> np.ndarray:
-        t = np.asarray(t)
-        if len(step_ids) == 0:
-            return np.full(len(t), -1, np.int32)
+    def assign_block(t: np.ndarray) -> np.ndarray:
         k = np.searchsorted(s_start, t, side="right") - 1
         ok = (k >= 0) & (t < s_end[np.clip(k, 0, None)])
         return np.where(ok, step_ids[np.clip(k, 0, None)], -1).astype(np.int32)
 
+    def assign(t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t)
+        if len(step_ids) == 0:
+            return np.full(len(t), -1, np.int32)
+        if len(t) <= _CHUNK:
+            return assign_block(t)
+        out = np.empty(len(t), np.int32)
+        for s in range(0, len(t), _CHUNK):
+            out[s:s + _CHUNK] = assign_block(t[s:s + _CHUNK])
+        return out
+
     return assign
+
+
+def _tracks(device: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (device, tid) tracks of :func:`track_keys`, sorted the same way, without its per-event arrays:
+    distinct pairs are found block by block (few tracks, many events), then merged."""
+    dev_parts, tid_parts = [], []
+    for s in range(0, len(tid), _CHUNK):
+        d = np.asarray(device[s:s + _CHUNK])
+        d = np.where(d >= 0, d.astype(np.int64), -1)
+        t = np.asarray(tid[s:s + _CHUNK], np.int64)
+        o = np.lexsort((t, d))
+        ds, ts_ = d[o], t[o]
+        new = np.r_[True, (ds[1:] != ds[:-1]) | (ts_[1:] != ts_[:-1])]
+        dev_parts.append(ds[new])
+        tid_parts.append(ts_[new])
+    if not dev_parts:
+        return np.zeros(0, np.int16), np.zeros(0, np.int64)
+    ds, ts_ = np.concatenate(dev_parts), np.concatenate(tid_parts)
+    o = np.lexsort((ts_, ds))
+    ds, ts_ = ds[o], ts_[o]
+    new = np.r_[True, (ds[1:] != ds[:-1]) | (ts_[1:] != ts_[:-1])]
+    return ds[new].astype(np.int16), ts_[new]
 
 
 def _link_annotations(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_name, is_rpc_name, targets) -> dict[int, int]:
@@ -103,7 +136,12 @@ def _link_annotations(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_name, is_rpc_n
     rpc = np.flatnonzero(is_rpc_name[ev_name])
     if len(targets) == 0 or len(launch) == 0 or len(rpc) == 0:
         return {}
-    by_corr = dict(zip(ev_corr[launch].tolist(), launch.tolist()))
+    # launch row by correlation id (the last launch row of an id, as a dict built over all launches would give) —
+    # sorted arrays searched for the targets only, instead of a dict of every launch
+    lc = ev_corr[launch]
+    o = np.argsort(lc, kind="stable")
+    lc, launch = lc[o], launch[o]
+    del o
     out: dict[int, int] = {}
     per_tid: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for t in np.unique(ev_tid[rpc]).tolist():
@@ -111,9 +149,11 @@ def _link_annotations(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_name, is_rpc_n
         r = r[np.argsort(ev_ts[r], kind="stable")]
         per_tid[t] = (ev_ts[r], ev_ts[r] + ev_dur[r], r)
     for k in targets.tolist():
-        lr = by_corr.get(int(ev_corr[k]))
-        if lr is None:
+        c = ev_corr[k]
+        j = int(np.searchsorted(lc, c, side="right")) - 1
+        if j < 0 or lc[j] != c:
             continue
+        lr = int(launch[j])
         spans = per_tid.get(int(ev_tid[lr]))
         if spans is None:
             continue
@@ -146,14 +186,23 @@ def build_tables(
     names = strings.list()
     n_names = len(names)
     kind = np.asarray(cols.kind, np.uint8)
-    order = np.argsort(cols.ts, kind="stable")
-    ev_name = np.asarray(cols.name_id, np.uint32)[order]
-    ev_kind = kind[order]
-    ev_ts = np.asarray(cols.ts, np.int64)[order]
-    ev_dur = np.asarray(cols.dur, np.int64)[order]
-    ev_tid = np.asarray(cols.tid, np.int64)[order]
-    ev_dev = np.asarray(cols.device, np.int16)[order]
-    ev_corr = np.asarray(cols.corr, np.int64)[order]
+    in_ts = np.asarray(cols.ts, np.int64)
+    # columns already sorted by ts (distprof import sorts them in place): the stable order is the identity, and the
+    # events table takes the columns as they are instead of a sorted copy of each (half the memory)
+    presorted = len(in_ts) < 2 or bool(np.all(in_ts[1:] >= in_ts[:-1]))
+
+    def sort(a: Any, dtype: Any) -> np.ndarray:
+        a = np.asarray(a, dtype)
+        return a if presorted else a[order]
+
+    order = np.arange(len(in_ts)) if presorted else np.argsort(in_ts, kind="stable")
+    ev_name = sort(cols.name_id, np.uint32)
+    ev_kind = sort(kind, np.uint8)
+    ev_ts = sort(in_ts, np.int64)
+    ev_dur = sort(cols.dur, np.int64)
+    ev_tid = sort(cols.tid, np.int64)
+    ev_dev = sort(cols.device, np.int16)
+    ev_corr = sort(cols.corr, np.int64)
 
     # ---- roles and categories (once per distinct (name, is-kernel)) ------------------------------------------------
     k_kernel = schema.KIND_CODE["kernel"]
@@ -189,6 +238,8 @@ def build_tables(
         ok = pos < len(lc)
         ok[ok] = lc[pos[ok]] == ev_corr[on_dev][ok]
         ev_step[on_dev[ok]] = ev_step[lrow[pos[ok]]]
+        del lc, o, lrow, pos, ok
+    del on_dev, launch
 
     events = {
         "name_id": ev_name,
@@ -199,7 +250,7 @@ def build_tables(
         "ts_ns": ev_ts,
         "dur_ns": ev_dur,
         "step": ev_step,
-        "flops": np.asarray(cols.flops, np.int64)[order],
+        "flops": sort(cols.flops, np.int64),
         "corr_id": ev_corr,
     }
 
@@ -213,7 +264,7 @@ def build_tables(
     snames = dict(stream_names or {})
     # one row per track: an OS thread (device -1) or a device stream, keyed by (device, stream) so stream 7 of
     # GPU 0 and stream 7 of GPU 1 stay two tracks
-    u_dev, uniq_tids, ev_track = track_keys(ev_dev, ev_tid)
+    u_dev, uniq_tids = _tracks(ev_dev, ev_tid)
     t_role = np.zeros(len(uniq_tids), np.uint8)
     t_pg = np.full(len(uniq_tids), -1, np.int32)
     t_name = np.zeros(len(uniq_tids), np.uint32)
@@ -235,20 +286,26 @@ def build_tables(
     # ---- comms table ---------------------------------------------------------------------------------------------
     c_rows = np.flatnonzero(ev_role > 0)
     c_role = ev_role[c_rows]
-    inv = np.empty(len(order), np.int64)
-    inv[order] = np.arange(len(order))
-    meta: dict[int, CommArgs] = {int(inv[i]): a for i, a in cols.comm_meta.items()}
+    if presorted or not cols.comm_meta:
+        meta: dict[int, CommArgs] = dict(cols.comm_meta)
+    else:
+        inv = np.empty(len(order), np.int64)
+        inv[order] = np.arange(len(order))
+        meta = {int(inv[i]): a for i, a in cols.comm_meta.items()}
+        del inv
     is_rpc_name = np.array([s == "record_param_comms" for s in names], dtype=bool)
     kernels = c_rows[(c_role == schema.ROLE_EXEC) & (ev_dev[c_rows] >= 0)]
     for k, a in _link_annotations(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_name, is_rpc_name, kernels).items():
         own = meta.get(k)
         meta[k] = own.merged(meta.get(a)) if own is not None else meta.get(a, CommArgs())
-    msg = cols.msg_bytes[order] if cols.msg_bytes is not None else np.full(len(order), -1, np.int64)
-
     n_c = len(c_rows)
     c_op = np.zeros(n_c, np.uint32)
-    c_pg = t_pg[ev_track[c_rows]] if n_c else np.zeros(0, np.int32)
-    c_bytes = msg[c_rows].astype(np.int64)
+    track_of = {(d, t): j for j, (d, t) in enumerate(zip(u_dev.tolist(), uniq_tids.tolist()))}
+    c_track = np.array([track_of[(d if d >= 0 else -1, t)] for d, t in zip(ev_dev[c_rows].tolist(),
+                                                                           ev_tid[c_rows].tolist())], np.int64)
+    c_pg = t_pg[c_track] if n_c else np.zeros(0, np.int32)
+    c_bytes = (np.asarray(cols.msg_bytes)[order[c_rows]].astype(np.int64) if cols.msg_bytes is not None
+               else np.full(n_c, -1, np.int64))
     c_gsize = np.full(n_c, -1, np.int32)
     c_nseq = np.full(n_c, -1, np.int64)
     seq_ok = np.ones(n_c, bool)
@@ -306,14 +363,23 @@ def build_tables(
 
     # ---- steps table (peak memory filled by the caller) ---------------------------------------------------------
     n_steps = len(step_ids)
-    in_step = ev_step >= 0
-    slot = np.searchsorted(step_ids, ev_step[in_step]) if n_steps else np.zeros(0, np.int64)
-    valid = (slot < n_steps)
+    step_count = np.zeros(n_steps, np.int64)
+    step_flops = np.zeros(n_steps, np.float64)
     if n_steps:
-        valid &= step_ids[np.clip(slot, 0, n_steps - 1)] == ev_step[in_step]
-    slot = slot[valid]
-    step_flops = np.bincount(slot, weights=events["flops"][in_step][valid].astype(np.float64), minlength=n_steps)
-    step_count = np.bincount(slot, minlength=n_steps)
+        # per distinct step value (ev_step holds step ids or -1), then the events with flops only (adding 0.0
+        # changes no float sum, so the totals are those of a sum over every event)
+        vals, counts = np.unique(ev_step, return_counts=True)
+        slot = np.searchsorted(step_ids, vals)
+        ok = (vals >= 0) & (slot < n_steps)
+        ok[ok] = step_ids[slot[ok]] == vals[ok]
+        np.add.at(step_count, slot[ok], counts[ok])
+        fl = events["flops"]
+        rows = np.flatnonzero(fl)
+        rows = rows[ev_step[rows] >= 0]
+        fslot = np.searchsorted(step_ids, ev_step[rows])
+        fok = fslot < n_steps
+        fok[fok] = step_ids[fslot[fok]] == ev_step[rows][fok]
+        step_flops = np.bincount(fslot[fok], weights=fl[rows][fok].astype(np.float64), minlength=n_steps)
     steps = {
         "step": step_ids.astype(np.int32),
         "start_ns": s_start.astype(np.int64),
