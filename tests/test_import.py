@@ -164,3 +164,83 @@ def test_import_speed_and_memory(tmp_path):
     tracemalloc.stop()
     assert tr.raw_bytes > 15e6
     assert peak < 0.5 * tr.raw_bytes, peak
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_textual_decimal_shift_edge_cases(tmp_path, compact):
+    # (ts literal, dur literal, expected ts ns, expected dur ns): pass 1 shifts 3-decimal literals into integer ns,
+    # everything else (integers µs, other decimals, exponents) takes the exact fallback
+    cases = [("1.5", "0.001", 1500, 1), ("12", "3", 12000, 3000), ("0.001", "0.000", 1, 0), ("-3.25", "-0.500", -3250, -500),
+             ("1e3", "2E0", 1_000_000, 2000), ("12.3456", "0.0015", 12346, 2), ("12.3455", "0.0025", 12346, 2),
+             ("0.010", "0.100", 10, 100), ("4458701234567.891", "120.000", 4458701234567891, 120000),
+             ("1712345678901234.567", "1.0", 1712345678901234567, 1000)]
+    sep = "" if compact else "\n   "
+    body = []
+    for i, (t, d, _, _) in enumerate(cases):
+        # "ts" in different positions, and a "ts" inside args that must neither break parsing nor leak into columns
+        head = f'"ts":{sep}{t},' if i % 2 else ""
+        tail = "" if i % 2 else f',{sep}"ts" :  {t}'
+        body.append(f'{{{head}"ph":"X","cat":"cpu_op","name":"ev{i}","pid":1,"tid":1,"dur":{sep}{d},'
+                    f'"args":{{"ts": 99.999, "dur": 7, "note": "\\"ts\\": 1.234"}}{tail}}}')
+    p = tmp_path / "rank-0.json"
+    p.write_text('{"traceEvents": [' + (",\n" if not compact else ",").join(body) + "]}")
+    tr = read_kineto(p)
+    names = tr.strings.list()
+    got = {names[n]: (t, d) for n, t, d in zip(tr.columns.name_id, tr.columns.ts.tolist(), tr.columns.dur.tolist())}
+    assert got == {f"ev{i}": (t, d) for i, (_, _, t, d) in enumerate(cases)}
+    assert tr.n_inexact == 0
+
+
+def test_rewrite_keeps_strings_and_makes_integers():
+    out = kineto._rewrite(b'{"name": "a\\"ts\\": 1.234", "ts": 0.045, "dur": 2.500, "args": {"ts": 7.000}}')
+    assert orjson_loads(out) == {"name": 'a"ts": 1.234', "ts_ns": 45, "dur_ns": 2500, "args": {"ts_ns": 7000}}
+    assert kineto._rewrite(b'{"ts": 12, "dur": 1e3}') == b'{"ts": 12, "dur": 1e3}'
+    assert orjson_loads(kineto._rewrite(b'{"ts": -0.000, "dur": 1.25}')) == {"ts_ns": 0, "dur_d": "1.25"}
+
+
+def orjson_loads(b: bytes):
+    import orjson
+
+    return orjson.loads(b)
+
+
+def test_unsorted_trace_sorted_in_place_with_comm_args_following(tmp_path):
+    # events written out of time order (as Kineto does: CPU ops, then GPU kernels); the collective's args must stay
+    # with its event after the in-place sort
+    ev = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 100 - i, "dur": 1} for i in range(50)]
+    ev.insert(17, {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 60.5,
+                   "dur": 1, "args": {"Collective name": "allreduce", "In msg nelems": 8, "dtype": "Float"}})
+    p = tmp_path / "rank-0.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tr = read_kineto(p)
+    ts = tr.columns.ts
+    assert np.all(ts[1:] >= ts[:-1])
+    ((i, a),) = tr.columns.comm_meta.items()
+    assert tr.strings.list()[tr.columns.name_id[i]] == "record_param_comms" and ts[i] == 60500
+    assert a.op == "all_reduce" and a.bytes == 32
+
+
+def test_build_tables_presorted_equals_sorting(tmp_path):
+    """build_tables takes presorted columns as they are: the same tables as from the columns in any order."""
+    import copy
+
+    from distprof.events.tables import Columns, build_tables
+
+    tr = read_kineto(DATA / "nccl_parser_config" / "nccl_data.json.gz")
+    c = tr.columns
+    n = len(c.ts)
+    perm = np.random.default_rng(0).permutation(n)
+    inv = np.empty(n, np.int64)
+    inv[perm] = np.arange(n)
+    fields = ("name_id", "kind", "tid", "device", "ts", "dur", "flops", "corr")
+    shuffled = Columns(**{f: np.asarray(getattr(c, f))[perm] for f in fields},
+                       comm_meta={int(inv[i]): a for i, a in c.comm_meta.items()})
+    kw = dict(main_tid=tr.main_tid, thread_names=tr.thread_names, stream_names=tr.stream_names,
+              add_process_groups=True)
+    a = build_tables(c, copy.deepcopy(tr.strings), **kw)
+    b = build_tables(shuffled, copy.deepcopy(tr.strings), **kw)
+    assert len(a.tables["comms"]["row"]) > 50 and len(a.tables["steps"]["step"]) > 1
+    for t in a.tables:
+        for k in a.tables[t]:
+            assert np.array_equal(a.tables[t][k], b.tables[t][k]), (t, k)
+    assert np.array_equal(a.order, np.arange(n))
