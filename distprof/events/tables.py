@@ -85,7 +85,7 @@ def track_keys(device: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndar
     return ds[new].astype(np.int16), ts_[new], inv
 
 
-_CHUNK = 1 << 18  # events per block where a per-event computation would otherwise need several full-size temporaries
+_CHUNK = 1 << 16  # events per block where a per-event computation would otherwise need several full-size temporaries
 
 
 def _step_assigner(step_ids: np.ndarray, s_start: np.ndarray, s_end: np.ndarray):
@@ -195,7 +195,8 @@ def build_tables(
         a = np.asarray(a, dtype)
         return a if presorted else a[order]
 
-    order = np.arange(len(in_ts)) if presorted else np.argsort(in_ts, kind="stable")
+    # (presorted: the identity order is only made at the end, when this function's temporaries are gone)
+    order = None if presorted else np.argsort(in_ts, kind="stable")
     ev_name = sort(cols.name_id, np.uint32)
     ev_kind = sort(kind, np.uint8)
     ev_ts = sort(in_ts, np.int64)
@@ -289,8 +290,8 @@ def build_tables(
     if presorted or not cols.comm_meta:
         meta: dict[int, CommArgs] = dict(cols.comm_meta)
     else:
-        inv = np.empty(len(order), np.int64)
-        inv[order] = np.arange(len(order))
+        inv = np.empty(len(in_ts), np.int64)
+        inv[order] = np.arange(len(in_ts))
         meta = {int(inv[i]): a for i, a in cols.comm_meta.items()}
         del inv
     is_rpc_name = np.array([s == "record_param_comms" for s in names], dtype=bool)
@@ -304,7 +305,8 @@ def build_tables(
     c_track = np.array([track_of[(d if d >= 0 else -1, t)] for d, t in zip(ev_dev[c_rows].tolist(),
                                                                            ev_tid[c_rows].tolist())], np.int64)
     c_pg = t_pg[c_track] if n_c else np.zeros(0, np.int32)
-    c_bytes = (np.asarray(cols.msg_bytes)[order[c_rows]].astype(np.int64) if cols.msg_bytes is not None
+    c_bytes = (np.asarray(cols.msg_bytes)[c_rows if order is None else order[c_rows]].astype(np.int64)
+               if cols.msg_bytes is not None
                else np.full(n_c, -1, np.int64))
     c_gsize = np.full(n_c, -1, np.int32)
     c_nseq = np.full(n_c, -1, np.int64)
@@ -389,4 +391,4 @@ def build_tables(
         "n_events": step_count.astype(np.int64),
     }
     return Built(tables={"events": events, "comms": comms, "threads": threads, "steps": steps},
-                 process_groups=pgs, order=order, assign_step=assign, step_span=(s_start, s_end))
+                 process_groups=pgs, order=np.arange(len(in_ts)) if order is None else order, assign_step=assign, step_span=(s_start, s_end))
