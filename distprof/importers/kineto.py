@@ -333,6 +333,9 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
                         track_names.setdefault((_int(e.get("pid")), t), nm)
                 continue
             elif ph == "i" or ph == "I":
+                if e.get("s") == "g":  # Kineto's global markers ("Iteration Start", "Record Window End")
+                    skip("Trace")
+                    continue
                 k = _K_INSTANT
             else:
                 continue

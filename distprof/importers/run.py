@@ -247,7 +247,7 @@ def import_traces(
             raw += tr.raw_bytes
             if tr.n_inexact:
                 warnings.append(f"{f}: {tr.n_inexact} timestamp(s) not exact to the ns (exponent notation)")
-            bad = {k: v for k, v in tr.skipped.items() if k != "Trace"}  # the profiler's own span is expected
+            bad = {k: v for k, v in tr.skipped.items() if k != "Trace"}  # the profiler's own span and markers
             if bad:
                 warnings.append(f"{f}: skipped {sum(bad.values()):,} malformed event(s) ("
                                 + ", ".join(f"{v:,} {k}" for k, v in sorted(bad.items())) + ")")
