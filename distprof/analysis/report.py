@@ -84,7 +84,7 @@ def build_report(
     """Run every analysis on `run` and return the report dict (JSON-serialisable; keys in docs/report-format.md).
 
     `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
-    `finding_rules` overrides the thresholds of the findings (``analysis/findings.py``).
+    `finding_rules` overrides the thresholds of the findings (``analysis/findings/``).
     """
     warnings = list(run.warnings)
     bd = step_breakdown(run)

@@ -1,0 +1,78 @@
+"""Findings: the common causes of slow distributed training, detected per rank, each with its numbers and usual fix.
+
+    fs = findings(run, breakdown=bd, stragglers=find_stragglers(run), root_cause=rc)
+    text = verdict(summary, stragglers, rc, fs)
+
+Every rule measures a share of step time "at stake" (``metrics["impact_pct"]``); severity follows from it:
+**high** ≥ 25 %, **medium** ≥ 10 %, else **low** (``FindingRules.high_pct`` / ``medium_pct``). Findings are sorted by
+severity, then impact. A rule that fires on at least half of the ranks (and more than one) gives one finding for
+them all, else one per rank (see :mod:`.rules`). Each rule is documented, with its thresholds (defaults of
+:class:`FindingRules`), in the module that holds it:
+
+* ``straggler_rank``, ``straggler_host`` — :mod:`.stragglers`
+* ``exposed_comm`` — :mod:`.communication`
+* ``input_wait`` — :mod:`.input`
+* ``device_idle``, ``host_sync`` — :mod:`.device`
+* ``tiny_ops`` — :mod:`.ops`
+* ``memory_churn`` — :mod:`.memory`
+
+The rules read the per-rank numbers of :mod:`.measures` (helpers in :mod:`.events`); thresholds, severity and the
+grouping of hits into findings are in :mod:`.rules`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from ..model import MergedRun, Table
+from .communication import exposed_comm, exposed_comm_text
+from .device import (IDLE_CAUSES, SYNC_CALL_RE, device_idle, device_idle_text, dominant_idle_cause, host_sync,
+                     host_sync_text, is_sync_call)
+from .input import input_wait, input_wait_text
+from .measures import DATALOADER_PREFIX, rank_measures
+from .memory import memory_churn, memory_churn_text
+from .ops import tiny_ops, tiny_ops_text
+from .rules import SEVERITY_ORDER, FindingRules, group
+from .stragglers import straggler_findings
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FindingRules", "findings", "rank_measures", "DATALOADER_PREFIX", "SYNC_CALL_RE", "is_sync_call",
+           "IDLE_CAUSES", "dominant_idle_cause"]
+
+
+def findings(
+    run: MergedRun,
+    *,
+    breakdown: Table,
+    stragglers: dict[str, Any],
+    root_cause: list[dict[str, Any]],
+    rules: FindingRules | None = None,
+) -> list[dict[str, Any]]:
+    """Every finding of every rule (see the rule modules, indexed above), most severe first.
+
+    `stragglers` is ``find_stragglers(run)``'s dict, `root_cause` ``root_cause(run, named)``'s list.
+    """
+    rules = rules or FindingRules()
+    ms = rank_measures(run, breakdown, rules)
+    if not ms:
+        return []
+    n = len(ms)
+    step_ms = np.asarray(breakdown["step_ms"], np.float64)
+    median_step = float(np.median(step_ms)) if step_ms.size else 0.0
+    named_lat = {d["rank"]: float(d["mean_lateness_ms"]) for d in stragglers.get("ranks", []) if d.get("named")}
+    out = straggler_findings(stragglers, root_cause, dict(run.hosts), median_step, rules)
+    out += group("exposed_comm", exposed_comm(ms, rules, named_lat), n, rules, exposed_comm_text)
+    out += group("input_wait", input_wait(ms, rules), n, rules, input_wait_text)
+    out += group("device_idle", device_idle(ms, rules), n, rules, device_idle_text)
+    out += group("host_sync", host_sync(ms, rules), n, rules, host_sync_text)
+    out += group("tiny_ops", tiny_ops(ms, rules), n, rules, tiny_ops_text)
+    out += group("memory_churn", memory_churn(ms, rules), n, rules, memory_churn_text)
+    for f in out:
+        f["metrics"] = {k: float(v) for k, v in f["metrics"].items() if v is not None}
+    out.sort(key=lambda f: (SEVERITY_ORDER[f["severity"]], -f["metrics"].get("impact_pct", 0.0)))
+    logger.debug("findings: %s", [(f["id"], f["severity"], f["rank"]) for f in out])
+    return out

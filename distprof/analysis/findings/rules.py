@@ -1,0 +1,117 @@
+"""The frame every rule shares: thresholds (:class:`FindingRules`), severity, a rule's hit on one rank, and how
+hits become findings.
+
+Every rule measures a share of step time "at stake" (``metrics["impact_pct"]``); severity follows from it:
+**high** ≥ 25 %, **medium** ≥ 10 %, else **low** (``FindingRules.high_pct`` / ``medium_pct``). A rule that fires on
+at least half of the ranks (and more than one) gives one finding with ``rank = None`` (metrics are means over those
+ranks, plus ``n_ranks`` and ``worst_rank``); otherwise one finding per rank, the worst ``max_per_rule`` ranks
+(:func:`group`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
+
+
+@dataclass(frozen=True)
+class FindingRules:
+    """Thresholds of the rules (each documented in its rule's module, see ``distprof.analysis.findings``)."""
+
+    high_pct: float = 25.0
+    medium_pct: float = 10.0
+    tiny_op_us: float = 100.0
+    tiny_min_share_pct: float = 50.0
+    tiny_min_per_step: float = 100.0
+    tiny_min_step_pct: float = 10.0
+    input_min_step_pct: float = 10.0
+    input_min_ms: float = 0.5
+    churn_min_allocs_per_ms: float = 20.0
+    churn_min_allocs_per_step: float = 500.0
+    churn_min_turnover: float = 8.0
+    churn_min_alloc_mib: float = 64.0
+    swing_min_pct: float = 50.0
+    swing_min_mib: float = 64.0
+    exposed_min_pct: float = 10.0
+    idle_min_step_pct: float = 10.0
+    idle_min_ms: float = 0.5
+    sync_min_per_step: float = 1.0
+    sync_min_step_pct: float = 5.0
+    host_min_fraction: float = 0.75
+    max_per_rule: int = 8
+
+    def severity(self, impact_pct: float) -> str:
+        return "high" if impact_pct >= self.high_pct else "medium" if impact_pct >= self.medium_pct else "low"
+
+
+@dataclass
+class Hit:
+    rank: int
+    host: str
+    impact_pct: float
+    metrics: dict[str, float]
+    severity: str | None = None  # set by rules without a time impact
+    notes: dict[str, Any] = field(default_factory=dict)  # non-numeric evidence (names), of this rank
+
+
+def pct(x: float, of: float) -> float:
+    return 100.0 * x / of if of > 0 else 0.0
+
+
+def fmt_ranks(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def group(rule_id: str, hits: list[Hit], n_ranks: int, rules: FindingRules, text) -> list[dict[str, Any]]:
+    """One finding for many ranks, else one per rank (worst first).
+
+    `text(metrics, where, worst_hit)` returns (title, evidence, advice).
+    """
+    if not hits:
+        return []
+    hits = sorted(hits, key=lambda h: (-h.impact_pct, -h.metrics.get("times_threshold", 0.0), h.rank))
+
+    def sev(h: Hit) -> str:
+        return h.severity or rules.severity(h.impact_pct)
+
+    if len(hits) > 1 and 2 * len(hits) >= n_ranks:
+        keys = hits[0].metrics.keys()
+        metrics = {k: float(np.mean([h.metrics[k] for h in hits])) for k in keys}
+        metrics.update({"n_ranks": float(len(hits)), "worst_rank": float(hits[0].rank),
+                        "impact_pct": float(np.mean([h.impact_pct for h in hits]))})
+        where = (f"all {n_ranks} ranks" if len(hits) == n_ranks
+                 else f"{len(hits)} of {n_ranks} ranks ({fmt_ranks([h.rank for h in hits])})")
+        sevs = [sev(h) for h in hits]
+        severity = min(sevs, key=lambda s: (-sevs.count(s), SEVERITY_ORDER[s]))  # the most common, worst on ties
+        if hits[0].severity is None:
+            severity = rules.severity(metrics["impact_pct"])
+        title, evidence, advice = text(metrics, where, hits[0])
+        hosts = {h.host for h in hits}
+        return [{"id": rule_id, "severity": severity, "rank": None, "host": hosts.pop() if len(hosts) == 1 else None,
+                 "title": title, "evidence": evidence, "advice": advice, "metrics": metrics}]
+    out = []
+    for h in hits[: rules.max_per_rule]:
+        metrics = {**h.metrics, "impact_pct": h.impact_pct}
+        title, evidence, advice = text(metrics, f"rank {h.rank}", h)
+        out.append({"id": rule_id, "severity": sev(h), "rank": h.rank, "host": h.host, "title": title,
+                    "evidence": evidence, "advice": advice, "metrics": metrics})
+    if len(hits) > rules.max_per_rule:
+        out[-1]["evidence"] += f" ({len(hits) - rules.max_per_rule} more ranks not listed)"
+    return out
+
+
+def on_rank(where, worst) -> str:
+    return "" if where.startswith("rank ") else f" (rank {worst.rank})"
