@@ -17,6 +17,7 @@ from distprof.errors import ConfigError
 from distprof.render import timeline as tl
 
 DEMO = Path("/tmp/dp-demo/demo4")
+NCCL_DATA = Path(__file__).parent / "data" / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
 WINDOWS = {"wait": 1, "warmup": 1, "active": 3, "repeat": 2}
 
 
@@ -70,7 +71,7 @@ def validate(doc: dict) -> dict:
     slice_at = {(e["pid"], e["tid"], e["ts"]) for e in by["X"]}
     for e in by["s"] + by["f"]:
         assert (e["pid"], e["tid"], e["ts"]) in slice_at, e
-        assert e["cat"] == "collective"
+        assert e["cat"] in ("collective", "enqueue", "launch")
     assert all(e.get("bp") == "e" for e in by["f"])
     # complete events on one track nest (no partial overlap), within 1 ns of rounding
     tracks: dict[tuple, list] = defaultdict(list)
@@ -188,7 +189,7 @@ def test_collectives_line_up_with_straggler_lateness(trace, merged, synth):
     n_inst = len(synth.collectives["seq"])
     assert len(arr) == n_inst and all(len(v) == 4 for v in arr.values())
     # one chain of 3 arrows per instance, in arrival order, ending at the latest rank (rank 2 here)
-    assert len(by["s"]) == 3 * n_inst
+    assert len([e for e in by["s"] if e["cat"] == "collective"]) == 3 * n_inst
     lat = mean_lateness_ms(arr)
     ref = {d["rank"]: d["mean_instance_lateness_ms"] for d in find_stragglers(merged)["ranks"]}
     for r in range(4):
@@ -199,9 +200,101 @@ def test_collectives_line_up_with_straggler_lateness(trace, merged, synth):
     slices = {(e["pid"], e["tid"], e["ts"]): e for e in by["X"]}
     finals = {}
     for e in by["f"]:
+        if e["cat"] != "collective":
+            continue
         finals[e["id"]] = slices[(e["pid"], e["tid"], e["ts"])]
     last_of_chain = [x for x in finals.values() if x["args"]["arrival"] == "4/4"]
     assert len(last_of_chain) == n_inst and {x["pid"] - 1 for x in last_of_chain} == {2}
+
+
+def flow_pairs(by: dict, cat: str) -> list[tuple[dict, dict, dict, dict]]:
+    """(start event, finish event, slice the start is bound to, slice the finish is bound to) of each `cat` arrow."""
+    slices = {(e["pid"], e["tid"], e["ts"]): e for e in by["X"]}
+    fin = {e["id"]: e for e in by["f"] if e["cat"] == cat}
+    out = []
+    for s in by["s"]:
+        if s["cat"] == cat:
+            f = fin.pop(s["id"])
+            out.append((s, f, slices[(s["pid"], s["tid"], s["ts"])], slices[(f["pid"], f["tid"], f["ts"])]))
+    assert not fin
+    return out
+
+
+def inside(ts: float, sl: dict) -> bool:
+    return sl["ts"] <= ts <= sl["ts"] + sl["dur"]
+
+
+def test_enqueue_arrows_link_each_enqueue_to_its_gloo_exec(trace, merged, synth):
+    by = validate(trace)
+    ids = [e["id"] for e in by["s"]]
+    assert len(ids) == len(set(ids))  # unique across collective and enqueue arrows
+    pairs = flow_pairs(by, "enqueue")
+    n_inst = len(synth.collectives["seq"])
+    assert len(pairs) == 4 * n_inst == meta(trace)["counts"]["enqueue_flows"]
+    enq_slices = [e for e in by["X"] if e["name"] == "c10d::allreduce_"]
+    assert len(enq_slices) == 4 * n_inst
+    # every enqueue is the start of exactly one arrow, every exec the end of exactly one
+    assert sorted((sl["pid"], sl["ts"]) for _, _, sl, _ in pairs) == sorted((e["pid"], e["ts"]) for e in enq_slices)
+    assert len({(f["pid"], f["tid"], f["ts"]) for _, f, _, _ in pairs}) == len(pairs)
+    inst_of = {(int(w), int(s)): i for i, (w, s) in enumerate(zip(synth.collectives["window"],
+                                                                   synth.collectives["seq"]))}
+    step_window = {s: w for w, (a, b) in enumerate(synth.windows) for s in range(a, b + 1)}
+    for s, f, enq, ex in pairs:
+        assert s["name"] == f["name"] == "all_reduce" and s["pid"] == f["pid"]
+        assert enq["name"] == "c10d::allreduce_" and ex["name"] == "gloo:all_reduce" and enq["tid"] != ex["tid"]
+        assert inside(s["ts"], enq) and inside(f["ts"], ex) and s["ts"] <= f["ts"]
+        # the true pairing: this exec's instance was enqueued at this time on this rank (synth truth)
+        r, w = s["pid"] - 1, step_window[ex["args"]["step"]]
+        i = inst_of[(w, ex["args"]["seq"])]
+        true_enq = int(synth.to_recorded(0, synth.collectives["enqueue"][i, r]))
+        assert abs(abs_ns(trace, enq["ts"]) - true_enq) < 100_000
+
+
+def test_enqueue_and_launch_arrows_on_a_gpu_trace(tmp_path):
+    from distprof.importers.run import import_traces
+
+    import_traces([NCCL_DATA], tmp_path / "run", rank=0, progress=False)
+    run = load_run(tmp_path / "run", progress=False)
+    out = tmp_path / "gpu.json.gz"
+    tl.write_timeline(run, tl.plan_timeline(run), out, progress=False)
+    doc = tl.read_timeline(out)
+    by = validate(doc)
+    kernels = [e for e in by["X"] if e["name"].startswith("ncclKernel")]
+    enqueues = [e for e in by["X"] if e["name"].startswith("c10d::")]
+    launch_of = {e["args"]["correlation"]: e for e in by["X"]
+                 if e["cat"] == "cuda_runtime" and "correlation" in e["args"]}
+    pairs = flow_pairs(by, "enqueue")
+    assert kernels and len(pairs) == len(kernels) == len(enqueues)
+    assert len({id(ex) for *_, ex in pairs}) == len(kernels)
+    assert sorted(e["ts"] for _, _, e, _ in pairs) == sorted(e["ts"] for e in enqueues)
+    for s, f, enq, ex in pairs:
+        assert enq["name"].startswith("c10d::") and ex["name"].startswith("ncclKernel")
+        assert inside(s["ts"], enq) and inside(f["ts"], ex) and enq["pid"] == ex["pid"]
+        launch = launch_of[ex["args"]["correlation"]]  # the kernel's launch lies inside the enqueue
+        assert launch["tid"] == enq["tid"] and inside(launch["ts"], enq)
+        assert s["name"] == ex["args"]["op"]
+    assert not [e for e in by["s"] if e["cat"] == "launch"]  # launch arrows only when asked
+
+    # --launch-flows: one arrow per device slice whose launch is in the trace, launch -> kernel
+    plan = tl.plan_timeline(run, launch_flows=True)
+    doc2 = {"traceEvents": list(tl.iter_trace_events(run, plan))}
+    by2 = validate(doc2)
+    ids = [e["id"] for e in by2["s"]]
+    assert len(ids) == len(set(ids)) == len(plan.flow_src) + len(plan.enq_src) + len(plan.launch_src)
+    dev = [e for e in by2["X"] if "device" in e["args"] and e["args"].get("correlation") in launch_of]
+    lp = flow_pairs(by2, "launch")
+    assert len(lp) == len(dev) > 1000 and len(flow_pairs(by2, "enqueue")) == len(pairs)
+    for s, f, la, k in lp:
+        assert la["cat"] == "cuda_runtime" and k["args"]["correlation"] == la["args"]["correlation"]
+        assert inside(s["ts"], la) and inside(f["ts"], k)
+    assert len(doc2["traceEvents"]) == plan.n_events == len(doc["traceEvents"]) + 2 * len(lp)
+    # the arrows are in the budget: a cut file stays under it, with its enqueue arrows drawn whole
+    budget = len(doc2["traceEvents"]) // 2
+    cut = tl.plan_timeline(run, launch_flows=True, max_events=budget)
+    evs = list(tl.iter_trace_events(run, cut))
+    assert cut.cut.happened and len(evs) == cut.n_events <= budget
+    assert "--launch-flows" in cut.cut.flags(cut.selection)[1]
+    validate({"traceEvents": evs})
 
 
 def _plan(merged, **kw):
@@ -216,7 +309,9 @@ def test_selection(merged):
     assert {e["args"]["step"] for e in x} == {8, 9}  # window 1 covers steps 7..9
     assert plan.windows == [1] and plan.cut.happened is False
     # the flows of a rank subset link only those ranks
-    assert len([e for e in evs if e["ph"] == "s"]) == 2 * 2  # 2 buckets per step x 2 steps x (2 ranks - 1)
+    # 2 buckets per step x 2 steps x (2 ranks - 1)
+    assert len([e for e in evs if e["ph"] == "s" and e["cat"] == "collective"]) == 2 * 2
+    assert len([e for e in evs if e["ph"] == "s" and e["cat"] == "enqueue"]) == 2 * 2 * 2  # one per rank's bucket
     with pytest.raises(ConfigError, match="--ranks 7: not in this run"):
         tl.plan_timeline(merged, ranks=[7])
     with pytest.raises(ConfigError, match="--window 5: not in this run"):
@@ -259,9 +354,13 @@ def test_budget_keeps_whole_steps_then_ranks_then_long_events(merged):
     rank0_step = (merged.events["rank"] == 0) & (merged.events["step"] == steps[0])
     durs = np.sort(merged.events["dur_ns"][rank0_step])
     assert cut.short_dropped == rank0_step.sum() - len(kept)
-    assert min(round(e["dur"] * 1e3) for e in kept if "arrival" not in e["args"]) >= cut.min_dur_ns
+    assert min(round(e["dur"] * 1e3) for e in kept
+               if "arrival" not in e["args"] and e["args"].get("comm_role") != "enqueue") >= cut.min_dur_ns
     assert cut.min_dur_ns >= durs[cut.short_dropped - 1]  # nothing dropped is longer than what stayed
     assert sum("arrival" in e["args"] for e in kept) == 2  # both buckets of the step
+    # the enqueues of both buckets stay too, each with its arrow to its exec
+    assert sum(e["name"] == "c10d::allreduce_" for e in kept) == 2
+    assert len([e for e in evs if e["ph"] == "s" and e["cat"] == "enqueue"]) == 2
     assert "shortest" in cut.describe() and meta_of(merged, plan)["cut"]["stage"] == "short_events"
 
 
@@ -309,7 +408,8 @@ def test_cli_selection_flags(synth, tmp_path, capsys):
     validate(doc)
     x = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert {e["pid"] - 1 for e in x} == {0, 2} and {e["args"]["step"] for e in x} == {3}
-    assert meta(doc)["selection"] == {"ranks": [0, 2], "windows": [0], "steps": [3, 3], "max_events": 1_000_000}
+    assert meta(doc)["selection"] == {"ranks": [0, 2], "windows": [0], "steps": [3, 3], "max_events": 1_000_000,
+                                      "launch_flows": False}
 
 
 @pytest.mark.parametrize("argv, msg", [

@@ -22,8 +22,8 @@ def register(sub) -> None:
         help="write one merged, clock-aligned Chrome/Perfetto trace of every rank",
         description="Merge every shard of RUN_DIR onto the aligned clock and write a Chrome trace-event JSON "
                     "(gzipped when the name ends in .gz) that https://ui.perfetto.dev and chrome://tracing open: "
-                    "one process per rank, threads and streams as tracks, steps, memory counters, and arrows "
-                    "linking each collective across ranks. Big runs are cut to --max-events (whole steps first); "
+                    "one process per rank, threads and streams as tracks, steps, memory counters, arrows "
+                    "linking each collective across ranks and from its enqueue to its execution. Big runs are cut to --max-events (whole steps first); "
                     "what was cut and the flags for the rest are printed.",
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the <out>/<run-id> folder holding rank*.w*.h5 shards")
@@ -35,6 +35,9 @@ def register(sub) -> None:
     p.add_argument("--max-events", metavar="N", type=int, default=None,
                    help="budget of trace events (default 1,000,000 ≈ 200 MB of JSON, under chrome://tracing's "
                         "≈256 MB; Perfetto UI takes ≈10x more); 0 = no limit")
+    p.add_argument("--launch-flows", action="store_true",
+                   help="also draw an arrow from every kernel launch (cudaLaunchKernel ...) to its kernel, as Kineto "
+                        "does; costs 2 trace events per kernel, counted in --max-events")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(func=run)
 
@@ -66,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
     load_steps = _window_steps(args.run_dir, windows, steps) if windows else steps
     run_ = load_run(args.run_dir, steps=load_steps, progress=progress)
-    plan = plan_timeline(run_, ranks=ranks, windows=windows, steps=steps, max_events=max_events)
+    plan = plan_timeline(run_, ranks=ranks, windows=windows, steps=steps, max_events=max_events,
+                         launch_flows=args.launch_flows)
     res = write_timeline(run_, plan, out, progress=progress)
     sys.stdout.write(f"timeline written to {res.path} ({res.n_events:,} trace events, {_mb(res.n_bytes)}"
                      + (f", {_mb(res.json_bytes)} of JSON" if res.json_bytes != res.n_bytes else "")

@@ -15,7 +15,11 @@ Layout (Perfetto UI and chrome://tracing):
   order and ``late_ms`` (arrival minus the median of the other ranks' arrivals, as in the straggler analysis);
 * memory as one counter track per rank and device (``ph`` "C", ``allocated_MiB``);
 * flow arrows (``ph`` "s" → "f", ``bp`` "e", unique ids) chaining the instances of each collective across ranks in
-  arrival order (``matching.match_run``): the last arrow ends at the rank everyone waited for.
+  arrival order (``matching.match_run``): the last arrow ends at the rank everyone waited for;
+* flow arrows ``cat`` "enqueue" (named after the op) on one rank, from each collective's enqueue on the calling thread
+  (``c10d::allreduce_``) to its execution (``gloo:all_reduce`` on the worker thread, or the NCCL kernel on its stream,
+  found through the launch's correlation id): :func:`enqueue_links`;
+* with ``launch_flows``, ``cat`` "launch" arrows from every runtime launch to its device event (Kineto's ``ac2g``).
 
 Times: ``ts``/``dur`` are µs since ``origin_ns`` (the earliest time shown, aligned epoch ns) with the ns kept as
 decimals; ``otherData.distprof`` records the origin, run id, selection, clock model and what was cut. Durations are
@@ -51,7 +55,7 @@ from ..storage import schema
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_MAX_EVENTS", "BYTES_PER_EVENT", "Cut", "TimelinePlan", "plan_timeline", "iter_trace_events",
-           "timeline_metadata", "write_timeline", "read_timeline", "format_ranges"]
+           "timeline_metadata", "write_timeline", "read_timeline", "format_ranges", "enqueue_links", "launch_links"]
 
 #: Default budget of trace events in one file (≈200 MB of JSON).
 DEFAULT_MAX_EVENTS = 1_000_000
@@ -122,6 +126,8 @@ class Cut:
             if steps:
                 out += ["--steps", f"{steps[0]}:{steps[1]}"]
             out += ["--max-events", str(max_events)]
+            if selection.get("launch_flows"):
+                out.append("--launch-flows")
             return " ".join(out)
 
         rest = [fmt(r.get("ranks") or selection.get("ranks"), r.get("steps") or selection.get("steps"), self.budget)
@@ -159,6 +165,11 @@ class TimelinePlan:
     selection: dict[str, Any]
     coll_args: dict[int, dict[str, Any]]  # events row -> extra args of an exec collective
     comm_args: dict[int, dict[str, Any]]  # events row -> op/pg/bytes of other communication rows
+    enq_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # enqueue row of each enqueue flow
+    enq_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # exec row it ends at
+    enq_op: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # op name id
+    launch_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # launch row (``--launch-flows``)
+    launch_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # device row it launched
 
     @property
     def n_metadata(self) -> int:
@@ -168,7 +179,7 @@ class TimelinePlan:
     def n_events(self) -> int:
         """Trace events written (metadata included)."""
         return (len(self.ev_rows) + len(self.mem_rows) + len(self.step_rows) + 2 * len(self.flow_src)
-                + self.n_metadata)
+                + 2 * len(self.enq_src) + 2 * len(self.launch_src) + self.n_metadata)
 
 
 # ---- planning --------------------------------------------------------------------------------------------------------
@@ -181,8 +192,12 @@ def plan_timeline(
     windows: Sequence[int] | None = None,
     steps: tuple[int, int] | None = None,
     max_events: int | None = DEFAULT_MAX_EVENTS,
+    launch_flows: bool = False,
 ) -> TimelinePlan:
     """Select rows of `run` (ranks, windows, inclusive global steps) and fit them into `max_events` (None/0: no limit).
+
+    Arrows: collectives across ranks, and each collective's enqueue to its execution on the same rank (always);
+    every launch to its device event when `launch_flows` (2 trace events per kernel, so off by default).
 
     Raises ConfigError when the selection names ranks or windows the run lacks, or keeps nothing.
     """
@@ -215,6 +230,22 @@ def plan_timeline(
     m_keep = ev_m[m_row] if len(m_row) else np.zeros(0, bool)
     comm_member = np.zeros(len(ev["ts_ns"]), bool)
     comm_member[m_row[m_keep]] = True
+    # Same-rank links: enqueue -> exec of each collective; launch -> kernel when asked. A link is drawn when both
+    # of its ends are kept; its 2 trace events are charged to the cell of its end.
+    n_ev = len(ev["ts_ns"])
+    enq_src, enq_dst, enq_op = enqueue_links(run)
+    sel = ev_m[enq_src] & ev_m[enq_dst]
+    enq_src, enq_dst, enq_op = enq_src[sel], enq_dst[sel], enq_op[sel]
+    enq_end = np.zeros(n_ev, bool)
+    enq_end[enq_src] = enq_end[enq_dst] = True
+    if launch_flows:
+        l_src, l_dst = launch_links(run, np.flatnonzero(ev_m))
+        sel = ev_m[l_src]
+        l_src, l_dst = l_src[sel], l_dst[sel]
+    else:
+        l_src = l_dst = np.zeros(0, np.int64)
+    launched = np.zeros(n_ev, bool)
+    launched[l_dst] = True
 
     # Cost per (rank, step): events, memory samples, step markers, 2 flow events per collective member.
     budget = None if not max_events or max_events <= 0 else int(max_events)
@@ -246,12 +277,15 @@ def plan_timeline(
 
         cost = cells(ev, ev_m) + cells(mem, mem_m) + cells(st, st_m)
         cost += 2 * cells(ev, comm_member)
+        linked = np.zeros(n_ev, bool)
+        linked[enq_dst] = True
+        cost += 2 * cells(ev, linked) + 2 * cells(ev, launched)
         needed = int(cost.sum()) + n_meta_est
         cut.needed = needed
         room = budget - n_meta_est
         if needed > budget:
             ev_keep, mem_keep, st_keep = _cut(run, cut, cost, units, sel_ranks, room, ev_m, mem_m, st_m,
-                                              comm_member)
+                                              comm_member, enq_end, (enq_src, enq_dst), launched)
 
     ev_rows = np.flatnonzero(ev_keep)
     ev_dur = _aligned_durations(run, ev_rows)
@@ -267,6 +301,10 @@ def plan_timeline(
     link = np.flatnonzero(inst[1:] == inst[:-1]) if len(inst) > 1 else np.zeros(0, np.int64)
     flow_src, flow_dst = rows_k[link], rows_k[link + 1]
     flow_op = np.asarray(m["op_id"])[keep_m][o][link]
+    both = ev_keep[enq_src] & ev_keep[enq_dst]
+    enq_src, enq_dst, enq_op = enq_src[both], enq_dst[both], enq_op[both]
+    both = ev_keep[l_src] & ev_keep[l_dst]
+    l_src, l_dst = l_src[both], l_dst[both]
 
     ranks_out = sorted({int(r) for r in ev["rank"][ev_rows]} | {int(r) for r in st["rank"][step_rows]})
     if not ranks_out:
@@ -281,14 +319,18 @@ def plan_timeline(
         selection={"ranks": None if ranks is None else list(sel_ranks),
                    "windows": None if windows is None else list(sel_windows),
                    "steps": None if steps is None else [int(steps[0]), int(steps[1])],
-                   "max_events": budget},
+                   "max_events": budget, "launch_flows": bool(launch_flows)},
         coll_args=_collective_args(run, coll, m_row, keep_m), comm_args=_comm_args(run, ev_keep),
+        enq_src=enq_src, enq_dst=enq_dst, enq_op=enq_op, launch_src=l_src, launch_dst=l_dst,
     )
     return plan
 
 
-def _cut(run, cut: Cut, cost, units, sel_ranks, room, ev_m, mem_m, st_m, comm_member):
-    """Shrink the selection to `room` trace events: whole steps, then ranks, then the shortest events."""
+def _cut(run, cut: Cut, cost, units, sel_ranks, room, ev_m, mem_m, st_m, comm_member, enq_end, enq_links, launched):
+    """Shrink the selection to `room` trace events: whole steps, then ranks, then the shortest events.
+
+    When dropping short events, collectives and the ends of enqueue links stay (with their arrows); a kernel with a
+    launch arrow costs 3 (its slice and the arrow)."""
     ev, mem, st = run.events, run.memory, run.steps
     outside = int(cost[:, 0].sum())
     in_cost = cost[:, 1:]
@@ -322,7 +364,10 @@ def _cut(run, cut: Cut, cost, units, sel_ranks, room, ev_m, mem_m, st_m, comm_me
     ev_keep, mem_keep, st_keep = keep(ev, ev_m), keep(mem, mem_m), keep(st, st_m)
     cut.outside_steps_dropped = outside if units else 0
     if cut.stage == "short_events":
-        fixed = int(st_keep.sum()) + 3 * int((comm_member & ev_keep).sum())
+        protected = (comm_member | enq_end) & ev_keep
+        e_src, e_dst = enq_links
+        fixed = (int(st_keep.sum()) + int(protected.sum()) + 2 * int((comm_member & ev_keep).sum())
+                 + 2 * int((ev_keep[e_src] & ev_keep[e_dst]).sum()) + 2 * int((launched & protected).sum()))
         left = max(room - fixed, 0)
         n_mem = int(mem_keep.sum())
         if n_mem > left // 2:
@@ -332,14 +377,16 @@ def _cut(run, cut: Cut, cost, units, sel_ranks, room, ev_m, mem_m, st_m, comm_me
             mem_keep[rows[::stride]] = True
             cut.memory_stride = stride
         left -= int(mem_keep.sum())
-        free = np.flatnonzero(ev_keep & ~comm_member)
-        if len(free) > left:
+        free = np.flatnonzero(ev_keep & ~protected)
+        weight = 1 + 2 * launched[free].astype(np.int64)
+        if int(weight.sum()) > left:
             dur = ev["dur_ns"][free]
             order = np.argsort(-dur, kind="stable")
-            drop = free[order[max(left, 0):]]
+            n_fit = int(np.searchsorted(np.cumsum(weight[order]), max(left, 0), side="right"))
+            drop = free[order[n_fit:]]
             ev_keep[drop] = False
             cut.short_dropped = len(drop)
-            kept = free[order[:max(left, 0)]]
+            kept = free[order[:n_fit]]
             cut.min_dur_ns = int(ev["dur_ns"][kept].min()) if len(kept) else 0
     return ev_keep, mem_keep, st_keep
 
@@ -484,6 +531,141 @@ def _comm_args(run: MergedRun, ev_keep: np.ndarray) -> dict[int, dict[str, Any]]
     return out
 
 
+# ---- enqueue -> execution and launch -> kernel links -----------------------------------------------------------------
+
+_LAUNCH_KINDS = tuple(schema.KIND_CODE[k] for k in ("cuda_runtime", "cuda_driver", "privateuse1_runtime",
+                                                    "privateuse1_driver"))
+
+
+def _launch_of(run: MergedRun, rows: np.ndarray) -> np.ndarray:
+    """events row of the runtime call (``cudaLaunchKernel`` …) that launched each device event of `rows`, or −1:
+    the CPU launch row of the same rank and window with the same correlation id."""
+    ev = run.events
+    out = np.full(len(rows), -1, np.int64)
+    corr = ev["corr_id"][rows].astype(np.int64)
+    ok = corr > 0
+    if not ok.any():
+        return out
+    cand = np.flatnonzero(np.isin(ev["kind"], _LAUNCH_KINDS) & (ev["device"] < 0) & (ev["corr_id"] > 0))
+    cand = cand[np.isin(ev["corr_id"][cand], corr[ok])]
+    if not len(cand):
+        return out
+
+    def key(r):
+        return (ev["rank"][r].astype(np.int64) << 48) + (ev["window"][r].astype(np.int64) << 40) + \
+            ev["corr_id"][r].astype(np.int64)
+
+    ck = key(cand)
+    o = np.argsort(ck, kind="stable")
+    ck, cand = ck[o], cand[o]
+    want = key(rows)
+    pos = np.minimum(np.searchsorted(ck, want), len(ck) - 1)
+    hit = ok & (ck[pos] == want)
+    out[hit] = cand[pos[hit]]
+    return out
+
+
+def enqueue_links(run: MergedRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(enqueue row, exec row, op id) per collective execution whose enqueue is recorded on the same rank.
+
+    The enqueue is an *outermost* CPU row of comms role "enqueue" (``c10d::allreduce_`` rather than the
+    ``nccl:all_reduce`` nested in it). A device exec (the NCCL kernel) is linked through its launch: the runtime call
+    with its correlation id lies inside the enqueue on the launching thread. A CPU exec (``gloo:all_reduce`` on a
+    worker thread) is paired first-in first-out per (rank, window, op) with the enqueues no kernel claimed — gloo runs
+    the work of a process group in the order it was queued; an exec that starts before the next unpaired enqueue was
+    queued before the recording began and gets no link. Each exec gets at most one link, each enqueue at most one
+    FIFO link (a coalesced GPU enqueue may launch several kernels).
+    """
+    ev, cm = run.events, run.comms
+    none = (np.zeros(0, np.int64),) * 3
+    if not len(cm["row"]):
+        return none
+    role = cm["role"]
+    c_rows = cm["row"].astype(np.int64)
+    enq = np.flatnonzero((role == schema.ROLE_ENQUEUE) & (ev["device"][c_rows] < 0))
+    exe = np.flatnonzero(role == schema.ROLE_EXEC)
+    if not len(enq) or not len(exe):
+        return none
+
+    # outermost enqueues per (rank, window, thread): sorted by start (longest first at equal starts), a row that
+    # starts before the open outer one ends is nested in it
+    e_rows = c_rows[enq]
+    e_ts = ev["ts_ns"][e_rows].astype(np.int64)
+    e_end = e_ts + ev["dur_ns"][e_rows].astype(np.int64)
+    e_track = (ev["rank"][e_rows].astype(np.int64) << 48) + (ev["window"][e_rows].astype(np.int64) << 40) + \
+        ev["tid"][e_rows].astype(np.int64)
+    o = np.lexsort((-e_end, e_ts, e_track))
+    outer = np.zeros(len(o), bool)
+    prev_track, open_end = None, None
+    for i, (t, s, e) in zip(o.tolist(), zip(e_track[o].tolist(), e_ts[o].tolist(), e_end[o].tolist())):
+        if t != prev_track or s >= open_end:
+            outer[i] = True
+            prev_track, open_end = t, e
+    enq = enq[outer]
+    e_rows, e_ts, e_end, e_track = e_rows[outer], e_ts[outer], e_end[outer], e_track[outer]
+    o = np.lexsort((e_ts, e_track))
+    enq, e_rows, e_ts, e_end, e_track = enq[o], e_rows[o], e_ts[o], e_end[o], e_track[o]
+    used = np.zeros(len(enq), bool)
+
+    src: list[int] = []
+    dst: list[int] = []
+    ops: list[int] = []
+    # device execs: through the launch's correlation id to the outermost enqueue around the launch
+    x_rows = c_rows[exe]
+    on_dev = ev["device"][x_rows] >= 0
+    dev_x = exe[on_dev]
+    if len(dev_x):
+        launch = _launch_of(run, c_rows[dev_x])
+        has = launch >= 0
+        dev_x, launch = dev_x[has], launch[has]
+        l_ts = ev["ts_ns"][launch].astype(np.int64)
+        l_track = (ev["rank"][launch].astype(np.int64) << 48) + (ev["window"][launch].astype(np.int64) << 40) + \
+            ev["tid"][launch].astype(np.int64)
+        # last outer enqueue starting at or before the launch on its thread (outer enqueues of a track are disjoint)
+        for j, t, s in zip(dev_x.tolist(), l_track.tolist(), l_ts.tolist()):
+            lo = int(np.searchsorted(e_track, t, side="left"))
+            hi = int(np.searchsorted(e_track, t, side="right"))
+            k = lo + int(np.searchsorted(e_ts[lo:hi], s, side="right")) - 1
+            if k >= lo and e_end[k] >= s:
+                used[k] = True
+                src.append(int(e_rows[k]))
+                dst.append(int(c_rows[j]))
+                ops.append(int(cm["op_id"][j]))
+
+    # CPU execs: FIFO per (rank, window, op) with the enqueues no kernel claimed
+    cpu_x = exe[~on_dev]
+    if len(cpu_x):
+        free = np.flatnonzero(~used)
+        queues: dict[tuple[int, int, int], list[int]] = {}
+        for k in free[np.argsort(e_ts[free], kind="stable")].tolist():
+            j = enq[k]
+            queues.setdefault((int(cm["rank"][j]), int(cm["window"][j]), int(cm["op_id"][j])), []).append(k)
+        heads: dict[tuple[int, int, int], int] = {}
+        xr = c_rows[cpu_x]
+        for j in cpu_x[np.argsort(ev["ts_ns"][xr], kind="stable")].tolist():
+            key = (int(cm["rank"][j]), int(cm["window"][j]), int(cm["op_id"][j]))
+            q = queues.get(key)
+            h = heads.get(key, 0)
+            if q is None or h >= len(q):
+                continue
+            if e_ts[q[h]] <= int(ev["ts_ns"][c_rows[j]]):
+                heads[key] = h + 1
+                src.append(int(e_rows[q[h]]))
+                dst.append(int(c_rows[j]))
+                ops.append(int(cm["op_id"][j]))
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(ops, np.int64)
+
+
+def launch_links(run: MergedRun, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(launch row, device row) for the device events among `rows` whose launch (same correlation id, same rank and
+    window) is recorded — Kineto's ``ac2g`` arrows."""
+    ev = run.events
+    dev = rows[ev["device"][rows] >= 0]
+    launch = _launch_of(run, dev)
+    ok = launch >= 0
+    return launch[ok], dev[ok]
+
+
 # ---- events ----------------------------------------------------------------------------------------------------------
 
 
@@ -581,6 +763,7 @@ def timeline_metadata(run: MergedRun, plan: TimelinePlan) -> dict[str, Any]:
                       "residual_us": c.residual_us} for h, c in run.clock.items()},
         "counts": {"slices": int(len(plan.ev_rows)), "step_markers": int(len(plan.step_rows)),
                    "memory_samples": int(len(plan.mem_rows)), "flows": int(len(plan.flow_src)),
+                   "enqueue_flows": int(len(plan.enq_src)), "launch_flows": int(len(plan.launch_src)),
                    "metadata": plan.n_metadata, "total": plan.n_events},
         "cut": plan.cut.to_dict(plan.selection) if plan.cut.happened else None,
         "warnings": list(run.warnings[:20]),
@@ -654,17 +837,29 @@ def iter_trace_events(run: MergedRun, plan: TimelinePlan) -> Iterator[dict[str, 
             yield {"ph": "C", "name": name, "ts": ts, "pid": r + 1, "tid": 1,
                    "args": {"allocated_MiB": round(tot / 1048576, 6)}}
 
-    for fid, (src, dst, op) in enumerate(zip(plan.flow_src.tolist(), plan.flow_dst.tolist(),
-                                             plan.flow_op.tolist()), start=1):
-        name = str(names[op]) if op < len(names) else "collective"
-        for ph, row in (("s", src), ("f", dst)):
-            r = int(ev["rank"][row])
-            k = int(_track_key(ev["device"][row], ev["tid"][row]))
-            e = {"ph": ph, "id": fid, "name": name, "cat": "collective", "ts": (int(ev["ts_ns"][row]) - origin) / 1e3,
-                 "pid": r + 1, "tid": tid_of[(r, k)]}
-            if ph == "f":
-                e["bp"] = "e"
-            yield e
+    # flows: ids 1.. across all three kinds; each starts where its source slice starts and ends (bp "e", bound to the
+    # enclosing slice) where its target starts
+    n_coll, n_enq = len(plan.flow_src), len(plan.enq_src)
+    flows = [(plan.flow_src, plan.flow_dst, plan.flow_op, "collective", 1),
+             (plan.enq_src, plan.enq_dst, plan.enq_op, "enqueue", 1 + n_coll),
+             (plan.launch_src, plan.launch_dst, None, "launch", 1 + n_coll + n_enq)]
+    for srcs, dsts, ops, cat, first in flows:
+        if not len(srcs):
+            continue
+        op_list = ops.tolist() if ops is not None else [None] * len(srcs)
+        for fid, (src, dst, op) in enumerate(zip(srcs.tolist(), dsts.tolist(), op_list), start=first):
+            if op is None:
+                name = "launch"
+            else:
+                name = str(names[op]) if op < len(names) else "collective"
+            for ph, row in (("s", src), ("f", dst)):
+                r = int(ev["rank"][row])
+                k = int(_track_key(ev["device"][row], ev["tid"][row]))
+                e = {"ph": ph, "id": fid, "name": name, "cat": cat, "ts": (int(ev["ts_ns"][row]) - origin) / 1e3,
+                     "pid": r + 1, "tid": tid_of[(r, k)]}
+                if ph == "f":
+                    e["bp"] = "e"
+                yield e
 
 
 # ---- files -----------------------------------------------------------------------------------------------------------
