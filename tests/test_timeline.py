@@ -250,7 +250,7 @@ def test_enqueue_arrows_link_each_enqueue_to_its_gloo_exec(trace, merged, synth)
         assert abs(abs_ns(trace, enq["ts"]) - true_enq) < 100_000
 
 
-def test_enqueue_and_launch_arrows_on_a_gpu_trace(tmp_path):
+def test_enqueue_and_launch_arrows_on_a_gpu_trace(tmp_path, capsys):
     from distprof.importers.run import import_traces
 
     import_traces([NCCL_DATA], tmp_path / "run", rank=0, progress=False)
@@ -295,6 +295,10 @@ def test_enqueue_and_launch_arrows_on_a_gpu_trace(tmp_path):
     assert cut.cut.happened and len(evs) == cut.n_events <= budget
     assert "--launch-flows" in cut.cut.flags(cut.selection)[1]
     validate({"traceEvents": evs})
+    # the command line flag
+    rc, _, _ = cli([tmp_path / "run", "-o", tmp_path / "lf.json", "--launch-flows", "--no-progress"], capsys)
+    m = meta(json.loads((tmp_path / "lf.json").read_text()))
+    assert rc == 0 and m["counts"]["launch_flows"] == len(lp) and m["selection"]["launch_flows"] is True
 
 
 def _plan(merged, **kw):
