@@ -441,6 +441,187 @@ def test_memory_churn_does_not_fire_on_ordinary_steps():
     assert not by_id(fs, "memory_churn")
 
 
+# ----------------------------------------------------------------------------- memory churn, allocator history
+
+GiB = 2**30
+
+
+def with_history(run, per_step, sites=()):
+    """Give run CUDA allocator-history tables: `per_step(rank, step)` -> cuda_memory column values of that step's
+    row (device 0, window 0; missing columns 0, `complete` 1); `sites` [(user frame, bytes, live_at_peak)]
+    blocks allocated in every step of every rank."""
+    names = list(run.names)
+
+    def sid(text):
+        if text not in names:
+            names.append(text)
+        return names.index(text)
+
+    cm = {c: [] for c in [*schema.TABLES["cuda_memory"], "rank", "window"]}
+    blk = {c: [] for c in [*schema.TABLES["cuda_memory_blocks"], "rank", "window"]}
+    st = run.steps
+    for i in range(st["step"].size):
+        r, s = int(st["rank"][i]), int(st["step"][i])
+        row = {c: 0 for c in cm}
+        row.update(step=s, rank=r, complete=1, peak_ns=int(st["start_ns"][i]))
+        row.update(per_step(r, s))
+        for c in cm:
+            cm[c].append(row[c])
+        for user, nbytes, live in sites:
+            b = {c: 0 for c in blk}
+            b.update(step=s, rank=r, ts_ns=int(st["start_ns"][i]), bytes=nbytes, live_at_peak=int(live),
+                     lifetime_ns=-1, frame_id=sid("empty (/usr/lib/python3.11/site-packages/torch/x.py:1)"),
+                     user_frame_id=sid(user))
+            for c in blk:
+                blk[c].append(b[c])
+    dt = {**schema.TABLES["cuda_memory"], "rank": np.int32, "window": np.int32}
+    run.cuda_memory = {c: np.asarray(v, dt[c]) for c, v in cm.items()}
+    dtb = {**schema.TABLES["cuda_memory_blocks"], "rank": np.int32, "window": np.int32}
+    run.cuda_memory_blocks = {c: np.asarray(v, dtb[c]) for c, v in blk.items()}
+    run.names = np.array(names, dtype=object)
+    return run
+
+
+def steady(n_alloc=90, mib_per_alloc=0.7, base=2 * GiB, reserved=None):
+    """A step allocating its working set once: n_alloc allocations on top of `base`, all freed by the step end."""
+    work = int(n_alloc * mib_per_alloc * 2**20)
+    return lambda r, s: dict(n_alloc=n_alloc, alloc_bytes=work, n_free=n_alloc, free_bytes=work,
+                             alloc_peak_bytes=base + work, alloc_end_bytes=base,
+                             reserved_peak_bytes=reserved or int(1.2 * (base + work)),
+                             reserved_end_bytes=reserved or int(1.2 * (base + work)))
+
+
+def test_memory_churn_uses_the_allocator_history_and_names_the_sites():
+    # 1000 allocations of 1 MiB per 30 ms step (33 per ms), no profiler memory events at all
+    run = with_history(loop_run(step_ms=30.0), steady(n_alloc=1000, mib_per_alloc=1.0),
+                       sites=[("forward (/home/u/train.py:42)", 64 * 2**20, True),
+                              ("loss (/home/u/train.py:57)", 8 * 2**20, False)])
+    assert run.has_memory_history and run.memory["ts_ns"].size == 0
+    fs, _, _ = analyse(run)
+    (f,) = by_id(fs, "memory_churn")
+    m = f["metrics"]
+    assert f["rank"] is None and m["n_ranks"] == 2 and m["memory_history"] == 1
+    assert m["allocs_per_step"] == 1000 and m["allocs_per_ms"] == pytest.approx(1000 / 30)
+    assert m["alloc_mib_per_step"] == pytest.approx(1000) and m["swing_mib_per_step"] == pytest.approx(1000)
+    assert m["turnover"] == pytest.approx(1.0)  # the working set is allocated once per step
+    assert (m["churn_rate"], m["churn_turnover"], m["churn_swing"], m["churn_fragmentation"]) == (1, 0, 0, 0)
+    assert f["severity"] == "low"  # 1.7x the threshold
+    assert "CUDA allocations per step" in f["title"] and "From the CUDA allocator history" in f["evidence"]
+    # the sites, largest first, with their bytes per step and whether they were alive at the peak
+    ev = f["evidence"]
+    assert ev.index("forward (/home/u/train.py:42): 64.0 MiB in 1.0 allocations per step, 100 % alive") < ev.index(
+        "loss (/home/u/train.py:57): 8.0 MiB in 1.0 allocations per step.")
+    assert "Reuse buffers at the sites named" in f["advice"] and "memory_viz" in f["advice"]
+    assert "expandable_segments" not in f["advice"]
+
+
+def test_memory_churn_history_fragmentation_swing_and_turnover():
+    mib = 2**20
+    # reserved 6 GiB for a 2 GiB allocated peak: fragmentation only
+    run = with_history(loop_run(), steady(base=2 * GiB - 63 * mib, reserved=6 * GiB))
+    fs, _, _ = analyse(run)
+    (f,) = by_id(fs, "memory_churn")
+    m = f["metrics"]
+    assert (m["churn_rate"], m["churn_turnover"], m["churn_swing"], m["churn_fragmentation"]) == (0, 0, 0, 1)
+    assert m["reserved_ratio"] == pytest.approx(3.0, rel=1e-3) and m["reserved_gap_mib"] == pytest.approx(4096, abs=1)
+    assert f["severity"] == "medium"  # 3x / 1.5 = 2x the threshold
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in f["advice"]
+    assert "empty_cache() is not a fix" in f["advice"] and "Reuse buffers" not in f["advice"]
+    assert "reserves 6144 MiB for a 2048 MiB allocated peak" in f["title"]
+
+    # peaks alternate 1 GiB / 2 GiB (variable shapes): swing between steps
+    def shapes(r, s):
+        work = (1 if s % 2 else 2) * GiB
+        return dict(n_alloc=10, alloc_bytes=work, alloc_peak_bytes=work, reserved_peak_bytes=2 * GiB,
+                    reserved_end_bytes=2 * GiB)
+    fs, _, _ = analyse(with_history(loop_run(), shapes))
+    (f,) = by_id(fs, "memory_churn")
+    assert f["metrics"]["churn_swing"] == 1 and f["metrics"]["peak_swing_mib"] == pytest.approx(1024)
+    assert "Keep input shapes fixed" in f["advice"]
+
+    # 800 MiB allocated per step around a 8 MiB swing; the step ends 8 MiB below its start, the next starts there:
+    # the swing is the peak minus the lower of the step's and the previous step's end level
+    def turnover(r, s):
+        base = (200 + 8 * (s % 2)) * mib  # ends alternate 200 / 208 MiB
+        return dict(n_alloc=100, alloc_bytes=800 * mib, alloc_peak_bytes=208 * mib, alloc_end_bytes=base,
+                    reserved_peak_bytes=256 * mib)
+    fs, _, _ = analyse(with_history(loop_run(n_steps=4), turnover))
+    (f,) = by_id(fs, "memory_churn")
+    m = f["metrics"]
+    # step 100: no previous step, 208 - 200 = 8; 101 ends at 208 after 100 ended at 200: 8; and so on
+    assert m["swing_mib_per_step"] == pytest.approx(8) and m["turnover"] == pytest.approx(100)
+    assert m["churn_turnover"] == 1 and m["churn_rate"] == 0
+
+
+def test_memory_churn_history_does_not_fire_on_ordinary_steps_and_replaces_the_events():
+    mib = 2**20
+    # the profiler's events alone would fire (1000 allocations per step); the history says the steps are ordinary
+    run = with_memory(loop_run(step_ms=30.0), lambda r, s: alloc_free(1000, 4096))
+    assert by_id(analyse(run)[0], "memory_churn")
+    fs, _, _ = analyse(with_history(run, steady()))
+    assert not by_id(fs, "memory_churn")
+    # reserved twice the allocated peak, but only 512 MiB above it: below the fragmentation floor
+    fs, _, _ = analyse(with_history(loop_run(), steady(base=512 * mib - 63 * mib, reserved=1024 * mib)))
+    assert not by_id(fs, "memory_churn")
+    # incomplete steps (ring buffer full) are left out of the counts when complete ones exist
+    def partial(r, s):
+        d = steady()(r, s)
+        if s == 100:
+            d.update(complete=0, n_alloc=100_000)
+        return d
+    run = with_history(loop_run(), partial)
+    assert rank_measures(run, step_breakdown(run))[0]["memory_history"]["allocs_per_step"] == 90
+    assert not by_id(analyse(run)[0], "memory_churn")
+
+
+def test_memory_churn_with_and_without_history_on_different_ranks():
+    run = with_memory(loop_run(step_ms=30.0), lambda r, s: alloc_free(1000, 4096))
+    run = with_history(run, steady(n_alloc=1000, mib_per_alloc=1.0))
+    keep = run.cuda_memory["rank"] == 0
+    run.cuda_memory = {c: v[keep] for c, v in run.cuda_memory.items()}
+    ms = rank_measures(run, step_breakdown(run))
+    assert "memory_history" in ms[0] and "memory_history" not in ms[1]
+    fs, _, _ = analyse(run)
+    (f,) = by_id(fs, "memory_churn")
+    assert f["rank"] is None and f["metrics"]["n_ranks"] == 2 and f["metrics"]["memory_history"] == 0.5
+    # rank 0's history says ordinary, rank 1 (events only) still churns: one finding for rank 1, worded as before
+    run = with_history(with_memory(loop_run(step_ms=30.0), lambda r, s: alloc_free(1000, 4096)), steady())
+    keep = run.cuda_memory["rank"] == 0
+    run.cuda_memory = {c: v[keep] for c, v in run.cuda_memory.items()}
+    (f,) = by_id(analyse(run)[0], "memory_churn")
+    assert f["rank"] == 1 and "memory_history" not in f["metrics"] and "--memory-history" in f["advice"]
+
+
+def test_memory_churn_from_a_captured_history(tmp_path):
+    """End to end on CPU with torch.cuda.memory faked: capture -> shard tables -> load_run -> finding."""
+    import time
+
+    import distprof
+    from distprof.analysis.run import load_run
+    from distprof.capture.memhistory import MemoryHistory
+    from test_memhistory import LiveFakeCudaMemory
+
+    fake = LiveFakeCudaMemory()
+    p = distprof.profile(out=str(tmp_path), wait=0, warmup=1, active=3, repeat=1, run_id="mh")
+    p._memhist = MemoryHistory(100_000, memory=fake)
+    with p:
+        for _ in range(5):
+            for _ in range(600):  # 600 small allocations freed at once: churn by rate
+                fake.free(fake.malloc(4096, 77))
+            time.sleep(0.002)
+            p.step()
+    assert not p.errors, p.errors
+    run = load_run(tmp_path / "mh")
+    hist = rank_measures(run, step_breakdown(run))[0]["memory_history"]
+    assert hist["allocs_per_step"] == 600 and hist["frees_per_step"] == 600, hist
+    # the rate per ms depends on this machine's speed: judge by allocations per step only
+    fs, _, _ = analyse(run, FindingRules(churn_min_allocs_per_ms=1e-3))
+    (f,) = by_id(fs, "memory_churn")
+    m = f["metrics"]
+    assert f["rank"] == 0 and m["memory_history"] == 1 and m["allocs_per_step"] == 600 and m["churn_rate"] == 1
+    assert "step (/home/u/train.py:77): 32.0 KiB in 8.0 allocations per step" in f["evidence"]  # 8 largest of 4 KiB
+
+
 # ------------------------------------------------------------------------------------- exposed communication
 
 

@@ -1,5 +1,7 @@
 """The per-rank numbers every rule reads (:func:`rank_measures`): op sizes (tiny ops), input wait, device idle and
-host synchronisation (from :mod:`.device`), allocator churn and exposed communication, per step of each rank.
+host synchronisation (from :mod:`.device`), allocator churn (from the profiler's memory events, and from the CUDA
+allocator history when the run has it: :func:`memory_history_measures`) and exposed communication, per step of each
+rank.
 """
 
 from __future__ import annotations
@@ -148,6 +150,9 @@ def rank_measures(run: MergedRun, breakdown: Table, rules: FindingRules | None =
             m["memory_events"] = True
         else:
             m["memory_events"] = False
+        hist = memory_history_measures(run, int(rank), steps_of, np.asarray(bd["step_ms"][bm], np.float64))
+        if hist is not None:  # only with --memory-history: ranks without it keep exactly the keys above
+            m["memory_history"] = hist
 
         # exposed communication
         m["exposed_comm_ms_per_step"] = float(bd["exposed_comm_ms"][bm].sum()) / n
@@ -156,3 +161,83 @@ def rank_measures(run: MergedRun, breakdown: Table, rules: FindingRules | None =
         m["overlap_pct"] = 100.0 * float(bd["overlapped_ms"][bm].sum()) / comm_tot if comm_tot > 0 else None
         out.append(m)
     return out
+
+
+def _frame_label(run: MergedRun, user_id: int, frame_id: int) -> str:
+    for i in (user_id, frame_id):
+        if 0 <= i < len(run.names) and str(run.names[i]):
+            return str(run.names[i])
+    return "(no stack)"
+
+
+def memory_history_measures(run: MergedRun, rank: int, steps: np.ndarray, step_ms: np.ndarray,
+                            top_sites: int = 3) -> dict[str, Any] | None:
+    """The churn measures of one rank from ``run.cuda_memory`` / ``cuda_memory_blocks`` (``--memory-history``).
+
+    `steps` / `step_ms` are the rank's steps and their times (from the breakdown). None when the rank has no history
+    row in those steps. Per step, devices are summed. Counts and bytes are means over the steps whose history is
+    complete (all steps when none is); levels are exact on every step. ``swing_mib_per_step``: the step's allocated
+    peak minus the lower of its end level and the previous step's (same device and window), a stand-in for
+    max - min, which the table does not keep. ``sites``: the allocation sites (the user's frame, else the innermost)
+    with the most bytes among each step's largest allocations, as (label, MiB per step, allocations per step,
+    share of them alive at the step's peak).
+    """
+    cm = run.cuda_memory
+    if not len(cm.get("step", ())):
+        return None
+    sel = (np.asarray(cm["rank"]) == rank) & np.isin(np.asarray(cm["step"], np.int64), steps)
+    if not sel.any():
+        return None
+    r = {c: np.asarray(v)[sel] for c, v in cm.items()}
+    o = np.lexsort((r["step"], r["device"], r["window"]))
+    r = {c: v[o] for c, v in r.items()}
+    step = r["step"].astype(np.int64)
+    peak = r["alloc_peak_bytes"].astype(np.float64)
+    end = r["alloc_end_bytes"].astype(np.float64)
+    prev_ok = np.r_[False, (r["window"][1:] == r["window"][:-1]) & (r["device"][1:] == r["device"][:-1])
+                    & (step[1:] == step[:-1] + 1)]
+    low = np.where(prev_ok, np.minimum(end, np.r_[0.0, end[:-1]]), end)
+    us, si = np.unique(step, return_inverse=True)
+
+    def per_step(x) -> np.ndarray:
+        return np.bincount(si, weights=np.asarray(x, np.float64), minlength=us.size)
+
+    complete = per_step(r["complete"] == 0) == 0
+    cs = complete if complete.any() else np.ones(us.size, bool)
+    ms_of = dict(zip(np.asarray(steps, np.int64).tolist(), np.asarray(step_ms, np.float64).tolist()))
+    nc = int(cs.sum())
+    c_ms = float(sum(ms_of.get(s, 0.0) for s in us[cs].tolist()))
+    n_alloc = float(per_step(r["n_alloc"])[cs].sum())
+    b_alloc = float(per_step(r["alloc_bytes"])[cs].sum())
+    swing = per_step(np.maximum(peak - low, 0.0))
+    peaks = per_step(peak)
+    reserved = per_step(r["reserved_peak_bytes"])
+    alloc_max, res_max = float(peaks.max()), float(reserved.max())
+    h: dict[str, Any] = {
+        "n_steps": int(us.size), "complete_steps": int(complete.sum()),
+        "allocs_per_step": n_alloc / nc, "allocs_per_ms": n_alloc / max(c_ms, 1e-9),
+        "alloc_mib_per_step": b_alloc / MIB / nc, "frees_per_step": float(per_step(r["n_free"])[cs].sum()) / nc,
+        "swing_mib_per_step": float(swing[cs].mean()) / MIB,
+        "turnover": b_alloc / float(swing[cs].sum()) if swing[cs].sum() > 0 else 0.0,
+        "peak_mib_mean": float(peaks.mean()) / MIB,
+        "peak_swing_mib": float(peaks.max() - peaks.min()) / MIB if us.size >= 2 else 0.0,
+        "alloc_peak_mib": alloc_max / MIB, "reserved_peak_mib": res_max / MIB,
+        "reserved_ratio": res_max / alloc_max if alloc_max > 0 else 0.0,
+        "reserved_gap_mib": max(res_max - alloc_max, 0.0) / MIB,
+        "segment_allocs_per_step": float(per_step(r["n_segment_alloc"])[cs].sum()) / nc,
+        "segment_frees_per_step": float(per_step(r["n_segment_free"])[cs].sum()) / nc,
+        "n_oom": float(np.asarray(r["n_oom"], np.int64).sum()),
+    }
+    blk = run.cuda_memory_blocks
+    bsel = ((np.asarray(blk.get("rank", np.zeros(0, np.int32))) == rank)
+            & np.isin(np.asarray(blk.get("step", np.zeros(0, np.int32)), np.int64), us))
+    sites: dict[str, list[float]] = {}
+    cols = [np.asarray(blk[c])[bsel].tolist() for c in ("user_frame_id", "frame_id", "bytes", "live_at_peak")]
+    for uf, fr, nb, live in zip(*cols):
+        acc = sites.setdefault(_frame_label(run, int(uf), int(fr)), [0.0, 0.0, 0.0])
+        acc[0] += nb
+        acc[1] += 1
+        acc[2] += bool(live)
+    top = sorted(sites.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top_sites]
+    h["sites"] = [(label, b / MIB / us.size, k / us.size, live / k) for label, (b, k, live) in top]
+    return h

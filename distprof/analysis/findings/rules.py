@@ -37,6 +37,8 @@ class FindingRules:
     churn_min_alloc_mib: float = 64.0
     swing_min_pct: float = 50.0
     swing_min_mib: float = 64.0
+    frag_min_ratio: float = 1.5  # memory_churn with --memory-history: reserved peak / allocated peak
+    frag_min_mib: float = 1024.0  # ... and reserved - allocated
     exposed_min_pct: float = 10.0
     idle_min_step_pct: float = 10.0
     idle_min_ms: float = 0.5
