@@ -11,7 +11,7 @@ them all, else one per rank (see :mod:`.rules`). Each rule is documented, with i
 
 * ``straggler_rank``, ``straggler_host`` — :mod:`.stragglers`
 * ``exposed_comm`` — :mod:`.communication`
-* ``input_wait`` — :mod:`.input`
+* ``input_wait`` — :mod:`.input_wait`
 * ``device_idle``, ``host_sync`` — :mod:`.device`
 * ``tiny_ops`` — :mod:`.ops`
 * ``memory_churn`` — :mod:`.memory`
@@ -31,7 +31,7 @@ from ..model import MergedRun, Table
 from .communication import exposed_comm, exposed_comm_text
 from .device import (IDLE_CAUSES, SYNC_CALL_RE, device_idle, device_idle_text, dominant_idle_cause, host_sync,
                      host_sync_text, is_sync_call)
-from .input import input_wait, input_wait_text
+from .input_wait import input_wait, input_wait_text
 from .measures import DATALOADER_PREFIX, rank_measures
 from .memory import memory_churn, memory_churn_text
 from .ops import tiny_ops, tiny_ops_text
