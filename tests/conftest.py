@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,21 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: A worker aborting in C++ teardown after its script finished (see the closing notes of issues 2-5: ~1 in 50
+#: four-rank runs with capture, not yet explained). torchrun() reruns a job once on exactly this message.
+EXIT_ABORT = "terminate called without an active exception"
+
+
 def torchrun(nproc: int, args: list[str], *, cwd: Path, env: dict[str, str] | None = None,
              timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    before = set(Path(cwd).iterdir())
     proc = subprocess.run(cmd, cwd=cwd, env=env or job_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 and EXIT_ABORT in proc.stderr:
+        # Rerun once from a clean slate: remove what the aborted attempt created; a second abort stands.
+        for p in set(Path(cwd).iterdir()) - before:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        proc = subprocess.run(cmd, cwd=cwd, env=env or job_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
