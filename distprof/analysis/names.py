@@ -47,8 +47,8 @@ def display_name(name: str, limit: int = 80) -> str:
     return s[:head] + "…" + s[len(s) - (keep - head):]
 
 
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+def rank_ranges(ranks: Iterable[int], sep: str = ", ") -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (``sep=","`` gives the ``--ranks`` syntax ``"0-2,5,7-8"``)."""
     rs = sorted({int(r) for r in ranks})
     parts: list[str] = []
     i = 0
@@ -58,4 +58,4 @@ def rank_ranges(ranks: Iterable[int]) -> str:
             j += 1
         parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
-    return ", ".join(parts)
+    return sep.join(parts)

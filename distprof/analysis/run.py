@@ -23,11 +23,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..errors import IncompleteRunError, ShardFormatError
+from ..progress import progress_enabled
 from ..storage import schema
 from ..storage.reader import Shard, find_shards, read_shard, read_status
 from .clock import ClockModel, RankClockInfo, estimate_clocks
 from .matching import match_collectives
 from .model import MergedRun
+from .names import rank_ranges
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +83,7 @@ def load_run(
         if lo > hi:
             raise ValueError(f"steps=({lo}, {hi}): the first step must not be after the last")
 
-    show = _progress_enabled(progress, len(paths))
+    show = progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
     shards = [read_shard(p) for p in _bar(paths, show, "reading shard attributes")]
     world_size = _check_same_run(shards)
     warnings: list[str] = []
@@ -172,17 +174,6 @@ def load_run(
 # ---- shards: progress, consistency, gaps ---------------------------------------------------------------------------
 
 
-def _progress_enabled(progress: bool | None, n: int) -> bool:
-    if progress is not None:
-        return bool(progress)
-    if n < PROGRESS_MIN_SHARDS:
-        return False
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def _bar(items: Sequence, show: bool, desc: str):
     if not show:
         return items
@@ -245,7 +236,7 @@ def _dedupe(shards: list[Shard], warnings: list[str]) -> list[Shard]:
 
 
 def _missing_ranks_message(run_dir: Path, missing: list[int], world_size: int) -> str:
-    msg = f"rank(s) {_ranges(missing)} of 0..{world_size - 1} have no shard: their data is absent from every analysis"
+    msg = f"rank(s) {rank_ranges(missing, sep=',')} of 0..{world_size - 1} have no shard: their data is absent from every analysis"
     status = read_status(run_dir)
     notes = []
     for r in missing:
@@ -257,18 +248,6 @@ def _missing_ranks_message(run_dir: Path, missing: list[int], world_size: int) -
     if notes:
         msg += " (" + "; ".join(notes[:3]) + ")"
     return msg
-
-
-def _ranges(values: Sequence[int]) -> str:
-    out, vals = [], sorted(values)
-    i = 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        out.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def _note_shard_problems(shards: list[Shard], warnings: list[str]) -> None:
@@ -284,7 +263,7 @@ def _note_shard_problems(shards: list[Shard], warnings: list[str]) -> None:
             errs[s.rank] = e[-1]
     if errs:
         items = list(errs.items())[:3]
-        warnings.append("capture errors recorded on rank(s) " + _ranges(list(errs)) + ": " + "; ".join(
+        warnings.append("capture errors recorded on rank(s) " + rank_ranges(errs, sep=',') + ": " + "; ".join(
             f"rank {r}: {e.get('stage', '?')}: {e.get('message', '')}" if isinstance(e, dict) else f"rank {r}: {e}"
             for r, e in items))
 
@@ -297,7 +276,7 @@ def _note_missing_windows(shards: list[Shard], warnings: list[str]) -> None:
     for w in sorted(have):
         lack = [r for r in ranks if r not in have[w]]
         if lack:
-            warnings.append(f"window {w}: rank(s) {_ranges(lack)} have no shard for it (lost or still being written)")
+            warnings.append(f"window {w}: rank(s) {rank_ranges(lack, sep=',')} have no shard for it (lost or still being written)")
 
 
 def _overlaps(s: Shard, lo: int, hi: int) -> bool:

@@ -41,8 +41,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from .._version import __version__
-from ..analysis.model import MergedRun
+from ..analysis.model import MergedRun, device_properties
+from ..analysis.names import rank_ranges
 from ..errors import ConfigError, IncompleteRunError
+from ..progress import progress_enabled
 from ..storage import schema
 
 log = logging.getLogger(__name__)
@@ -121,7 +123,7 @@ def export_kineto(
         if absent:
             raise IncompleteRunError(
                 f"--ranks: rank(s) {', '.join(map(str, absent))} not in run {run.run_id!r} (present: "
-                f"{_ranges(present) or 'none'}); pick ranks that have shards")
+                f"{rank_ranges(present, sep=',') or 'none'}); pick ranks that have shards")
     if not ranks:
         raise IncompleteRunError(f"run {run.run_id!r}: no rank to export")
     out = Path(out_dir)
@@ -190,13 +192,7 @@ def _distributed_info(run: MergedRun, rank: int) -> dict[str, Any]:
 
 def _device_properties(run: MergedRun, rank: int) -> list[dict[str, Any]]:
     attrs = run.attrs.get(rank, {})
-    given = attrs.get("device_properties")
-    if isinstance(given, str):
-        try:
-            given = json.loads(given)
-        except ValueError:
-            given = None
-    out = [dict(d) for d in given if isinstance(d, dict)] if isinstance(given, list) else []
+    out = [dict(d) for d in device_properties(attrs)]
     dtype = str(attrs.get("device_type") or "")
     if dtype in ("", "cpu"):
         return out
@@ -535,25 +531,10 @@ def _warn_foreign_files(out: Path, ours: set[str]) -> None:
 
 
 def _bar(items: Sequence[int], progress: bool | None, desc: str):
-    show = progress
-    if show is None:
-        try:
-            show = sys.stderr.isatty()
-        except (AttributeError, ValueError):
-            show = False
-    if not show:
+    if not progress_enabled(progress):
         return items
     from tqdm import tqdm
 
     return tqdm(items, desc=desc, unit="rank", file=sys.stderr, leave=False)
 
 
-def _ranges(values: Sequence[int]) -> str:
-    out, vals, i = [], sorted(values), 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        out.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    return ",".join(out)

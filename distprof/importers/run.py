@@ -31,6 +31,7 @@ import numpy as np
 from .. import _version
 from ..errors import ConfigError
 from ..events.tables import build_tables
+from ..progress import progress_enabled
 from ..storage import schema
 from ..storage.writer import write_shard
 from .kineto import KinetoTrace, TraceFormatError, read_header, read_kineto
@@ -234,7 +235,7 @@ def import_traces(
     t0 = time.perf_counter()
     n_events = raw = 0
     shards: list[Path] = []
-    show = progress if progress is not None else (len(file_rank) > 1 and sys.stderr.isatty())
+    show = progress_enabled(progress, len(file_rank), 2)
     it: Iterable = file_rank
     if show:
         from tqdm import tqdm

@@ -48,8 +48,10 @@ import numpy as np
 
 from ..analysis.matching import match_run
 from ..analysis.model import MergedRun
+from ..analysis.names import rank_ranges
 from ..analysis.stragglers import collective_instances
 from ..errors import ConfigError
+from ..progress import progress_enabled
 from ..storage import schema
 
 log = logging.getLogger(__name__)
@@ -885,7 +887,7 @@ def write_timeline(run: MergedRun, plan: TimelinePlan, path: str | os.PathLike, 
     t0 = time.perf_counter()
     tmp = path.with_name(path.name + ".tmp")
     meta = timeline_metadata(run, plan)
-    show = _progress_enabled(progress, plan.n_events)
+    show = progress_enabled(progress, plan.n_events, PROGRESS_MIN_EVENTS)
     bar = None
     if show:
         from tqdm import tqdm
@@ -960,28 +962,9 @@ def read_timeline(path: str | os.PathLike) -> dict[str, Any]:
         return orjson.loads(fh.read())
 
 
-def _progress_enabled(progress: bool | None, n: int) -> bool:
-    if progress is not None:
-        return bool(progress)
-    if n < PROGRESS_MIN_EVENTS:
-        return False
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def format_ranges(values: Sequence[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5" (the --ranks syntax)."""
-    out, vals = [], sorted(int(v) for v in values)
-    i = 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        out.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    return ",".join(out)
+    return rank_ranges(values, sep=",")
 
 
 def _span(steps: Sequence[int]) -> str:

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ..names import rank_ranges
+
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 
@@ -65,18 +67,6 @@ def pct(x: float, of: float) -> float:
     return 100.0 * x / of if of > 0 else 0.0
 
 
-def fmt_ranks(ranks: list[int]) -> str:
-    ranks = sorted(ranks)
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
 def group(rule_id: str, hits: list[Hit], n_ranks: int, rules: FindingRules, text) -> list[dict[str, Any]]:
     """One finding for many ranks, else one per rank (worst first).
 
@@ -95,7 +85,7 @@ def group(rule_id: str, hits: list[Hit], n_ranks: int, rules: FindingRules, text
         metrics.update({"n_ranks": float(len(hits)), "worst_rank": float(hits[0].rank),
                         "impact_pct": float(np.mean([h.impact_pct for h in hits]))})
         where = (f"all {n_ranks} ranks" if len(hits) == n_ranks
-                 else f"{len(hits)} of {n_ranks} ranks ({fmt_ranks([h.rank for h in hits])})")
+                 else f"{len(hits)} of {n_ranks} ranks ({rank_ranges([h.rank for h in hits], sep=',')})")
         sevs = [sev(h) for h in hits]
         severity = min(sevs, key=lambda s: (-sevs.count(s), SEVERITY_ORDER[s]))  # the most common, worst on ties
         if hits[0].severity is None:

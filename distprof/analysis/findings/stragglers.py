@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..names import display_name
+from ..names import display_name, rank_ranges
 from ..rootcause import IDLE_NAME
-from .rules import FindingRules, fmt_ranks, pct
+from .rules import FindingRules, pct
 
 
 def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts: dict[int, str],
@@ -43,7 +43,7 @@ def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts
         impact = pct(lat, median_step_ms)
         out.append({
             "id": "straggler_host", "severity": rules.severity(impact), "rank": None, "host": host,
-            "title": f"Slow host {host}: ranks {fmt_ranks(members)} are late together",
+            "title": f"Slow host {host}: ranks {rank_ranges(members, sep=',')} are late together",
             "evidence": (f"{len(late)} of its {len(members)} ranks are named stragglers; the host arrives "
                          f"{lat:.1f} ms after the other hosts on average (last in "
                          f"{100 * (h.get('late_fraction') or 0):.0f} % of collectives) and its ranks cost the others "
