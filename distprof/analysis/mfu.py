@@ -10,14 +10,13 @@ whose device is not in the table (every CPU) has no MFU unless overridden. torch
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Iterable
 
 import numpy as np
 
 from .imbalance import per_rank_metrics
-from .model import MergedRun, Table
+from .model import MergedRun, Table, device_properties
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +59,7 @@ def device_names(attrs: dict[str, Any], used: Iterable[int] = ()) -> list[str]:
     """Names that may identify a rank's device: its ``device`` attribute, then the ``name`` of each
     ``device_properties`` entry, those whose ``id`` is in `used` first. Distinct, in that order."""
     out = [str(attrs.get("device") or "")]
-    props = attrs.get("device_properties")
-    if isinstance(props, str):
-        try:
-            props = json.loads(props)
-        except ValueError:
-            props = None
-    entries = [p for p in props if isinstance(p, dict)] if isinstance(props, list) else []
+    entries = device_properties(attrs)
     used = set(used)
     entries.sort(key=lambda p: p.get("id") not in used)  # stable: the rank's devices first
     out += [str(p.get("name") or "") for p in entries]

@@ -6,6 +6,7 @@ columns ("column tables"); all times are **aligned** to the reference rank's clo
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,3 +90,15 @@ def _empty(table: str) -> Table:
     cols["rank"] = np.zeros(0, np.int32)
     cols["window"] = np.zeros(0, np.int32)
     return cols
+
+
+def device_properties(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``device_properties`` entries of a rank's shard attributes (Kineto's ``deviceProperties`` shape); a JSON
+    string is decoded, anything that is not a list of objects gives []."""
+    props = attrs.get("device_properties")
+    if isinstance(props, str):
+        try:
+            props = json.loads(props)
+        except ValueError:
+            return []
+    return [p for p in props if isinstance(p, dict)] if isinstance(props, list) else []

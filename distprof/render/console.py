@@ -182,37 +182,34 @@ def _root_cause(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def _overlap(report: dict[str, Any]) -> list[str]:
-    ov = report.get("overlap") or []
-    if not ov:
+def _per_rank(title: str, header: list[str], items: list[dict[str, Any]], row, limit: int = 16) -> list[str]:
+    """A titled table of one row per rank (the first `limit`), saying how many more report.json holds."""
+    if not items:
         return []
-    rows = [
-        [str(o["rank"]), o["mode"], _f(o["comm_ms_per_step"], "{:.2f}"), _f(o["exposed_comm_ms_per_step"], "{:.2f}"),
-         _f(o["overlap_pct"], "{:.1f}%"), _f(o["exposed_pct"], "{:.1f}%")]
-        for o in ov[:16]
-    ]
-    out = ["Communication overlap per rank"]
-    out += _table(["rank", "mode", "comm ms/step", "exposed ms/step", "overlap", "exposed of step"], rows)
-    if len(ov) > 16:
-        out.append(f"  ... {len(ov) - 16} more ranks in report.json")
+    out = [title] + _table(header, [row(x) for x in items[:limit]])
+    if len(items) > limit:
+        out.append(f"  ... {len(items) - limit} more ranks in report.json")
     return out
+
+
+def _overlap(report: dict[str, Any]) -> list[str]:
+    return _per_rank(
+        "Communication overlap per rank",
+        ["rank", "mode", "comm ms/step", "exposed ms/step", "overlap", "exposed of step"],
+        report.get("overlap") or [],
+        lambda o: [str(o["rank"]), o["mode"], _f(o["comm_ms_per_step"], "{:.2f}"),
+                   _f(o["exposed_comm_ms_per_step"], "{:.2f}"), _f(o["overlap_pct"], "{:.1f}%"),
+                   _f(o["exposed_pct"], "{:.1f}%")])
 
 
 def _gpu_time(report: dict[str, Any]) -> list[str]:
-    rows_in = report.get("gpu_time") or []
-    if not rows_in:
-        return []
-    rows = [
-        [str(g["rank"]), _f(g.get("span_us", 0) / 1e3, "{:.1f}"), _f(g.get("idle_pct"), "{:.2f}%"),
-         _f(g.get("compute_pct"), "{:.2f}%"), _f(g.get("non_compute_pct"), "{:.2f}%"),
-         _f(g.get("overlap_pct"), "{:.2f}%")]
-        for g in rows_in[:16]
-    ]
-    out = ["GPU time per rank (HTA's temporal breakdown and comm/comp overlap, all recorded steps)"]
-    out += _table(["rank", "span ms", "idle", "compute", "non-compute", "comm overlap"], rows)
-    if len(rows_in) > 16:
-        out.append(f"  ... {len(rows_in) - 16} more ranks in report.json")
-    return out
+    return _per_rank(
+        "GPU time per rank (HTA's temporal breakdown and comm/comp overlap, all recorded steps)",
+        ["rank", "span ms", "idle", "compute", "non-compute", "comm overlap"],
+        report.get("gpu_time") or [],
+        lambda g: [str(g["rank"]), _f(g.get("span_us", 0) / 1e3, "{:.1f}"), _f(g.get("idle_pct"), "{:.2f}%"),
+                   _f(g.get("compute_pct"), "{:.2f}%"), _f(g.get("non_compute_pct"), "{:.2f}%"),
+                   _f(g.get("overlap_pct"), "{:.2f}%")])
 
 
 def _imbalance(report: dict[str, Any]) -> list[str]:

@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any, Iterable
 
-import numpy as np
+from ..analysis.report import to_jsonable
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -40,25 +40,10 @@ _JSON_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028"
 def _script_json(obj: Any) -> str:
     """JSON safe to embed in a <script> element: <, >, & and the JS line separators only occur inside JSON strings,
     where their \\u escapes mean the same, so nothing in the data can end the element or start a comment."""
-    text = json.dumps(_clean(obj), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(to_jsonable(obj), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     for ch, rep in _JSON_SCRIPT_ESCAPES.items():
         text = text.replace(ch, rep)
     return text
-
-
-def _clean(x: Any) -> Any:
-    """Plain JSON values: numpy converted, NaN/inf -> None."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _clean(x.tolist())
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 # ---------------------------------------------------------------------------------------------------------------

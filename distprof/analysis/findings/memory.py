@@ -30,12 +30,7 @@ def memory_churn(ms: list[dict], rules: FindingRules) -> list[Hit]:
             continue
         if not m["memory_events"]:
             continue
-        rate = (m["allocs_per_ms"] / rules.churn_min_allocs_per_ms
-                if m["allocs_per_step"] >= rules.churn_min_allocs_per_step else 0.0)
-        turn = (m["turnover"] / rules.churn_min_turnover
-                if m["alloc_mib_per_step"] >= rules.churn_min_alloc_mib else 0.0)
-        swing = (m["peak_swing_mib"] / m["peak_mib_mean"] * 100.0 / rules.swing_min_pct
-                 if m["peak_swing_mib"] >= rules.swing_min_mib and m["peak_mib_mean"] > 0 else 0.0)
+        rate, turn, swing = _scores(m, rules)
         worst = max(rate, turn, swing)
         if worst < 1.0:
             continue
@@ -44,11 +39,7 @@ def memory_churn(ms: list[dict], rules: FindingRules) -> list[Hit]:
             "alloc_mib_per_step": m["alloc_mib_per_step"], "swing_mib_per_step": m["swing_mib_per_step"],
             "turnover": m["turnover"], "peak_mib_mean": m["peak_mib_mean"], "peak_swing_mib": m["peak_swing_mib"],
             "churn_rate": float(rate >= 1.0), "churn_turnover": float(turn >= 1.0), "churn_swing": float(swing >= 1.0),
-            "threshold_allocs_per_ms": rules.churn_min_allocs_per_ms,
-            "threshold_allocs_per_step": rules.churn_min_allocs_per_step,
-            "threshold_turnover": rules.churn_min_turnover, "threshold_alloc_mib": rules.churn_min_alloc_mib,
-            "threshold_swing_pct": rules.swing_min_pct, "threshold_swing_mib": rules.swing_min_mib,
-            "times_threshold": worst}, severity="medium" if worst >= 2.0 else "low"))
+            **_thresholds(rules), "times_threshold": worst}, severity="medium" if worst >= 2.0 else "low"))
     keys = [k for h in hits for k in h.metrics]
     for h in hits:  # ranks with and without history in one run: one key set, so that grouping can average them
         for k in keys:
@@ -56,14 +47,27 @@ def memory_churn(ms: list[dict], rules: FindingRules) -> list[Hit]:
     return hits
 
 
+def _scores(x, rules: FindingRules) -> tuple[float, float, float]:
+    """Rate, turnover and swing of measures `x` as multiples of their thresholds (0 below a floor)."""
+    rate = (x["allocs_per_ms"] / rules.churn_min_allocs_per_ms
+            if x["allocs_per_step"] >= rules.churn_min_allocs_per_step else 0.0)
+    turn = (x["turnover"] / rules.churn_min_turnover
+            if x["alloc_mib_per_step"] >= rules.churn_min_alloc_mib else 0.0)
+    swing = (x["peak_swing_mib"] / x["peak_mib_mean"] * 100.0 / rules.swing_min_pct
+             if x["peak_swing_mib"] >= rules.swing_min_mib and x["peak_mib_mean"] > 0 else 0.0)
+    return rate, turn, swing
+
+
+def _thresholds(rules: FindingRules) -> dict[str, float]:
+    return {"threshold_allocs_per_ms": rules.churn_min_allocs_per_ms,
+            "threshold_allocs_per_step": rules.churn_min_allocs_per_step,
+            "threshold_turnover": rules.churn_min_turnover, "threshold_alloc_mib": rules.churn_min_alloc_mib,
+            "threshold_swing_pct": rules.swing_min_pct, "threshold_swing_mib": rules.swing_min_mib}
+
+
 def _history_hit(m, rules: FindingRules) -> Hit | None:
     h = m["memory_history"]
-    rate = (h["allocs_per_ms"] / rules.churn_min_allocs_per_ms
-            if h["allocs_per_step"] >= rules.churn_min_allocs_per_step else 0.0)
-    turn = (h["turnover"] / rules.churn_min_turnover
-            if h["alloc_mib_per_step"] >= rules.churn_min_alloc_mib else 0.0)
-    swing = (h["peak_swing_mib"] / h["peak_mib_mean"] * 100.0 / rules.swing_min_pct
-             if h["peak_swing_mib"] >= rules.swing_min_mib and h["peak_mib_mean"] > 0 else 0.0)
+    rate, turn, swing = _scores(h, rules)
     frag = (h["reserved_ratio"] / rules.frag_min_ratio if h["reserved_gap_mib"] >= rules.frag_min_mib else 0.0)
     worst = max(rate, turn, swing, frag)
     if worst < 1.0:
@@ -75,11 +79,7 @@ def _history_hit(m, rules: FindingRules) -> Hit | None:
     metrics.update({
         "memory_history": 1.0, "history_steps": float(h["n_steps"]), "complete_steps": float(h["complete_steps"]),
         "churn_rate": float(rate >= 1.0), "churn_turnover": float(turn >= 1.0), "churn_swing": float(swing >= 1.0),
-        "churn_fragmentation": float(frag >= 1.0),
-        "threshold_allocs_per_ms": rules.churn_min_allocs_per_ms,
-        "threshold_allocs_per_step": rules.churn_min_allocs_per_step,
-        "threshold_turnover": rules.churn_min_turnover, "threshold_alloc_mib": rules.churn_min_alloc_mib,
-        "threshold_swing_pct": rules.swing_min_pct, "threshold_swing_mib": rules.swing_min_mib,
+        "churn_fragmentation": float(frag >= 1.0), **_thresholds(rules),
         "threshold_frag_ratio": rules.frag_min_ratio, "threshold_frag_mib": rules.frag_min_mib,
         "times_threshold": worst})
     return Hit(m["rank"], m["host"], 0.0, metrics, severity="medium" if worst >= 2.0 else "low",
@@ -89,22 +89,11 @@ def _history_hit(m, rules: FindingRules) -> Hit | None:
 def memory_churn_text(m, where, worst):
     if m.get("memory_history", 0.0) >= 0.5:
         return _history_text(m, where, worst)
-    kinds = []
-    if m["churn_rate"] >= 0.5:
-        kinds.append(f"{m['allocs_per_step']:.0f} allocations per step ({m['allocs_per_ms']:.0f} per ms)")
-    if m["churn_turnover"] >= 0.5:
-        kinds.append(f"{m['alloc_mib_per_step']:.0f} MiB allocated per step, {m['turnover']:.1f}x its "
-                     f"{m['swing_mib_per_step']:.0f} MiB swing")
-    if m["churn_swing"] >= 0.5:
-        kinds.append(f"the per-step peak varies by {m['peak_swing_mib']:.0f} MiB around {m['peak_mib_mean']:.0f} MiB")
-    title = f"Memory churn on {where}: " + "; ".join(kinds)
+    title = f"Memory churn on {where}: " + "; ".join(_kinds(m, "allocations"))
     ev = (f"{m['allocs_per_step']:.0f} allocations per step ({m['allocs_per_ms']:.1f} per ms), "
           f"{m['alloc_mib_per_step']:.1f} MiB allocated per step against a swing of {m['swing_mib_per_step']:.1f} MiB "
           f"(turnover {m['turnover']:.1f}x); per-step peak {m['peak_mib_mean']:.1f} MiB, varying by "
-          f"{m['peak_swing_mib']:.1f} MiB. Rule: >= {m['threshold_allocs_per_ms']:.0f} allocations per ms and >= "
-          f"{m['threshold_allocs_per_step']:.0f} per step, or turnover >= {m['threshold_turnover']:.0f}x with >= "
-          f"{m['threshold_alloc_mib']:.0f} MiB per step, or a per-step peak varying by >= "
-          f"{m['threshold_swing_pct']:.0f} % and >= {m['threshold_swing_mib']:.0f} MiB.")
+          f"{m['peak_swing_mib']:.1f} MiB. {_rule(m)}.")
     advice = ("Reuse buffers instead of allocating per step (preallocate, in-place ops, out= arguments, no torch.cat "
               "in loops), keep input shapes fixed (pad or bucket variable lengths), and on CUDA set "
               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; record the allocator history (--memory-history on "
@@ -112,19 +101,33 @@ def memory_churn_text(m, where, worst):
     return title, ev, advice
 
 
-def _size(mib: float) -> str:
-    return f"{mib:.1f} MiB" if mib >= 0.1 else f"{mib * 1024:.1f} KiB"
-
-
-def _history_text(m, where, worst):
+def _kinds(m, allocs: str) -> list[str]:
+    """The churn angles that fired, as title phrases."""
     kinds = []
     if m["churn_rate"] >= 0.5:
-        kinds.append(f"{m['allocs_per_step']:.0f} CUDA allocations per step ({m['allocs_per_ms']:.0f} per ms)")
+        kinds.append(f"{m['allocs_per_step']:.0f} {allocs} per step ({m['allocs_per_ms']:.0f} per ms)")
     if m["churn_turnover"] >= 0.5:
         kinds.append(f"{m['alloc_mib_per_step']:.0f} MiB allocated per step, {m['turnover']:.1f}x its "
                      f"{m['swing_mib_per_step']:.0f} MiB swing")
     if m["churn_swing"] >= 0.5:
         kinds.append(f"the per-step peak varies by {m['peak_swing_mib']:.0f} MiB around {m['peak_mib_mean']:.0f} MiB")
+    return kinds
+
+
+def _rule(m) -> str:
+    """The thresholds shared by both sources (no final full stop)."""
+    return (f"Rule: >= {m['threshold_allocs_per_ms']:.0f} allocations per ms and >= "
+            f"{m['threshold_allocs_per_step']:.0f} per step, or turnover >= {m['threshold_turnover']:.0f}x with >= "
+            f"{m['threshold_alloc_mib']:.0f} MiB per step, or a per-step peak varying by >= "
+            f"{m['threshold_swing_pct']:.0f} % and >= {m['threshold_swing_mib']:.0f} MiB")
+
+
+def _size(mib: float) -> str:
+    return f"{mib:.1f} MiB" if mib >= 0.1 else f"{mib * 1024:.1f} KiB"
+
+
+def _history_text(m, where, worst):
+    kinds = _kinds(m, "CUDA allocations")
     if m["churn_fragmentation"] >= 0.5:
         kinds.append(f"the allocator reserves {m['reserved_peak_mib']:.0f} MiB for a {m['alloc_peak_mib']:.0f} MiB "
                      f"allocated peak ({m['reserved_ratio']:.1f}x)")
@@ -147,11 +150,8 @@ def _history_text(m, where, worst):
                + "; ".join(f"{label}: {_size(mib)} in {k:.1f} allocations per step"
                            + (f", {100 * live:.0f} % alive at the step's peak" if live > 0 else "")
                            for label, mib, k, live in sites) + ".")
-    ev += (f" Rule: >= {m['threshold_allocs_per_ms']:.0f} allocations per ms and >= "
-           f"{m['threshold_allocs_per_step']:.0f} per step, or turnover >= {m['threshold_turnover']:.0f}x with >= "
-           f"{m['threshold_alloc_mib']:.0f} MiB per step, or a per-step peak varying by >= "
-           f"{m['threshold_swing_pct']:.0f} % and >= {m['threshold_swing_mib']:.0f} MiB, or a reserved peak >= "
-           f"{m['threshold_frag_ratio']:.1f}x the allocated peak and >= {m['threshold_frag_mib']:.0f} MiB above it.")
+    ev += (f" {_rule(m)}, or a reserved peak >= {m['threshold_frag_ratio']:.1f}x the allocated peak and >= "
+           f"{m['threshold_frag_mib']:.0f} MiB above it.")
     advice = []
     if m["churn_rate"] >= 0.5 or m["churn_turnover"] >= 0.5:
         advice.append("Reuse buffers at the sites named instead of allocating per step (preallocate, in-place ops, "
