@@ -142,3 +142,21 @@ def test_writer_killed_mid_write_leaves_no_partial_final_file(tmp_path):
         leftovers = list(out.glob("*.tmp"))
         assert remove_orphans(out, 0) == len(leftovers)
         assert not list(out.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_atomic_write_all_or_nothing(tmp_path, gz):
+    import gzip
+
+    from distprof.atomic import atomic_write
+
+    path = tmp_path / ("out.json.gz" if gz else "out.json")
+    with pytest.raises(RuntimeError):
+        with atomic_write(path, gzip=gz) as fh:
+            fh.write(b"half")
+            raise RuntimeError("writer died")
+    assert list(tmp_path.iterdir()) == []
+    with atomic_write(path, gzip=gz, fsync=True) as fh:
+        fh.write(b"whole")
+    assert (gzip.decompress(path.read_bytes()) if gz else path.read_bytes()) == b"whole"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..atomic import atomic_write
 from ..storage import schema
 
 log = logging.getLogger(__name__)
@@ -263,16 +264,8 @@ def summarize_snapshot(
 def dump_snapshot(snapshot: Any, path: str | os.PathLike) -> int:
     """Pickle the raw snapshot to `path` (tmp → rename), the file pytorch.org/memory_viz opens. Returns bytes."""
     path = Path(path)
-    tmp = path.with_name(path.name + schema.TMP_SUFFIX)
-    try:
-        with open(tmp, "wb") as f:
-            pickle.dump(snapshot, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write(path, fsync=True) as f:
+        pickle.dump(snapshot, f, protocol=pickle.HIGHEST_PROTOCOL)
     return path.stat().st_size
 
 

@@ -29,7 +29,6 @@ What a file holds (format in docs/export.md):
 
 from __future__ import annotations
 
-import gzip as gzip_mod
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ import numpy as np
 from .._version import __version__
 from ..analysis.model import MergedRun, device_properties
 from ..analysis.names import rank_ranges
+from ..atomic import atomic_write
 from ..errors import ConfigError, IncompleteRunError
 from ..progress import progress_enabled
 from ..storage import schema
@@ -486,38 +486,24 @@ def _write(path: Path, header: dict[str, Any], events: Iterable[dict[str, Any]],
     """Header keys one per line (``": "`` separators), then ``traceEvents`` one event per line; tmp then rename."""
     import orjson
 
-    tmp = path.with_name(path.name + ".tmp")
     n = n_x = 0
-    try:
-        with open(tmp, "wb") as raw:
-            fh = gzip_mod.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=compresslevel, mtime=0) \
-                if gzip else raw
-            try:
-                fh.write(b"{\n")
-                for key, value in header.items():
-                    fh.write(f"  {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)},\n".encode())
-                fh.write(b'  "traceEvents": [\n')
-                buf: list[bytes] = []
-                for e in events:
-                    buf.append(orjson.dumps(e))
-                    n += 1
-                    if e["ph"] == "X":
-                        n_x += 1
-                    if len(buf) >= CHUNK:
-                        fh.write((b",\n" if n > len(buf) else b"") + b",\n".join(buf))
-                        buf = []
-                if buf:
-                    fh.write((b",\n" if n > len(buf) else b"") + b",\n".join(buf))
-                fh.write(b"\n  ]\n}\n")
-            finally:
-                if fh is not raw:
-                    fh.close()
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write(path, gzip=gzip, compresslevel=compresslevel, fsync=True) as fh:
+        fh.write(b"{\n")
+        for key, value in header.items():
+            fh.write(f"  {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)},\n".encode())
+        fh.write(b'  "traceEvents": [\n')
+        buf: list[bytes] = []
+        for e in events:
+            buf.append(orjson.dumps(e))
+            n += 1
+            if e["ph"] == "X":
+                n_x += 1
+            if len(buf) >= CHUNK:
+                fh.write((b",\n" if n > len(buf) else b"") + b",\n".join(buf))
+                buf = []
+        if buf:
+            fh.write((b",\n" if n > len(buf) else b"") + b",\n".join(buf))
+        fh.write(b"\n  ]\n}\n")
     return n, n_x, path.stat().st_size
 
 

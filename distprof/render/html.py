@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.names import display_name, rank_ranges
+from ..atomic import atomic_write
 from ..errors import ConfigError
 from .html_assets import _BOOT_JS, _CSS, _plotly_element
 from .html_figures import (  # noqa: F401  (_downsample_minmax: re-exported for the tests)
@@ -320,12 +321,7 @@ def write_html(report: dict[str, Any], path: str | os.PathLike, run: Any = None,
     """Write the HTML report to `path` (temporary file + rename, so nobody sees half a file); returns the path."""
     path = check_html_path(path)
     text = render_html(report, run, compress_js=compress_js)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as fh:
+        fh.write(text.encode("utf-8"))
     logger.info("wrote %s (%d bytes)", path, len(text.encode("utf-8")))
     return path

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["render_json", "write_json"]
@@ -22,8 +24,7 @@ def write_json(report: dict[str, Any], path: str | os.PathLike) -> Path:
     """Write the report to `path` (temporary file + rename, so a reader never sees half a file)."""
     path = Path(path)
     text = render_json(report)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with atomic_write(path) as fh:
+        fh.write(text.encode("utf-8"))
     logger.info("wrote %s (%d bytes)", path, len(text))
     return path

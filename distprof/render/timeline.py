@@ -50,6 +50,7 @@ from ..analysis.matching import match_run
 from ..analysis.model import MergedRun
 from ..analysis.names import rank_ranges
 from ..analysis.stragglers import collective_instances
+from ..atomic import atomic_write
 from ..errors import ConfigError
 from ..progress import progress_enabled
 from ..storage import schema
@@ -885,7 +886,6 @@ def write_timeline(run: MergedRun, plan: TimelinePlan, path: str | os.PathLike, 
     if not path.parent.is_dir():
         raise ConfigError(f"-o {path}: directory {path.parent} does not exist; create it or pick another path")
     t0 = time.perf_counter()
-    tmp = path.with_name(path.name + ".tmp")
     meta = timeline_metadata(run, plan)
     show = progress_enabled(progress, plan.n_events, PROGRESS_MIN_EVENTS)
     bar = None
@@ -897,10 +897,8 @@ def write_timeline(run: MergedRun, plan: TimelinePlan, path: str | os.PathLike, 
     n = 0
     json_bytes = 0
     try:
-        raw = open(tmp, "wb")
-        try:
-            f = gzip.GzipFile(filename=path.name[:-3], mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL,
-                              mtime=0) if path.name.endswith(".gz") else raw
+        with atomic_write(path, gzip=path.name.endswith(".gz"), compresslevel=GZIP_LEVEL,
+                          gzip_name=path.name[:-3]) as f:
             head = (b'{"otherData":{"distprof":' + orjson.dumps(meta) + b'},"displayTimeUnit":"ms",'
                     b'"traceEvents":[\n')
             f.write(head)
@@ -930,17 +928,6 @@ def write_timeline(run: MergedRun, plan: TimelinePlan, path: str | os.PathLike, 
             flush()
             f.write(b"\n]}\n")
             json_bytes += 4
-            if f is not raw:
-                f.close()
-        finally:
-            raw.close()
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
     finally:
         if bar is not None:
             bar.close()
