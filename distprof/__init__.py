@@ -6,7 +6,7 @@ Capture (needs torch):
         for batch in data: ...; p.step()
 
 Analysis (no torch needed):
-    run = distprof.load("prof/<run-id>")
+    run = distprof.load("prof/<run-id>")           # RunSummary: every rank summarised, one clock
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def step() -> None:
 
 
 def load(run_dir, **kwargs: Any):
-    """Read and merge every shard of a run (see `distprof.analysis.run.load_run`)."""
-    from .analysis.run import load_run
+    """Summarise every rank of a run on one clock (``distprof.analysis.engine.summarize``): what every analysis in
+    ``distprof.analysis`` and ``build_report`` take. Bounded memory: one rank's events at a time. Keywords: ``steps``
+    (lo, hi), ``progress``, ``rules`` (FindingRules), ``comm`` (an mpi4py communicator)."""
+    from .analysis.engine import summarize
 
-    return load_run(run_dir, **kwargs)
+    return summarize(run_dir, **kwargs)

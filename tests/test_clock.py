@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import distprof
 import numpy as np
 import pytest
 
@@ -150,13 +151,11 @@ def test_fallback_to_collectives(tmp_path):
 
 def test_residual_hand_computed():
     """2 ranks on 2 hosts, one all_reduce; host B's model is 100 µs too late -> 50 µs causality violation."""
-    comms = {"row": np.array([0, 1]), "op_id": np.array([0, 0], np.uint32), "role": np.array([1, 1], np.uint8),
-             "pg": np.array([0, 0], np.int32), "seq": np.array([0, 0], np.int32), "bytes": np.array([8, 8]),
-             "rank": np.array([0, 1], np.int32), "window": np.array([0, 0], np.int32)}
-    events = {"ts_ns": np.array([100_000, 150_000]), "dur_ns": np.array([100_000, 60_000]),
-              "rank": np.array([0, 1], np.int32), "window": np.array([0, 0], np.int32)}
+    rows = {"op_id": np.array([0, 0], np.uint32), "pg": np.array([0, 0], np.int32), "seq": np.array([0, 0], np.int32),
+            "bytes": np.array([8, 8]), "rank": np.array([0, 1], np.int32), "window": np.array([0, 0], np.int32),
+            "start_ns": np.array([100_000, 150_000]), "end_ns": np.array([200_000, 210_000])}
     names = np.array(["all_reduce"], dtype=object)
-    c = match_collectives(comms, events, names=names)
+    c = match_collectives(rows, names=names)
     model = ClockModel(reference_host="A", rank_host={0: "A", 1: "B"},
                        hosts={"A": HostClock("A", 0.0), "B": HostClock("B", 100_000.0)},
                        segments={("B", 0): Segment(0, 100_000.0, 0.0)})
@@ -171,11 +170,11 @@ def test_residual_hand_computed():
 def test_wrong_offset_shows_in_residual(tmp_path):
     """Shifting a host by 5 ms after the fact makes collectives end before they started: the residual shows it."""
     run = make_run(tmp_path, hosts=[0, 1], world_size=2, clocks={1: (0.5, 0.0)})
-    m = load_run(run.run_dir)
+    m = distprof.load(run.run_dir)
     assert m.clock["sim-host1"].residual_max_us == 0.0
-    from distprof.analysis.matching import match_run, with_times
+    from distprof.analysis.matching import with_times
 
-    c = match_run(m)
+    c = m.collectives
     shift = np.where(c.members["rank"] == 1, 5_000_000, 0)
     bad = with_times(c, c.members["start_ns"] + shift, c.members["end_ns"] + shift)
     # rank 1 now enters 5 ms later, so rank 0 "ended" before it: violation = 5 ms − (end rank 0 − start rank 1)

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import distprof
 import pytest
 
 from distprof.analysis.mfu import device_names, mfu
-from distprof.analysis.run import load_run
 from distprof.capture.dist_info import RankInfo, kineto_device_properties, rank_info
 from distprof.export import export_kineto
 from distprof.importers.kineto import read_header
@@ -92,13 +92,13 @@ def test_import_keeps_device_properties(nccl_run):
 
 
 def test_export_writes_them_back(nccl_run, tmp_path):
-    (f,) = export_kineto(load_run(nccl_run), tmp_path / "k", gzip=False, progress=False)
+    (f,) = export_kineto(distprof.load(nccl_run), tmp_path / "k", gzip=False, progress=False)
     doc = json.loads(f.path.read_text())
     assert doc["deviceProperties"] == read_header(NCCL_DATA)["deviceProperties"]
 
 
 def test_mfu_finds_the_peak_through_device_properties(nccl_run):
-    run = load_run(nccl_run)
+    run = distprof.load(nccl_run)
     a = run.attrs[0]
     assert mfu(run) and mfu(run)[0]["peak_tflops"] == 312  # the shard's device name is the A100's
     a["device"] = "gpu 0"  # e.g. a trace whose used device had no name: only the properties say what it is

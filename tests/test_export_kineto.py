@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import distprof
 import numpy as np
 import pytest
 
@@ -114,8 +115,8 @@ def cpu_run(tmp_path_factory):
 
 
 def test_cpu_export_shape_and_exact_aligned_times(cpu_run, tmp_path):
-    merged = load_run(cpu_run.run_dir, progress=False)
-    files = export_kineto(merged, tmp_path / "k", progress=False)
+    merged = load_run(cpu_run.run_dir, progress=False)  # every event in memory: the truth
+    files = export_kineto(distprof.load(cpu_run.run_dir, progress=False), tmp_path / "k", progress=False)
     assert [f.path.name for f in files] == [f"rank-{r}.json.gz" for r in range(4)]
     assert not list((tmp_path / "k").glob("*.tmp"))
     traces = {f.rank: read_trace(f.path) for f in files}
@@ -165,7 +166,7 @@ def test_cpu_export_shape_and_exact_aligned_times(cpu_run, tmp_path):
 
 
 def test_gpu_export_links_kernels_streams_and_launches(gpu_run, tmp_path):
-    merged = load_run(gpu_run.run_dir, progress=False)
+    merged = distprof.load(gpu_run.run_dir, progress=False)
     files = export_kineto(merged, tmp_path / "k", gzip=False, progress=False)
     assert [f.path.name for f in files] == ["rank-0.json", "rank-1.json"]
     for f in files:
@@ -231,7 +232,7 @@ def test_cli_user_errors(cpu_run, tmp_path, capsys):
 def test_failed_write_leaves_no_file(cpu_run, tmp_path, monkeypatch):
     import orjson
 
-    merged = load_run(cpu_run.run_dir, progress=False)
+    merged = distprof.load(cpu_run.run_dir, progress=False)
     real = orjson.dumps
     calls = {"n": 0}
 
@@ -248,11 +249,15 @@ def test_failed_write_leaves_no_file(cpu_run, tmp_path, monkeypatch):
 
 
 def test_synthesises_missing_profiler_steps(cpu_run, tmp_path):
+    from distprof.export.kineto import rank_trace
+
     merged = load_run(cpu_run.run_dir, progress=False)
     keep = np.array([not str(merged.names[i]).startswith("ProfilerStep#") for i in merged.events["name_id"]])
     merged.events = {c: v[keep] for c, v in merged.events.items()}
     merged.comms = {c: v[:0] for c, v in merged.comms.items()}  # rows would point at the wrong events now
-    t = read_trace(export_kineto(merged, tmp_path, ranks=[2], progress=False)[0].path)
+    base = int(merged.steps["start_ns"].min()) // 10**9 * 10**9
+    header, events = rank_trace(merged, 2, base)  # what export_kineto writes for each rank
+    t = {**header, "traceEvents": list(events)}
     steps = sorted((e["name"], epoch_ns(t, e["ts"]), e["tid"]) for e in xs(t) if e["name"].startswith("ProfilerStep#"))
     m = merged.steps["rank"] == 2
     assert steps == sorted((f"ProfilerStep#{s}", a, cpu_run.extra["tid_main"][2])
@@ -283,7 +288,7 @@ def _hta_default_rows(trace: dict) -> int:
 
 def test_hta_loads_every_rank_and_event_of_a_cpu_export(cpu_run, tmp_path, hta_python):
     merged = load_run(cpu_run.run_dir, progress=False)
-    files = export_kineto(merged, tmp_path / "k", progress=False)
+    files = export_kineto(distprof.load(cpu_run.run_dir, progress=False), tmp_path / "k", progress=False)
     full = hta_env.run_probe(tmp_path / "k", include_last_step=True)
     assert full["versions"]["HolisticTraceAnalysis"] == "0.5.0"
     assert full["ranks"] == [0, 1, 2, 3]
@@ -304,7 +309,7 @@ def test_hta_loads_every_rank_and_event_of_a_cpu_export(cpu_run, tmp_path, hta_p
 
 
 def test_hta_figures_on_a_gpu_like_export(gpu_run, tmp_path, hta_python):
-    merged = load_run(gpu_run.run_dir, progress=False)
+    merged = distprof.load(gpu_run.run_dir, progress=False)
     export_kineto(merged, tmp_path / "k", progress=False)
     for include_last, n_steps in ((False, 2), (True, 3)):
         res = hta_env.run_probe(tmp_path / "k", include_last_step=include_last)

@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import distprof
 import numpy as np
 import pytest
 
 from conftest import EXAMPLES, only_run_dir, torchrun
+from distprof.analysis.runsummary import RunSummary
+from distprof.analysis.engine import summarize_merged
 from distprof.analysis.annotations import annotations
-from distprof.analysis.breakdown import step_breakdown
-from distprof.analysis.findings import FindingRules, findings, is_sync_call, rank_measures
+from distprof.analysis.findings import FindingRules, findings, is_sync_call
 from distprof.analysis.report import build_report
 from distprof.analysis.rootcause import root_cause
 from distprof.analysis.stragglers import find_stragglers
@@ -27,10 +29,16 @@ DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
 
 def analyse(run, rules=None):
-    bd = step_breakdown(run)
-    s = find_stragglers(run)
-    rc = root_cause(run, s["named"], breakdown=bd)
-    return findings(run, breakdown=bd, stragglers=s, root_cause=rc, rules=rules), s, rc
+    v = run if isinstance(run, RunSummary) else summarize_merged(run, rules=rules)
+    s = find_stragglers(v)
+    rc = root_cause(v, s["named"])
+    return findings(v, stragglers=s, root_cause=rc, rules=rules), s, rc
+
+
+def measures(run, rules=None):
+    """The per-rank measures of a MergedRun or a RunSummary (ranks with steps)."""
+    v = run if isinstance(run, RunSummary) else summarize_merged(run, rules=rules)
+    return [m.measures for _, m in sorted(v.ranks.items()) if m.measures is not None]
 
 
 def by_id(fs, rule_id):
@@ -253,7 +261,7 @@ def test_device_idle_and_host_sync_do_not_fire_on_a_busy_device_or_a_cpu_rank():
     run = gpu_run(busy_device)
     fs, _, _ = analyse(run)
     assert not by_id(fs, "device_idle") and not by_id(fs, "host_sync")
-    (m,) = rank_measures(run, step_breakdown(run))
+    (m,) = measures(run)
     assert m["device_idle_ms_per_step"] == pytest.approx(0.3) and m["syncs_per_step"] == 1
     # a CPU rank whose main thread idles: input_wait's business, never device_idle/host_sync
     fs, _, _ = analyse(loop_run(head_gap_ms=10.0))
@@ -311,16 +319,14 @@ HTA_DATA = Path(__file__).parent / "data" / "hta"
 
 @pytest.fixture(scope="module")
 def hta_reports(tmp_path_factory):
-    from distprof.analysis.run import load_run
     from distprof.importers.run import import_traces
 
     out = {}
     for name in ("amd_trace", "ns_resolution_trace", "nccl_parser_config"):
         d = tmp_path_factory.mktemp(name)
         import_traces([HTA_DATA / name], d, rank=0, progress=False)
-        run = load_run(d, progress=False)
-        bd = step_breakdown(run)
-        out[name] = (build_report(run), rank_measures(run, bd)[0], float(np.mean(bd["idle_ms"])))
+        run = distprof.load(d, progress=False)
+        out[name] = (build_report(run), measures(run)[0], float(np.mean(run.steps["idle_ms"])))
     return out
 
 
@@ -383,7 +389,7 @@ def test_input_wait_does_not_fire_on_a_busy_loop_or_on_comm_wait():
 
 def test_input_wait_gap_at_step_boundary_under_a_collective_is_not_input():
     run = loop_run(head_gap_ms=5.0, step_ms=30.0)
-    ms = rank_measures(run, step_breakdown(run))
+    ms = measures(run)
     assert ms[0]["boundary_gap_ms_per_step"] == pytest.approx(5.0)
     b = RunBuilder(1)  # the same gap covered by a gloo collective on a worker thread
     b.thread(0, 1, schema.THREAD_MAIN)
@@ -393,7 +399,7 @@ def test_input_wait_gap_at_step_boundary_under_a_collective_is_not_input():
     b.comm(i, role=schema.ROLE_EXEC, seq=0, op="barrier")
     b.event(0, "aten::mm", CPU_OP, COMPUTE, 1, 5, 30, step=1)
     run = b.build()
-    assert rank_measures(run, step_breakdown(run))[0]["boundary_gap_ms_per_step"] == pytest.approx(0.0)
+    assert measures(run)[0]["boundary_gap_ms_per_step"] == pytest.approx(0.0)
 
 
 # ------------------------------------------------------------------------------------------------- memory churn
@@ -570,7 +576,7 @@ def test_memory_churn_history_does_not_fire_on_ordinary_steps_and_replaces_the_e
             d.update(complete=0, n_alloc=100_000)
         return d
     run = with_history(loop_run(), partial)
-    assert rank_measures(run, step_breakdown(run))[0]["memory_history"]["allocs_per_step"] == 90
+    assert measures(run)[0]["memory_history"]["allocs_per_step"] == 90
     assert not by_id(analyse(run)[0], "memory_churn")
 
 
@@ -579,7 +585,7 @@ def test_memory_churn_with_and_without_history_on_different_ranks():
     run = with_history(run, steady(n_alloc=1000, mib_per_alloc=1.0))
     keep = run.cuda_memory["rank"] == 0
     run.cuda_memory = {c: v[keep] for c, v in run.cuda_memory.items()}
-    ms = rank_measures(run, step_breakdown(run))
+    ms = measures(run)
     assert "memory_history" in ms[0] and "memory_history" not in ms[1]
     fs, _, _ = analyse(run)
     (f,) = by_id(fs, "memory_churn")
@@ -597,7 +603,6 @@ def test_memory_churn_from_a_captured_history(tmp_path):
     import time
 
     import distprof
-    from distprof.analysis.run import load_run
     from distprof.capture.memhistory import MemoryHistory
     from test_memhistory import LiveFakeCudaMemory
 
@@ -611,8 +616,8 @@ def test_memory_churn_from_a_captured_history(tmp_path):
             time.sleep(0.002)
             p.step()
     assert not p.errors, p.errors
-    run = load_run(tmp_path / "mh")
-    hist = rank_measures(run, step_breakdown(run))[0]["memory_history"]
+    run = distprof.load(tmp_path / "mh")
+    hist = measures(run)[0]["memory_history"]
     assert hist["allocs_per_step"] == 600 and hist["frees_per_step"] == 600, hist
     # the rate per ms depends on this machine's speed: judge by allocations per step only
     fs, _, _ = analyse(run, FindingRules(churn_min_allocs_per_ms=1e-3))
@@ -705,18 +710,18 @@ def test_per_rank_findings_when_few_ranks_fire():
 
 def test_verdict_sentences():
     run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20)
-    rep = build_report(run)
+    rep = build_report(summarize_merged(run))
     v = rep["verdict"]
     assert v.startswith("Rank 2 on host host0 is late in 100 % of collectives, costing the others")
     assert "outside any recorded op" in v
-    rep = build_report(ddp_run(4, n_steps=4, allreduce_ms=8.0))
+    rep = build_report(summarize_merged(ddp_run(4, n_steps=4, allreduce_ms=8.0)))
     assert rep["verdict"].startswith("No straggler: ranks arrive within")
     assert "exposed communication" in rep["verdict"]
-    rep = build_report(loop_run(world=1, dl_ms=8.0))
+    rep = build_report(summarize_merged(loop_run(world=1, dl_ms=8.0)))
     assert rep["verdict"].startswith(
         "Steps take 30.0 ms on average; 27 % of step time on rank 0 is spent waiting for input")
     empty = RunBuilder(2).build()
-    assert build_report(empty)["verdict"].startswith("No recorded steps")
+    assert build_report(summarize_merged(empty))["verdict"].startswith("No recorded steps")
 
 
 def test_verdict_without_findings_names_the_largest_part():
@@ -732,7 +737,7 @@ def test_annotations_per_rank_and_step():
     regions = {0: {"forward": 4.0, "backward": 8.0, "DistributedDataParallel.forward": 3.0},
                1: {"forward": 6.0, "backward": 8.0, "Optimizer.step#Adam.step": 1.0}}
     run = loop_run(regions=regions)
-    ann = annotations(run)
+    ann = annotations(summarize_merged(run))
     assert [a["name"] for a in ann] == ["backward", "forward"]  # framework regions and ProfilerStep# excluded
     fwd = ann[1]
     assert fwd["ranks"]["0"] == {"ms_per_step": pytest.approx(4.0), "count_per_step": 1.0}
@@ -740,13 +745,13 @@ def test_annotations_per_rank_and_step():
     assert fwd["spread_pct"] == pytest.approx(100 * 2 / 5)
     assert ann[0]["spread_pct"] == pytest.approx(0)
     # a region only one rank runs: 0 on the other
-    ann = annotations(loop_run(regions={1: {"eval": 2.0}}))
+    ann = annotations(summarize_merged(loop_run(regions={1: {"eval": 2.0}})))
     assert ann[0]["ranks"]["0"]["ms_per_step"] == 0 and ann[0]["spread_pct"] == pytest.approx(200)
 
 
 def test_report_json_and_console():
     run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20)
-    rep = build_report(run)
+    rep = build_report(summarize_merged(run))
     json.dumps(rep, allow_nan=False)
     assert set(rep) >= {"verdict", "findings", "annotations"}
     sev = [{"high": 0, "medium": 1, "low": 2}[f["severity"]] for f in rep["findings"]]
@@ -772,9 +777,8 @@ def test_report_json_and_console():
 def test_real_job_input_wait_and_annotations(tmp_path):
     torchrun(2, ["-m", "distprof.launch", "--out", "out", "--wait", "1", "--warmup", "1", "--active", "3",
                  str(EXAMPLES / "slow_input.py"), "--steps", "7", "--item-ms", "2"], cwd=tmp_path)
-    from distprof.analysis.run import load_run
 
-    rep = build_report(load_run(only_run_dir(tmp_path / "out"), progress=False))
+    rep = build_report(distprof.load(only_run_dir(tmp_path / "out"), progress=False))
     (f,) = by_id(rep["findings"], "input_wait")
     assert f["rank"] is None and f["metrics"]["n_ranks"] == 2
     # 8 samples x 2 ms of sleep per batch, in DataLoader __next__ on the main thread

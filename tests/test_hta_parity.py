@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import distprof
 import pytest
 
 from distprof.analysis.gpu_time import gpu_time
 from distprof.analysis.report import build_report
-from distprof.analysis.run import load_run
 from distprof.importers.run import import_traces
 
 DATA = Path(__file__).parent / "data" / "hta"
@@ -30,7 +30,7 @@ def runs(tmp_path_factory):
     for name in HTA:
         d = tmp_path_factory.mktemp(name)
         import_traces([DATA / name], d, rank=0, progress=False)
-        out[name] = load_run(d)
+        out[name] = distprof.load(d)
     return out
 
 

@@ -12,6 +12,7 @@ import textwrap
 from html.parser import HTMLParser
 from pathlib import Path
 
+import distprof
 import numpy as np
 import pytest
 
@@ -37,7 +38,7 @@ def synth(tmp_path_factory):
     out = tmp_path_factory.mktemp("html")
     sr = make_run(out, world_size=4, hosts=[0, 0, 1, 1], clocks={1: (3.25, 40.0)}, late_rank=2, late_ms=30,
                   schedule={"wait": 1, "warmup": 1, "active": 4})
-    run = load_run(sr.run_dir, progress=False)
+    run = distprof.load(sr.run_dir, progress=False)
     return sr.run_dir, run, build_report(run)
 
 
@@ -89,7 +90,7 @@ class _Tags(HTMLParser):
 
 
 def test_figures_follow_the_report(synth):
-    _, run, rep = synth
+    run_dir, run, rep = synth
     figs = figures(render_html(rep, run))
     assert {"fig-steps", "fig-breakdown", "fig-blame", "fig-overlap", "fig-imbalance", "fig-memory"} <= set(figs)
 
@@ -126,8 +127,9 @@ def test_figures_follow_the_report(synth):
     for r, t in enumerate(mem):
         ys = [y for y in t["y"] if y is not None]
         assert len(ys) <= MEMORY_POINTS_PER_RANK + 8
-        sel = run.memory["rank"] == r
-        assert max(ys) == pytest.approx(run.memory["total_bytes"][sel].max() / 2**20, abs=1e-3)
+        mem_r = load_run(run_dir, progress=False).memory
+        sel = mem_r["rank"] == r
+        assert max(ys) == pytest.approx(mem_r["total_bytes"][sel].max() / 2**20, abs=1e-3)
 
 
 def test_hostile_names_are_escaped_everywhere(synth):
@@ -187,7 +189,7 @@ def test_partial_reports_render(synth):
     _, run, rep = synth
     minimal = render_html({"run": {"id": "x"}})
     assert "distprof report" in minimal and figures(minimal) == {}
-    assert "needs the merged run" in render_html(rep)  # no run: no memory timeline, said so
+    assert "needs the run summary" in render_html(rep)  # no run: no memory timeline, said so
     no_verdict = {k: v for k, v in rep.items() if k not in ("verdict", "findings", "annotations")}
     page = render_html(no_verdict, run)
     verdict = re.search(r'<div class="verdict" id="verdict">(.*?)</div>', page, re.S).group(1)

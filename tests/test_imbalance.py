@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from test_breakdown import ddp_run
 
+from distprof.analysis.engine import summarize_merged
 from distprof.analysis.imbalance import imbalance, imbalance_stats
 from distprof.analysis.mfu import mfu, peak_tflops_for
 
@@ -28,7 +29,7 @@ def test_degenerate_values():
 
 def test_uneven_batch():
     # rank 1 has a 1.5× batch: 1.5× FLOPs and 1.5× compute per step
-    imb = imbalance(ddp_run(4, n_steps=3, batch={1: 1.5}))
+    imb = imbalance(summarize_merged(ddp_run(4, n_steps=3, batch={1: 1.5})))
     m = imb["metrics"]
     assert m["flops"]["max_rank"] == 1
     assert m["compute_ms"]["max_rank"] == 1
@@ -56,13 +57,12 @@ def test_peak_table():
 
 def test_mfu_cpu_needs_override():
     run = ddp_run(2, n_steps=2)
-    assert mfu(run) == []
-    rows = mfu(run, peak_tflops=1.0)
+    assert mfu(summarize_merged(run)) == []
+    rows = mfu(summarize_merged(run), peak_tflops=1.0)
     assert [r["peak_source"] for r in rows] == ["override", "override"]
     # 5e9 + 1000 FLOPs per step over the step's wall time
-    from distprof.analysis.breakdown import step_breakdown
 
-    bd = step_breakdown(run)
+    bd = summarize_merged(run).steps
     step_s = bd["step_ms"][bd["rank"] == 0].sum() / 1e3
     assert rows[0]["achieved_tflops"] == pytest.approx(2 * (5e9 + 1000) / step_s / 1e12)
     assert rows[0]["mfu"] == pytest.approx(rows[0]["achieved_tflops"])
@@ -72,5 +72,5 @@ def test_mfu_from_device_name():
     run = ddp_run(2, n_steps=1)
     for a in run.attrs.values():
         a["device"] = "NVIDIA A100-SXM4-40GB"
-    rows = mfu(run)
+    rows = mfu(summarize_merged(run))
     assert rows[0]["peak_tflops"] == 312 and rows[0]["peak_source"] == "table"

@@ -7,11 +7,11 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
+import distprof
 import numpy as np
 import pytest
 
 from distprof.analysis.report import build_report
-from distprof.analysis.run import load_run
 from distprof.cli import main
 from distprof.errors import DistprofError
 from distprof.importers import kineto
@@ -132,7 +132,7 @@ def test_cli_import_then_report(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["import", str(TF), "-o", str(out), "--no-progress"]) == 0
     assert "imported 2 trace(s)" in capsys.readouterr().out
-    run = load_run(out)
+    run = distprof.load(out)
     assert run.ranks_present == [0, 1] and run.world_size == 128
     assert {h.method for h in run.clock.values()} <= {"reference", "collectives", "none"}
     rep = build_report(run)

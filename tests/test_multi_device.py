@@ -11,6 +11,7 @@ import gzip
 import json
 from pathlib import Path
 
+import distprof
 import numpy as np
 import pytest
 
@@ -88,7 +89,7 @@ def test_threads_table_has_one_row_per_device_stream(imported):
 
 
 def test_per_device_busy_time(imported):
-    run = load_run(imported)
+    run = load_run(imported)  # every event, to check the device times by hand
     ev = run.events
     k = ev["kind"] == schema.KIND_CODE["kernel"]
     busy = {}
@@ -96,14 +97,14 @@ def test_per_device_busy_time(imported):
         m = k & (ev["device"] == d)
         busy[d] = iv.union(ev["ts_ns"][m], ev["ts_ns"][m] + ev["dur_ns"][m]).total
     assert busy == {0: 150_000, 1: 130_000}  # gemm_a + gemm_c on GPU 0; gemm_b on GPU 1
-    (g,) = gpu_time(run)
+    (g,) = gpu_time(distprof.load(imported))
     # the rank's GPU timeline is every stream of every device together: busy from 20 to 220 µs without a gap
     assert g["span_us"] == pytest.approx(200.0) and g["idle_us"] == pytest.approx(0.0)
     assert g["compute_us"] == pytest.approx(200.0)
 
 
 def test_timeline_two_stream_tracks(imported):
-    run = load_run(imported)
+    run = distprof.load(imported)
     evs = list(tl.iter_trace_events(run, tl.plan_timeline(run)))
     names = {e["tid"]: e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
     kern = {e["name"]: e for e in evs if e["ph"] == "X" and e["name"].startswith("gemm")}
@@ -116,7 +117,7 @@ def test_timeline_two_stream_tracks(imported):
 
 
 def test_export_round_trip_keeps_device_and_stream(imported, tmp_path):
-    run = load_run(imported)
+    run = distprof.load(imported)
     (f,) = export_kineto(run, tmp_path / "kineto", gzip=False, progress=False)
     doc = json.loads(f.path.read_text())
     kern = {e["name"]: e for e in doc["traceEvents"] if e.get("cat") == "kernel"}
@@ -139,7 +140,7 @@ def test_export_round_trip_keeps_device_and_stream(imported, tmp_path):
 
 
 def test_gz_export_names_both_gpus(imported, tmp_path):
-    (f,) = export_kineto(load_run(imported), tmp_path / "k", progress=False)
+    (f,) = export_kineto(distprof.load(imported), tmp_path / "k", progress=False)
     with gzip.open(f.path, "rt") as fh:
         doc = json.load(fh)
     procs = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}

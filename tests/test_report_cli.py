@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from test_breakdown import ddp_run
 
+from distprof.analysis.engine import summarize_merged
 from distprof.analysis.report import build_report
 from distprof.cli import main, parse_steps
 from distprof.errors import ConfigError
@@ -36,7 +37,7 @@ def synth_dir(tmp_path_factory):
 
 
 def test_build_report_keys_and_strict_json():
-    rep = build_report(ddp_run(4, n_steps=3, late_rank=1, late_ms=20), top=3)
+    rep = build_report(summarize_merged(ddp_run(4, n_steps=3, late_rank=1, late_ms=20)), top=3)
     assert REQUIRED <= set(rep)
     assert rep["run"]["id"] == "test-run" and rep["run"]["world_size"] == 4
     assert rep["run"]["ranks_present"] == [0, 1, 2, 3] and rep["run"]["ranks_missing"] == []
@@ -55,18 +56,18 @@ def test_build_report_keys_and_strict_json():
     for m in ("compute_ms", "flops", "tflops", "peak_mem_bytes", "step_ms"):
         assert {"min", "mean", "max", "max_rank", "lambda", "cv", "lb"} <= set(rep["imbalance"]["metrics"][m])
     assert rep["mfu"] == [] and "peak-tflops" in rep["mfu_note"]
-    assert build_report(ddp_run(2, n_steps=1), peak_tflops=2.0)["mfu"][0]["peak_tflops"] == 2.0
+    assert build_report(summarize_merged(ddp_run(2, n_steps=1)), peak_tflops=2.0)["mfu"][0]["peak_tflops"] == 2.0
 
 
 def test_no_straggler_no_root_cause():
-    rep = build_report(ddp_run(4, n_steps=2))
+    rep = build_report(summarize_merged(ddp_run(4, n_steps=2)))
     assert rep["straggler_info"]["named"] == [] and rep["root_cause"] == []
     text = render_console(rep)
     assert "no straggler" in text
 
 
 def test_console_colour_only_when_asked():
-    rep = build_report(ddp_run(4, n_steps=2, late_rank=3, late_ms=10))
+    rep = build_report(summarize_merged(ddp_run(4, n_steps=2, late_rank=3, late_ms=10)))
     plain = render_console(rep)
     assert "\x1b[" not in plain and "STRAGGLER" in plain
     assert "\x1b[" in render_console(rep, color=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import distprof
 import numpy as np
 import pytest
 from test_breakdown import ddp_run
 
+from distprof.analysis.engine import summarize_merged
 from distprof.analysis.model import HostClock
 from distprof.analysis.rootcause import IDLE_NAME, root_cause
 from distprof.analysis.stragglers import StragglerRule, collective_instances, find_stragglers
@@ -19,7 +21,7 @@ def _by_rank(res):
 
 def test_instances_and_lateness():
     run = ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER)
-    t = collective_instances(run)
+    t = collective_instances(summarize_merged(run))
     assert t["inst"].max() + 1 == 6  # 3 steps × 2 buckets
     assert np.all(t["n_ranks"] == 4)
     lat = t["lateness_ns"] / 1e6
@@ -33,7 +35,7 @@ def test_instances_and_lateness():
 
 
 def test_late_rank_is_named_with_hand_computed_figures():
-    res = find_stragglers(ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER))
+    res = find_stragglers(summarize_merged(ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER)))
     assert res["named"] == [2]
     top = res["ranks"][0]
     assert top["rank"] == 2
@@ -59,7 +61,7 @@ def test_late_rank_is_named_with_hand_computed_figures():
 
 
 def test_no_delay_names_nobody():
-    res = find_stragglers(ddp_run(4, n_steps=3, jitter_ms=JITTER))
+    res = find_stragglers(summarize_merged(ddp_run(4, n_steps=3, jitter_ms=JITTER)))
     assert res["named"] == []
     # the ranking still exists: rank 3 arrives last, 0.2 ms after the median of the others
     assert res["ranks"][0]["rank"] == 3
@@ -70,16 +72,16 @@ def test_no_delay_names_nobody():
 def test_threshold_from_clock_residual():
     run = ddp_run(4, n_steps=3, late_rank=1, late_ms=5, jitter_ms=JITTER)
     run.clock = {"host0": HostClock("host0", 0.0, residual_us=2000.0)}
-    res = find_stragglers(run)
+    res = find_stragglers(summarize_merged(run))
     assert res["rule"]["threshold_ms"] == pytest.approx(6.0)  # 3 × 2 ms residual
     assert res["named"] == []  # 5.1 ms late: indistinguishable from clock error
-    res = find_stragglers(run, rule=StragglerRule(residual_factor=1.0))
+    res = find_stragglers(summarize_merged(run), rule=StragglerRule(residual_factor=1.0))
     assert res["named"] == [1]
 
 
 def test_straggler_changes_between_steps():
     late = {(0, 2): 20.0, (1, 2): 20.0, (2, 1): 15.0}
-    res = find_stragglers(ddp_run(4, n_steps=3, late_at=late, jitter_ms=JITTER))
+    res = find_stragglers(summarize_merged(ddp_run(4, n_steps=3, late_at=late, jitter_ms=JITTER)))
     assert [p["rank"] for p in res["per_step"]] == [2, 2, 1]
     assert res["changes"] == [{"step": 12, "from_rank": 2, "to_rank": 1}]
     # rank 2 is last in 4 of 6 instances; rank 1 in 2
@@ -93,7 +95,7 @@ def test_straggler_changes_between_steps():
 def test_slow_host_names_all_its_ranks():
     run = ddp_run(4, n_steps=3, late_at={(s, r): 20.0 for s in range(3) for r in (2, 3)}, jitter_ms=JITTER,
                   hosts=["nodeA", "nodeA", "nodeB", "nodeB"])
-    res = find_stragglers(run)
+    res = find_stragglers(summarize_merged(run))
     assert sorted(res["named"]) == [2, 3]  # rank 2 is never last, but always 20.2 ms late
     hosts = {h["host"]: h for h in res["hosts"]}
     assert hosts["nodeB"]["named"] and not hosts["nodeA"]["named"]
@@ -105,7 +107,7 @@ def test_slow_host_names_all_its_ranks():
 def test_no_collectives():
     run = ddp_run(2, n_steps=1)
     run.comms = {k: v[:0] for k, v in run.comms.items()}
-    res = find_stragglers(run)
+    res = find_stragglers(summarize_merged(run))
     assert res["n_instances"] == 0 and res["ranks"] == [] and res["named"] == []
 
 
@@ -113,7 +115,7 @@ def test_no_collectives():
 @pytest.mark.parametrize("kind,name,excess", [("compute", "aten::slow", 20.0), ("idle", IDLE_NAME, 20.1)])
 def test_root_cause(kind, name, excess):
     run = ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER, late_kind=kind)
-    (rc,) = root_cause(run, [2])
+    (rc,) = root_cause(summarize_merged(run), [2])
     assert rc["rank"] == 2 and rc["n_steps"] == 3
     top = rc["ops"][0]
     assert top["name"] == name
@@ -125,7 +127,7 @@ def test_root_cause(kind, name, excess):
 
 def test_root_cause_slower_compute():
     run = ddp_run(4, n_steps=2, batch={1: 1.5}, jitter_ms=JITTER)
-    (rc,) = root_cause(run, [1])
+    (rc,) = root_cause(summarize_merged(run), [1])
     names = [op["name"] for op in rc["ops"]]
     # forward addmm 10 -> 15 ms (+5, and its enclosing annotation too: inclusive times), backward mm 2×5 -> 2×7.5
     assert set(names[:3]) == {"aten::addmm", "aten::mm", "DistributedDataParallel.forward"}
@@ -139,11 +141,9 @@ def test_synthetic_shards_with_serialised_buckets(tmp_path):
     """A's shard factory: the 2nd bucket waits for the worker busy in the 1st, clocks offset and drifting."""
     from synth import make_run
 
-    from distprof.analysis.run import load_run
-
     syn = make_run(tmp_path, world_size=4, hosts=[0, 0, 1, 1], clocks={1: (3.25, 40.0)}, late_rank=2, late_ms=30,
                    schedule={"wait": 1, "warmup": 1, "active": 4})
-    res = find_stragglers(load_run(syn.run_dir))
+    res = find_stragglers(distprof.load(syn.run_dir))
     assert res["named"] == [2]
     top = res["ranks"][0]
     assert top["rank"] == 2
@@ -157,17 +157,15 @@ def test_synthetic_shards_with_serialised_buckets(tmp_path):
 def test_synthetic_shards_no_delay(tmp_path):
     from synth import make_run
 
-    from distprof.analysis.run import load_run
-
     syn = make_run(tmp_path, world_size=4, hosts=[0, 0, 1, 1], clocks={1: (-1.5, -20.0)})
-    res = find_stragglers(load_run(syn.run_dir))
+    res = find_stragglers(distprof.load(syn.run_dir))
     assert res["named"] == [] and not any(h["named"] for h in res["hosts"])
 
 
 def test_arrival_jitter_hand_computed():
     from distprof.analysis.stragglers import arrival_jitter_ms
 
-    run = ddp_run(4, n_steps=2, jitter_ms=JITTER)
+    run = summarize_merged(ddp_run(4, n_steps=2, jitter_ms=JITTER))
     # arrivals 0, 0.1, 0.2, 0.3: median 0.15, absolute deviations .15 .05 .05 .15 -> MAD 0.1 -> σ = 1.4826 × 0.1
     assert arrival_jitter_ms(run, collective_instances(run)) == pytest.approx(0.14826)
 
@@ -175,16 +173,16 @@ def test_arrival_jitter_hand_computed():
 @pytest.mark.parametrize("seed", range(5))
 def test_scheduling_noise_names_nobody_but_a_real_delay(seed):
     # |N(0, 6 ms)| start noise every step (an oversubscribed CPU): someone is always a few ms late by chance
-    quiet = find_stragglers(ddp_run(4, n_steps=5, noise_ms=6.0, seed=seed))
+    quiet = find_stragglers(summarize_merged(ddp_run(4, n_steps=5, noise_ms=6.0, seed=seed)))
     assert quiet["named"] == []
     assert quiet["rule"]["threshold_ms"] == pytest.approx(1.5 * quiet["rule"]["arrival_jitter_ms"])
-    loud = find_stragglers(ddp_run(4, n_steps=5, noise_ms=6.0, seed=seed, late_rank=1, late_ms=25))
+    loud = find_stragglers(summarize_merged(ddp_run(4, n_steps=5, noise_ms=6.0, seed=seed, late_rank=1, late_ms=25)))
     assert loud["named"] == [1]
     assert loud["ranks"][0]["rank"] == 1
 
 
 def test_two_rank_job_names_its_straggler():
     # with 2 ranks the cross-rank scatter is the straggler's own lateness: it must not raise the threshold
-    res = find_stragglers(ddp_run(2, n_steps=5, late_rank=1, late_ms=20))
+    res = find_stragglers(summarize_merged(ddp_run(2, n_steps=5, late_rank=1, late_ms=20)))
     assert res["named"] == [1]
     assert res["rule"]["arrival_jitter_ms"] == 0.0

@@ -7,6 +7,7 @@ import shlex
 from collections import defaultdict
 from pathlib import Path
 
+import distprof
 import numpy as np
 import pytest
 
@@ -33,14 +34,21 @@ def synth(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def merged(synth):
+    """Every event in memory: the truth the streamed timeline is checked against."""
     return load_run(synth.run_dir, progress=False)
 
 
 @pytest.fixture(scope="module")
-def trace(merged, tmp_path_factory):
+def summary(synth):
+    """What the timeline is planned and written from (one rank's events at a time)."""
+    return distprof.load(synth.run_dir, progress=False)
+
+
+@pytest.fixture(scope="module")
+def trace(summary, tmp_path_factory):
     path = tmp_path_factory.mktemp("tlout") / "merged.json.gz"
-    plan = tl.plan_timeline(merged)
-    res = tl.write_timeline(merged, plan, path, progress=False)
+    plan = tl.plan_timeline(summary)
+    res = tl.write_timeline(summary, plan, path, progress=False)
     assert res.path == path and res.n_events == plan.n_events
     return tl.read_timeline(path)
 
@@ -183,7 +191,7 @@ def test_times_are_the_aligned_times(trace, merged, synth):
     assert np.allclose([g[2] for g in got_mem], [w[2] for w in want_mem])
 
 
-def test_collectives_line_up_with_straggler_lateness(trace, merged, synth):
+def test_collectives_line_up_with_straggler_lateness(trace, merged, summary, synth):
     by = validate(trace)
     arr = arrivals(trace)
     n_inst = len(synth.collectives["seq"])
@@ -191,7 +199,7 @@ def test_collectives_line_up_with_straggler_lateness(trace, merged, synth):
     # one chain of 3 arrows per instance, in arrival order, ending at the latest rank (rank 2 here)
     assert len([e for e in by["s"] if e["cat"] == "collective"]) == 3 * n_inst
     lat = mean_lateness_ms(arr)
-    ref = {d["rank"]: d["mean_instance_lateness_ms"] for d in find_stragglers(merged)["ranks"]}
+    ref = {d["rank"]: d["mean_instance_lateness_ms"] for d in find_stragglers(summary)["ranks"]}
     for r in range(4):
         assert lat[r] == pytest.approx(ref[r], abs=1e-3)
     assert lat[2] > 10 and max(lat, key=lat.get) == 2
@@ -254,7 +262,7 @@ def test_enqueue_and_launch_arrows_on_a_gpu_trace(tmp_path, capsys):
     from distprof.importers.run import import_traces
 
     import_traces([NCCL_DATA], tmp_path / "run", rank=0, progress=False)
-    run = load_run(tmp_path / "run", progress=False)
+    run = distprof.load(tmp_path / "run", progress=False)
     out = tmp_path / "gpu.json.gz"
     tl.write_timeline(run, tl.plan_timeline(run), out, progress=False)
     doc = tl.read_timeline(out)
@@ -280,7 +288,8 @@ def test_enqueue_and_launch_arrows_on_a_gpu_trace(tmp_path, capsys):
     doc2 = {"traceEvents": list(tl.iter_trace_events(run, plan))}
     by2 = validate(doc2)
     ids = [e["id"] for e in by2["s"]]
-    assert len(ids) == len(set(ids)) == len(plan.flow_src) + len(plan.enq_src) + len(plan.launch_src)
+    c = plan.counts
+    assert len(ids) == len(set(ids)) == c["flows"] + c["enqueue_flows"] + c["launch_flows"]
     dev = [e for e in by2["X"] if "device" in e["args"] and e["args"].get("correlation") in launch_of]
     lp = flow_pairs(by2, "launch")
     assert len(lp) == len(dev) > 1000 and len(flow_pairs(by2, "enqueue")) == len(pairs)
@@ -301,13 +310,13 @@ def test_enqueue_and_launch_arrows_on_a_gpu_trace(tmp_path, capsys):
     assert rc == 0 and m["counts"]["launch_flows"] == len(lp) and m["selection"]["launch_flows"] is True
 
 
-def _plan(merged, **kw):
-    plan = tl.plan_timeline(merged, **kw)
-    return plan, list(tl.iter_trace_events(merged, plan))
+def _plan(summary, **kw):
+    plan = tl.plan_timeline(summary, **kw)
+    return plan, list(tl.iter_trace_events(summary, plan))
 
 
-def test_selection(merged):
-    plan, evs = _plan(merged, ranks=[1, 3], windows=[1], steps=(8, 9))
+def test_selection(summary):
+    plan, evs = _plan(summary, ranks=[1, 3], windows=[1], steps=(8, 9))
     x = [e for e in evs if e["ph"] == "X"]
     assert {e["pid"] - 1 for e in x} == {1, 3}
     assert {e["args"]["step"] for e in x} == {8, 9}  # window 1 covers steps 7..9
@@ -317,19 +326,19 @@ def test_selection(merged):
     assert len([e for e in evs if e["ph"] == "s" and e["cat"] == "collective"]) == 2 * 2
     assert len([e for e in evs if e["ph"] == "s" and e["cat"] == "enqueue"]) == 2 * 2 * 2  # one per rank's bucket
     with pytest.raises(ConfigError, match="--ranks 7: not in this run"):
-        tl.plan_timeline(merged, ranks=[7])
+        tl.plan_timeline(summary, ranks=[7])
     with pytest.raises(ConfigError, match="--window 5: not in this run"):
-        tl.plan_timeline(merged, windows=[5])
+        tl.plan_timeline(summary, windows=[5])
     with pytest.raises(ConfigError, match="keeps no event"):
-        tl.plan_timeline(merged, steps=(5, 6))  # wait/warmup steps: never recorded
+        tl.plan_timeline(summary, steps=(5, 6))  # wait/warmup steps: never recorded
 
 
-def test_budget_keeps_whole_steps_then_ranks_then_long_events(merged):
-    full, evs_full = _plan(merged, max_events=0)
+def test_budget_keeps_whole_steps_then_ranks_then_long_events(merged, summary):
+    full, evs_full = _plan(summary, max_events=0)
     steps = sorted({int(s) for s in merged.steps["step"]})
     per_step = len(evs_full) // len(steps)
     # 1) whole steps, all ranks
-    plan, evs = _plan(merged, max_events=int(2.5 * per_step))
+    plan, evs = _plan(summary, max_events=int(2.5 * per_step))
     assert plan.cut.stage == "steps" and len(evs) <= plan.cut.budget
     assert plan.cut.steps_kept == steps[:2] and plan.cut.ranks_kept == [0, 1, 2, 3]
     assert {e["args"]["step"] for e in evs if e["ph"] == "X"} == set(steps[:2])
@@ -341,7 +350,7 @@ def test_budget_keeps_whole_steps_then_ranks_then_long_events(merged):
     assert covered == set(steps) and rest and everything.endswith(f"--max-events {plan.cut.needed}")
     assert plan.cut.needed >= len(evs_full)
     # 2) one step, the first ranks
-    plan, evs = _plan(merged, max_events=int(0.6 * per_step))
+    plan, evs = _plan(summary, max_events=int(0.6 * per_step))
     assert plan.cut.stage == "ranks" and len(evs) <= plan.cut.budget
     kept = plan.cut.ranks_kept
     assert plan.cut.steps_kept == steps[:1] and 1 <= len(kept) < 4 and kept == list(range(len(kept)))
@@ -351,7 +360,7 @@ def test_budget_keeps_whole_steps_then_ranks_then_long_events(merged):
     assert sum((r["ranks"] for r in plan.cut.rest if r["ranks"]), kept) == [0, 1, 2, 3]
     # 3) one rank's step, the shortest events dropped; collectives and their flows stay
     budget = 60
-    plan, evs = _plan(merged, max_events=budget)
+    plan, evs = _plan(summary, max_events=budget)
     cut = plan.cut
     assert cut.stage == "short_events" and len(evs) <= budget and cut.short_dropped > 0
     kept = [e for e in evs if e["ph"] == "X" and e["cat"] != "step"]
@@ -365,11 +374,7 @@ def test_budget_keeps_whole_steps_then_ranks_then_long_events(merged):
     # the enqueues of both buckets stay too, each with its arrow to its exec
     assert sum(e["name"] == "c10d::allreduce_" for e in kept) == 2
     assert len([e for e in evs if e["ph"] == "s" and e["cat"] == "enqueue"]) == 2
-    assert "shortest" in cut.describe() and meta_of(merged, plan)["cut"]["stage"] == "short_events"
-
-
-def meta_of(merged, plan):
-    return tl.timeline_metadata(merged, plan)
+    assert "shortest" in cut.describe() and tl.timeline_metadata(summary, plan)["cut"]["stage"] == "short_events"
 
 
 def test_cli_cut_is_stated_and_its_flags_give_the_rest(synth, merged, tmp_path, capsys):
@@ -443,22 +448,22 @@ def test_cli_no_shards_and_bad_output(tmp_path, synth, capsys):
     assert rc == 2 and "does not exist" in err and err.count("\n") == 1
 
 
-def test_write_is_atomic(merged, tmp_path, monkeypatch):
+def test_write_is_atomic(summary, tmp_path, monkeypatch):
     path = tmp_path / "t.json.gz"
-    plan = tl.plan_timeline(merged)
-    tl.write_timeline(merged, plan, path, progress=False)
+    plan = tl.plan_timeline(summary)
+    tl.write_timeline(summary, plan, path, progress=False)
     before = path.read_bytes()
 
     monkeypatch.setattr(tl, "iter_trace_events", _failing(tl.iter_trace_events))
     with pytest.raises(RuntimeError, match="disk on fire"):
-        tl.write_timeline(merged, plan, path, progress=False)
+        tl.write_timeline(summary, plan, path, progress=False)
     assert path.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
 
 
 def _failing(real):
     def gen(run, plan):
         for i, e in enumerate(real(run, plan)):
-            if i == len(plan.ev_rows) // 2:  # mid-way through the slices
+            if i == plan.counts["slices"] // 2:  # mid-way through the slices
                 raise RuntimeError("disk on fire")
             yield e
     return gen

@@ -19,16 +19,19 @@ same for the number of events. Times are inclusive (children included). ``spread
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from ..storage.schema import CAT_COMM, KIND_CODE
-from .model import MergedRun
+from .rankdata import RankData
+
+if TYPE_CHECKING:
+    from .runsummary import RunSummary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["annotations", "FRAMEWORK_PREFIXES", "is_user_annotation_name"]
+__all__ = ["annotations", "rank_annotations", "FRAMEWORK_PREFIXES", "is_user_annotation_name", "MAX_NAMES_PER_RANK"]
 
 NS_PER_MS = 1e6
 FRAMEWORK_PREFIXES = (
@@ -47,6 +50,8 @@ FRAMEWORK_PREFIXES = (
     "PyTorch Profiler",
 )
 _K_ANNOT = KIND_CODE["user_annotation"]
+#: User annotation names kept per rank (the largest total time).
+MAX_NAMES_PER_RANK = 1000
 
 
 def is_user_annotation_name(name: str) -> bool:
@@ -54,47 +59,64 @@ def is_user_annotation_name(name: str) -> bool:
     return not str(name).startswith(FRAMEWORK_PREFIXES)
 
 
-def annotations(run: MergedRun, *, max_names: int = 50) -> list[dict[str, Any]]:
-    """Per user annotation: ``{name, ranks: {"<rank>": {ms_per_step, count_per_step}}, spread_pct}``, largest first.
+def rank_annotations(rd: RankData, *, max_names: int = MAX_NAMES_PER_RANK) -> dict[str, tuple[float, float]]:
+    """One rank's user annotations: name -> (total ms, calls) of its events that start in a step the rank recorded.
 
-    At most `max_names` names are returned (the largest); see the module docstring for what counts.
+    At most `max_names` names (the largest total time) are kept.
     """
-    ev = run.events
-    st = run.steps
+    ev = rd.events
+    st = rd.steps
     if st["step"].size == 0 or ev["ts_ns"].size == 0:
-        return []
-    user_name = np.fromiter((is_user_annotation_name(n) for n in run.names), dtype=bool, count=len(run.names))
+        return {}
+    user_name = np.fromiter((is_user_annotation_name(n) for n in rd.names), dtype=bool, count=len(rd.names))
     name_id = np.asarray(ev["name_id"], np.int64)
+    step = np.asarray(ev["step"], np.int64)
     sel = (
         (np.asarray(ev["kind"]) == _K_ANNOT)
         & (np.asarray(ev["device"]) < 0)
         & (np.asarray(ev["category"]) != CAT_COMM)
         & user_name[name_id]
-        & (np.asarray(ev["step"]) >= 0)
+        & (step >= 0)
+        & np.isin(step, np.asarray(st["step"], np.int64))
     )
     if not np.any(sel):
-        return []
-    ranks = np.unique(np.asarray(st["rank"], np.int64))
-    # only events in a step their rank recorded
-    rs_key = np.asarray(st["rank"], np.int64) * (2**32) + np.asarray(st["step"], np.int64)
-    e_rank = np.asarray(ev["rank"], np.int64)[sel]
-    e_key = e_rank * (2**32) + np.asarray(ev["step"], np.int64)[sel]
-    ok = np.isin(e_key, rs_key)
-    nid = name_id[sel][ok]
-    e_rank = e_rank[ok]
-    dur = np.asarray(ev["dur_ns"], np.float64)[sel][ok] / NS_PER_MS
-    if nid.size == 0:
-        return []
-    names, ni = np.unique(nid, return_inverse=True)
+        return {}
+    names, ni = np.unique(name_id[sel], return_inverse=True)
     ni = ni.reshape(-1)
-    ri = np.searchsorted(ranks, e_rank)
-    nn, nr = names.size, ranks.size
-    flat = ni * nr + ri
-    tot = np.bincount(flat, weights=dur, minlength=nn * nr).reshape(nn, nr)
-    cnt = np.bincount(flat, minlength=nn * nr).reshape(nn, nr).astype(np.float64)
-    n_steps = np.bincount(np.searchsorted(ranks, np.asarray(st["rank"], np.int64)), minlength=nr).astype(np.float64)
-    per_step = tot / np.maximum(n_steps, 1)[None, :]
-    calls = cnt / np.maximum(n_steps, 1)[None, :]
+    tot = np.bincount(ni, weights=np.asarray(ev["dur_ns"], np.float64)[sel] / NS_PER_MS, minlength=names.size)
+    cnt = np.bincount(ni, minlength=names.size).astype(np.float64)
+    keep = np.argsort(-tot, kind="stable")[:max_names]
+    return {str(rd.names[names[k]]): (float(tot[k]), float(cnt[k])) for k in sorted(keep.tolist())}
+
+
+def annotations(run: "RunSummary", *, max_names: int = 50) -> list[dict[str, Any]]:
+    """Per user annotation: ``{name, ranks: {"<rank>": {ms_per_step, count_per_step}}, spread_pct}``, largest first.
+
+    At most `max_names` names are returned (the largest); see the module docstring for what counts.
+    """
+    return combine({r: s.annotations for r, s in run.ranks.items()},
+                   {r: int(s.steps["step"].size) for r, s in run.ranks.items() if s.steps["step"].size},
+                   max_names=max_names)
+
+
+def combine(per_rank: Mapping[int, Mapping[str, tuple[float, float]]], n_steps: Mapping[int, int], *,
+            max_names: int = 50) -> list[dict[str, Any]]:
+    """:func:`annotations` from `per_rank` (rank -> ``rank_annotations``) and `n_steps` (rank -> steps recorded)."""
+    ranks = np.array(sorted(n_steps), dtype=np.int64)
+    all_names = sorted({n for a in per_rank.values() for n in a})
+    if not all_names or ranks.size == 0:
+        return []
+    nn, nr = len(all_names), ranks.size
+    pos = {n: i for i, n in enumerate(all_names)}
+    tot = np.zeros((nn, nr))
+    cnt = np.zeros((nn, nr))
+    for j, r in enumerate(ranks.tolist()):
+        for name, (t, c) in (per_rank.get(r) or {}).items():
+            tot[pos[name], j] = t
+            cnt[pos[name], j] = c
+    steps = np.array([n_steps[r] for r in ranks.tolist()], dtype=np.float64)
+    per_step = tot / np.maximum(steps, 1)[None, :]
+    calls = cnt / np.maximum(steps, 1)[None, :]
     mean = per_step.mean(axis=1)
     order = np.argsort(-mean, kind="stable")
     if order.size > max_names:
@@ -106,7 +128,7 @@ def annotations(run: MergedRun, *, max_names: int = 50) -> list[dict[str, Any]]:
         spread = 100.0 * float(per_step[k].max() - per_step[k].min()) / m if nr >= 2 and m > 0 else None
         out.append(
             {
-                "name": str(run.names[names[k]]),
+                "name": all_names[k],
                 "ranks": {
                     str(int(r)): {"ms_per_step": float(per_step[k, j]), "count_per_step": float(calls[k, j])}
                     for j, r in enumerate(ranks)

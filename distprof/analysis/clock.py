@@ -19,7 +19,7 @@ checked: no rank can finish a synchronising collective before the last rank ente
 ``max(0, max_start − min_end)`` per instance is a clock error the model failed to remove (the *residual*).
 
 The :class:`~distprof.analysis.model.HostClock` summaries hold the offset at the first window's segment start and the
-drift of the host's global line; the piecewise model (:class:`ClockModel`) is what load_run applies.
+drift of the host's global line; the piecewise model (:class:`ClockModel`) is what the run summary and load_run apply.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def fit_segments(
 
 @dataclass
 class ClockModel:
-    """Piecewise alignment per (host, window), plus the per-host summaries for MergedRun.clock."""
+    """Piecewise alignment per (host, window), plus the per-host summaries (``RunSummary.clock``)."""
 
     reference_host: str
     rank_host: dict[int, str]
@@ -194,14 +194,9 @@ class ClockModel:
         seg = self.segments.get((host, window)) or self.fallback.get(host)
         return seg if seg is not None else Segment(0, 0.0, 0.0)
 
-    def align(self, rank: np.ndarray, window: np.ndarray, t: np.ndarray) -> np.ndarray:
-        """Aligned times for rows (rank, window, recorded t): vectorised through a (host, window) parameter table.
-
-        Ranks the model does not know keep their times.
-        """
-        t = np.asarray(t, dtype=np.int64)
-        if len(t) == 0:
-            return t.copy()
+    def _params(self, rank: np.ndarray, window: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row (rank, window): the segment's t_ref, offset and slope, through a (host, window) parameter table.
+        Ranks the model does not know get the identity."""
         rank = np.asarray(rank, dtype=np.int64)
         window = np.asarray(window, dtype=np.int64)
         hosts = sorted(set(self.rank_host.values()))
@@ -221,8 +216,25 @@ class ClockModel:
                 tref[i, j], off[i, j], slope[i, j] = seg.t_ref_ns, seg.offset_ns, seg.slope
         hi = host_of[rank]
         wi = wi.reshape(-1)
-        dt = (t - tref[hi, wi]).astype(np.float64)
-        return t + np.rint(off[hi, wi] + slope[hi, wi] * dt).astype(np.int64)
+        return tref[hi, wi], off[hi, wi], slope[hi, wi]
+
+    def slopes(self, rank: np.ndarray, window: np.ndarray) -> np.ndarray:
+        """Per row (rank, window): the slope of its segment (aligned duration = recorded duration × (1 + slope))."""
+        if len(np.asarray(rank)) == 0:
+            return np.zeros(0)
+        return self._params(rank, window)[2]
+
+    def align(self, rank: np.ndarray, window: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Aligned times for rows (rank, window, recorded t): vectorised through a (host, window) parameter table.
+
+        Ranks the model does not know keep their times.
+        """
+        t = np.asarray(t, dtype=np.int64)
+        if len(t) == 0:
+            return t.copy()
+        tref, off, slope = self._params(rank, window)
+        dt = (t - tref).astype(np.float64)
+        return t + np.rint(off + slope * dt).astype(np.int64)
 
 
 @dataclass

@@ -19,17 +19,21 @@ launched before the rank's last recorded step (HTA's default trace filter, which
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..storage.schema import CAT_COMM, CAT_COMPUTE, KIND_CODE
 from . import intervals as iv
-from .model import MergedRun
+from .rankdata import RankData, filter_steps, read_rank
+
+if TYPE_CHECKING:
+    from .runsummary import RunSummary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["gpu_time", "GPU_KINDS"]
+__all__ = ["gpu_time", "rank_gpu_time", "GPU_KINDS"]
 
 #: Kinds that occupy a device stream for the breakdown.
 GPU_KINDS = (KIND_CODE["kernel"], KIND_CODE["gpu_memcpy"], KIND_CODE["gpu_memset"])
@@ -39,60 +43,76 @@ def _pct(x: float, d: float) -> float | None:
     return 100.0 * x / d if d > 0 else None
 
 
-def gpu_time(run: MergedRun, *, steps: tuple[int, int] | None = None, drop_last_step: bool = False,
+def gpu_time(run: "RunSummary", *, steps: tuple[int, int] | None = None, drop_last_step: bool = False,
              whole_us: bool = False) -> list[dict[str, Any]]:
-    """One dict per rank with device events: span/idle/compute/non-compute (µs and % of span), comm and overlap.
+    """:func:`rank_gpu_time` of every device rank of a summarised run. The defaults come from the summaries; other
+    selections read each device rank's events again, one rank at a time."""
+    if steps is None and not drop_last_step and not whole_us:
+        return [s.gpu_time for _, s in sorted(run.ranks.items()) if s.gpu_time is not None]
+    out = []
+    for r in sorted(r for r, s in run.ranks.items() if s.device_rank):
+        rd = read_rank(run.catalog, r)
+        if run.steps_selection is not None:
+            rd = replace(rd, **filter_steps({t: rd.table(t) for t in ("events", "comms", "steps", "memory", "threads",
+                                                                        "cuda_memory", "cuda_memory_blocks")},
+                                            *run.steps_selection))
+        g = rank_gpu_time(rd, steps=steps, drop_last_step=drop_last_step, whole_us=whole_us)
+        if g is not None:
+            out.append(g)
+    return out
+
+
+def rank_gpu_time(rd: RankData, *, steps: tuple[int, int] | None = None, drop_last_step: bool = False,
+                  whole_us: bool = False) -> dict[str, Any] | None:
+    """One rank's span/idle/compute/non-compute (µs and % of span), comm and overlap; None without device events.
 
     ``whole_us=True`` rounds every event inward to whole microseconds (start up, end down) as HTA's parser does;
     distprof's default keeps nanoseconds (see docs/gpu-semantics.md).
     """
-    ev = run.events
+    ev = rd.events
     dev = np.asarray(ev["device"])
     kind = np.asarray(ev["kind"])
-    gmask = (dev >= 0) & np.isin(kind, GPU_KINDS)
-    rank_col = np.asarray(ev["rank"])
-    out = []
-    for r in np.unique(rank_col[gmask]).tolist():
-        m = gmask & (rank_col == r)
-        step = np.asarray(ev["step"])
-        if steps is not None:
-            m &= (step >= steps[0]) & (step <= steps[1])
-        if drop_last_step:
-            rs = np.asarray(run.steps["step"])[np.asarray(run.steps["rank"]) == r]
-            if rs.size >= 2:
-                m &= step < int(rs.max())
-        idx = np.flatnonzero(m)
-        if idx.size == 0:
-            continue
-        ts = np.asarray(ev["ts_ns"], np.int64)[idx]
-        end = ts + np.asarray(ev["dur_ns"], np.int64)[idx]
-        if whole_us:
-            ts = -((-ts) // 1000) * 1000  # ceil to µs
-            end = np.maximum((end // 1000) * 1000, ts)  # floor to µs, never before the start
-        cat = np.asarray(ev["category"])[idx]
-        k = kind[idx]
-        span = int(end.max() - ts.min())
-        busy = iv.union(ts, end)
-        is_kernel = k == KIND_CODE["kernel"]
-        pc = is_kernel & (cat == CAT_COMPUTE)
-        cc = is_kernel & (cat == CAT_COMM)
-        compute = iv.union(ts[pc], end[pc])
-        comm = iv.union(ts[cc], end[cc])
-        idle = span - busy.total
-        comp = compute.total
-        hidden = iv.intersect(comm, compute).total
-        out.append({
-            "rank": int(r),
-            "n_gpu_events": int(idx.size),
-            "span_us": span / 1e3,
-            "idle_us": idle / 1e3,
-            "compute_us": comp / 1e3,
-            "non_compute_us": (span - comp - idle) / 1e3,
-            "idle_pct": _pct(idle, span),
-            "compute_pct": _pct(comp, span),
-            "non_compute_pct": _pct(span - comp - idle, span),
-            "comm_us": comm.total / 1e3,
-            "comm_hidden_us": hidden / 1e3,
-            "overlap_pct": _pct(hidden, comm.total),
-        })
-    return out
+    m = (dev >= 0) & np.isin(kind, GPU_KINDS)
+    if not m.any():
+        return None
+    step = np.asarray(ev["step"])
+    if steps is not None:
+        m &= (step >= steps[0]) & (step <= steps[1])
+    if drop_last_step:
+        rs = np.asarray(rd.steps["step"])
+        if rs.size >= 2:
+            m &= step < int(rs.max())
+    idx = np.flatnonzero(m)
+    if idx.size == 0:
+        return None
+    ts = np.asarray(ev["ts_ns"], np.int64)[idx]
+    end = ts + np.asarray(ev["dur_ns"], np.int64)[idx]
+    if whole_us:
+        ts = -((-ts) // 1000) * 1000  # ceil to µs
+        end = np.maximum((end // 1000) * 1000, ts)  # floor to µs, never before the start
+    cat = np.asarray(ev["category"])[idx]
+    k = kind[idx]
+    span = int(end.max() - ts.min())
+    busy = iv.union(ts, end)
+    is_kernel = k == KIND_CODE["kernel"]
+    pc = is_kernel & (cat == CAT_COMPUTE)
+    cc = is_kernel & (cat == CAT_COMM)
+    compute = iv.union(ts[pc], end[pc])
+    comm = iv.union(ts[cc], end[cc])
+    idle = span - busy.total
+    comp = compute.total
+    hidden = iv.intersect(comm, compute).total
+    return {
+        "rank": int(rd.rank),
+        "n_gpu_events": int(idx.size),
+        "span_us": span / 1e3,
+        "idle_us": idle / 1e3,
+        "compute_us": comp / 1e3,
+        "non_compute_us": (span - comp - idle) / 1e3,
+        "idle_pct": _pct(idle, span),
+        "compute_pct": _pct(comp, span),
+        "non_compute_pct": _pct(span - comp - idle, span),
+        "comm_us": comm.total / 1e3,
+        "comm_hidden_us": hidden / 1e3,
+        "overlap_pct": _pct(hidden, comm.total),
+    }

@@ -11,12 +11,15 @@ min, mean, max, ``max_rank``, ``min_rank``, ``lambda = L_max/L̄ − 1`` (percen
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .breakdown import step_breakdown
-from .model import MergedRun, Table
+
+Table = dict[str, np.ndarray]
+
+if TYPE_CHECKING:
+    from .runsummary import RunSummary
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +28,8 @@ __all__ = ["per_rank_metrics", "imbalance_stats", "imbalance", "METRICS"]
 METRICS = ("compute_ms", "flops", "tflops", "peak_mem_bytes", "step_ms")
 
 
-def per_rank_metrics(run: MergedRun, *, breakdown: Table | None = None) -> Table:
-    """Columns rank, n_steps and every metric in ``METRICS`` (float64)."""
-    bd = breakdown if breakdown is not None else step_breakdown(run)
+def per_rank_metrics(bd: Table) -> Table:
+    """Columns rank, n_steps and every metric in ``METRICS`` (float64), from a step breakdown table."""
     ranks, idx = np.unique(bd["rank"], return_inverse=True)
     n = np.bincount(idx, minlength=ranks.size).astype(np.float64)
 
@@ -75,9 +77,9 @@ def imbalance_stats(values, ranks) -> dict[str, Any]:
     }
 
 
-def imbalance(run: MergedRun, *, breakdown: Table | None = None) -> dict[str, Any]:
+def imbalance(run: RunSummary) -> dict[str, Any]:
     """``{"per_rank": [{rank, n_steps, <metrics>}], "metrics": {metric: stats}}``."""
-    pr = per_rank_metrics(run, breakdown=breakdown)
+    pr = per_rank_metrics(run.steps)
     per_rank = [
         {"rank": int(pr["rank"][i]), "n_steps": int(pr["n_steps"][i]), **{m: float(pr[m][i]) for m in METRICS}}
         for i in range(pr["rank"].size)
@@ -87,16 +89,12 @@ def imbalance(run: MergedRun, *, breakdown: Table | None = None) -> dict[str, An
     return out
 
 
-def _add_reserved_peaks(run: MergedRun, out: dict[str, Any]) -> None:
+def _add_reserved_peaks(run: RunSummary, out: dict[str, Any]) -> None:
     """With --memory-history: per rank the allocator's reserved peak (max over steps and devices), the footprint
     that decides OOMs; added as metric ``reserved_peak_bytes`` (None for ranks without history)."""
-    cm = getattr(run, "cuda_memory", None)
-    if not cm or not len(cm.get("step", ())):
+    by_rank = {r: s.reserved_peak_bytes for r, s in run.ranks.items() if s.reserved_peak_bytes is not None}
+    if not by_rank:
         return
-    ranks, idx = np.unique(cm["rank"], return_inverse=True)
-    peak = np.zeros(ranks.size)
-    np.maximum.at(peak, idx, cm["reserved_peak_bytes"].astype(np.float64))
-    by_rank = dict(zip(ranks.tolist(), peak.tolist()))
     for row in out["per_rank"]:
         row["reserved_peak_bytes"] = by_rank.get(row["rank"])
     vals = [r["reserved_peak_bytes"] for r in out["per_rank"] if r["reserved_peak_bytes"] is not None]

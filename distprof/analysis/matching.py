@@ -1,16 +1,15 @@
 """Collective matching: which per-rank communication events are one collective instance.
 
 Per process group and window, the k-th exec collective (``/comms`` role 1, ``seq`` k) on every rank is one instance.
-:func:`match_collectives` needs only clock-independent fields plus whatever times the events table holds, so the clock
-alignment can use it on raw times; :func:`realign` / :func:`with_times` then recompute the per-instance aggregates on
-aligned times. :func:`match_run` is the one-call version for a :class:`~distprof.analysis.model.MergedRun` (whose times
-are already aligned).
+:func:`match_collectives` takes one row per executed collective (every rank's ``summary.collective_rows``, with
+``rank`` added) and needs only clock-independent fields plus the rows' times, so the clock alignment can use it on
+raw times; :func:`realign` / :func:`with_times` then recompute the per-instance aggregates on aligned times.
 
 Layout of the result (:class:`Collectives`), all numpy columns:
 
 ``members`` — long table, one row per (instance, rank), sorted by (inst, rank):
-    inst i8, rank i4, window i4, pg i4, seq i4, op_id u4, bytes i8, row i8 (index into events), comm i8 (index into
-    comms), start_ns i8, end_ns i8.
+    inst i8, rank i4, window i4, pg i4, seq i4, op_id u4, bytes i8, row i8 (index into the input rows),
+    start_ns i8, end_ns i8.
 ``instances`` — one row per instance, ``inst`` = row number, sorted by (pg, window, seq):
     inst i8, pg i4, window i4, seq i4, op_id u4 (of the lowest rank), bytes i8 (of the lowest rank, −1 unknown),
     n_ranks i4 (ranks seen), n_expected i4 (group members with data in that window), complete bool,
@@ -28,7 +27,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..storage import schema
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +51,7 @@ SYNC_OPS = frozenset(
     }
 )
 
-_MEMBER_COLS = ("inst", "rank", "window", "pg", "seq", "op_id", "bytes", "row", "comm", "start_ns", "end_ns")
+_MEMBER_COLS = ("inst", "rank", "window", "pg", "seq", "op_id", "bytes", "row", "start_ns", "end_ns")
 
 
 @dataclass
@@ -96,7 +94,7 @@ def _empty(n: int = 0) -> tuple[Table, Table]:
     members = {
         "inst": np.zeros(n, np.int64), "rank": np.zeros(n, np.int32), "window": np.zeros(n, np.int32),
         "pg": np.zeros(n, np.int32), "seq": np.zeros(n, np.int32), "op_id": np.zeros(n, np.uint32),
-        "bytes": np.zeros(n, np.int64), "row": np.zeros(n, np.int64), "comm": np.zeros(n, np.int64),
+        "bytes": np.zeros(n, np.int64), "row": np.zeros(n, np.int64),
         "start_ns": np.zeros(n, np.int64), "end_ns": np.zeros(n, np.int64),
     }
     inst = {
@@ -110,38 +108,34 @@ def _empty(n: int = 0) -> tuple[Table, Table]:
 
 
 def match_collectives(
-    comms: Table,
-    events: Table,
+    rows: Table,
     *,
     names: np.ndarray | None = None,
     group_ranks: Mapping[int, Sequence[int]] | None = None,
     ranks_by_window: Mapping[int, Sequence[int]] | None = None,
     max_reports: int = 200,
 ) -> Collectives:
-    """Match role-1 collectives across ranks.
+    """Match collectives across ranks.
 
-    comms: merged ``/comms`` columns with ``rank`` and ``window`` (needs row, op_id, role, pg, seq, bytes).
-    events: merged events with ``ts_ns`` and ``dur_ns`` (``comms.row`` indexes it); times as they are (raw or aligned).
-    names: global string table, for readable reports.
+    rows: one row per executed collective: rank, window, pg, seq (rows with seq < 0 are not numbered and skipped),
+    op_id (into `names`), bytes, start_ns, end_ns (times as they are: raw or aligned).
+    names: string table of op_id, for readable reports.
     group_ranks: pg index -> member ranks (from ``process_groups``); default: ranks seen in that pg.
-    ranks_by_window: window -> ranks that have data for it (shards present); default: ranks seen in ``events`` with
-    that window (or in ``comms`` when events has no ``rank``/``window``).
+    ranks_by_window: window -> ranks that have data for it (shards present); default: ranks seen in `rows`.
     max_reports: at most this many dicts in ``mismatches`` and in ``incomplete`` (the counts are always exact).
     """
-    role = np.asarray(comms["role"])
-    sel = np.flatnonzero((role == schema.ROLE_EXEC) & (np.asarray(comms["seq"]) >= 0))
+    sel = np.flatnonzero(np.asarray(rows["seq"]) >= 0)
     if len(sel) == 0:
         inst, members = _empty()
         return Collectives(inst, members)
-    rank = np.asarray(comms["rank"])[sel].astype(np.int32)
-    window = np.asarray(comms["window"])[sel].astype(np.int32)
-    pg = np.asarray(comms["pg"])[sel].astype(np.int32)
-    seq = np.asarray(comms["seq"])[sel].astype(np.int32)
+    rank = np.asarray(rows["rank"])[sel].astype(np.int32)
+    window = np.asarray(rows["window"])[sel].astype(np.int32)
+    pg = np.asarray(rows["pg"])[sel].astype(np.int32)
+    seq = np.asarray(rows["seq"])[sel].astype(np.int32)
     order = np.lexsort((rank, seq, window, pg))
     sel, rank, window, pg, seq = sel[order], rank[order], window[order], pg[order], seq[order]
-    row = np.asarray(comms["row"])[sel].astype(np.int64)
-    start = np.asarray(events["ts_ns"])[row].astype(np.int64)
-    end = start + np.asarray(events["dur_ns"])[row].astype(np.int64)
+    start = np.asarray(rows["start_ns"])[sel].astype(np.int64)
+    end = np.asarray(rows["end_ns"])[sel].astype(np.int64)
     n = len(sel)
 
     new = np.ones(n, dtype=bool)
@@ -155,10 +149,9 @@ def match_collectives(
         "window": window,
         "pg": pg,
         "seq": seq,
-        "op_id": np.asarray(comms["op_id"])[sel].astype(np.uint32),
-        "bytes": np.asarray(comms["bytes"])[sel].astype(np.int64),
-        "row": row,
-        "comm": sel.astype(np.int64),
+        "op_id": np.asarray(rows["op_id"])[sel].astype(np.uint32),
+        "bytes": np.asarray(rows["bytes"])[sel].astype(np.int64),
+        "row": sel.astype(np.int64),
         "start_ns": start,
         "end_ns": end,
     }
@@ -179,7 +172,7 @@ def match_collectives(
     n_ranks = np.add.reduceat((~dup).astype(np.int64), first)
 
     i_pg, i_win = pg[first], window[first]
-    n_expected = _expected_counts(i_pg, i_win, rank, pg, window, events, comms, group_ranks, ranks_by_window)
+    n_expected = _expected_counts(i_pg, i_win, rank, pg, window, rows, group_ranks, ranks_by_window)
     complete = n_ranks >= n_expected
 
     instances: Table = {
@@ -202,7 +195,7 @@ def match_collectives(
     out.n_mismatched = int((op_bad | bytes_bad | dup_bad).sum())
     out.n_incomplete = int((~complete).sum())
     out.mismatches = _mismatch_reports(out, op_bad, bytes_bad, dup_bad, names, max_reports)
-    out.incomplete = _incomplete_reports(out, group_ranks, ranks_by_window, events, comms, names, max_reports)
+    out.incomplete = _incomplete_reports(out, group_ranks, ranks_by_window, rows, names, max_reports)
     if out.n_mismatched:
         log.debug("%d collective instance(s) disagree across ranks", out.n_mismatched)
     return out
@@ -236,12 +229,11 @@ def _time_aggregates(members: Table, first: np.ndarray) -> Table:
     }
 
 
-def _ranks_by_window(events: Table, comms: Table, ranks_by_window) -> dict[int, np.ndarray]:
+def _ranks_by_window(rows: Table, ranks_by_window) -> dict[int, np.ndarray]:
     if ranks_by_window is not None:
         return {int(w): np.unique(np.asarray(list(r), dtype=np.int64)) for w, r in ranks_by_window.items()}
-    src = events if ("rank" in events and "window" in events) else comms
-    r = np.asarray(src["rank"], dtype=np.int64)
-    w = np.asarray(src["window"], dtype=np.int64)
+    r = np.asarray(rows["rank"], dtype=np.int64)
+    w = np.asarray(rows["window"], dtype=np.int64)
     if len(r) == 0:
         return {}
     key = np.unique(w * (1 << 32) + r)
@@ -256,9 +248,9 @@ def _group_members(pg: int, rank, pgs, group_ranks) -> np.ndarray:
     return np.unique(rank[pgs == pg]).astype(np.int64)
 
 
-def _expected_counts(i_pg, i_win, rank, pg, window, events, comms, group_ranks, ranks_by_window) -> np.ndarray:
+def _expected_counts(i_pg, i_win, rank, pg, window, rows, group_ranks, ranks_by_window) -> np.ndarray:
     """Ranks expected in each instance: group members that have data for the instance's window (loop per pg×window)."""
-    rbw = _ranks_by_window(events, comms, ranks_by_window)
+    rbw = _ranks_by_window(rows, ranks_by_window)
     out = np.zeros(len(i_pg), dtype=np.int64)
     pw = i_pg.astype(np.int64) * (1 << 32) + i_win.astype(np.int64)
     for key in np.unique(pw):
@@ -304,12 +296,12 @@ def _mismatch_reports(c: Collectives, op_bad, bytes_bad, dup_bad, names, max_rep
     return out
 
 
-def _incomplete_reports(c: Collectives, group_ranks, ranks_by_window, events, comms, names, max_reports):
+def _incomplete_reports(c: Collectives, group_ranks, ranks_by_window, rows, names, max_reports):
     ins, m = c.instances, c.members
     bad = np.flatnonzero(~ins["complete"])[:max_reports]
     if len(bad) == 0:
         return []
-    rbw = _ranks_by_window(events, comms, ranks_by_window)
+    rbw = _ranks_by_window(rows, ranks_by_window)
     out = []
     for i in bad:  # problem instances only, capped
         sl = slice(int(ins["first"][i]), int(ins["first"][i] + ins["count"][i]))
@@ -343,14 +335,3 @@ def realign(c: Collectives, align: Callable[[np.ndarray, np.ndarray, np.ndarray]
     """Apply a clock alignment ``align(rank, window, t) -> aligned t`` to the member times (see clock.ClockModel)."""
     m = c.members
     return with_times(c, align(m["rank"], m["window"], m["start_ns"]), align(m["rank"], m["window"], m["end_ns"]))
-
-
-def match_run(run, *, max_reports: int = 200) -> Collectives:
-    """Match the collectives of a MergedRun (times already aligned; ``row`` indexes ``run.events``)."""
-    group_ranks = {}
-    for i, g in enumerate(run.process_groups or []):
-        ranks = g.get("ranks") if isinstance(g, dict) else None
-        if ranks:
-            group_ranks[int(g.get("index", i))] = [int(r) for r in ranks]
-    return match_collectives(run.comms, run.events, names=run.names, group_ranks=group_ranks or None,
-                             max_reports=max_reports)

@@ -11,12 +11,15 @@ whose device is not in the table (every CPU) has no MFU unless overridden. torch
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
 from .imbalance import per_rank_metrics
-from .model import MergedRun, Table, device_properties
+from .model import device_properties
+
+if TYPE_CHECKING:
+    from .runsummary import RunSummary
 
 logger = logging.getLogger(__name__)
 
@@ -66,20 +69,12 @@ def device_names(attrs: dict[str, Any], used: Iterable[int] = ()) -> list[str]:
     return [n for i, n in enumerate(out) if n and n not in out[:i]]
 
 
-def _used_devices(run: MergedRun, rank: int) -> list[int]:
-    ev = run.events
-    if "device" not in ev or "rank" not in ev or not len(ev["device"]):
-        return []
-    d = np.asarray(ev["device"])[(np.asarray(ev["rank"]) == rank)]
-    return np.unique(d[d >= 0]).tolist()
-
-
-def mfu(run: MergedRun, *, peak_tflops: float | None = None, breakdown: Table | None = None) -> list[dict[str, Any]]:
+def mfu(run: RunSummary, *, peak_tflops: float | None = None) -> list[dict[str, Any]]:
     """Per rank where a peak is known: ``{rank, device, peak_tflops, peak_source, achieved_tflops, mfu}``.
 
     Peak source, first match: ``override`` (`peak_tflops`), ``run`` (``run.device_peak_tflops``), ``table``.
     """
-    pr = per_rank_metrics(run, breakdown=breakdown)
+    pr = per_rank_metrics(run.steps)
     out = []
     for i, r in enumerate(pr["rank"].tolist()):
         attrs = run.attrs.get(r, {})
@@ -90,7 +85,8 @@ def mfu(run: MergedRun, *, peak_tflops: float | None = None, breakdown: Table | 
             peak, src = float(run.device_peak_tflops[r]), "run"
         else:
             peak, src = None, "table"
-            for name in device_names(attrs, _used_devices(run, r)):
+            used = run.ranks[r].used_devices if r in run.ranks else []
+            for name in device_names(attrs, used):
                 peak = peak_tflops_for(name)
                 if peak is not None:
                     device = name

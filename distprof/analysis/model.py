@@ -1,6 +1,7 @@
 """The merged run: a plain data object every analysis takes. No torch, no I/O.
 
-Built by `distprof.analysis.run.load_run` (from shards) or directly by tests. Tables are dicts of equal-length numpy
+Built by `distprof.analysis.run.load_run` (from shards), one rank at a time by `run.rank_merged` (timeline, export), or
+directly by tests (`engine.summarize_merged` analyses it). Tables are dicts of equal-length numpy
 columns ("column tables"); all times are **aligned** to the reference rank's clock (int64 epoch ns).
 """
 

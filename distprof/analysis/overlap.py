@@ -11,26 +11,23 @@ overlapped by compute or memcpy. ``exposed_pct`` = exposed communication as a sh
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .breakdown import step_breakdown
-from .model import MergedRun, Table
+
+Table = dict[str, np.ndarray]
+
+if TYPE_CHECKING:
+    from .runsummary import RunSummary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["overlap_by_step", "overlap_by_rank", "device_ranks"]
+__all__ = ["overlap_by_step", "overlap_by_rank"]
 
 
 def _pct(num: float, den: float) -> float | None:
     return float(100.0 * num / den) if den > 0 else None
-
-
-def device_ranks(run: MergedRun) -> set[int]:
-    """Ranks with device events (their compute and idle are measured on the device)."""
-    dev = np.asarray(run.events["device"])
-    return {int(r) for r in np.unique(np.asarray(run.events["rank"])[dev >= 0])}
 
 
 def overlap_by_step(breakdown: Table) -> Table:
@@ -48,10 +45,10 @@ def overlap_by_step(breakdown: Table) -> Table:
     }
 
 
-def overlap_by_rank(run: MergedRun, *, breakdown: Table | None = None) -> list[dict[str, Any]]:
+def overlap_by_rank(run: RunSummary) -> list[dict[str, Any]]:
     """One dict per rank: totals over its analysed steps and the per-step means."""
-    bd = breakdown if breakdown is not None else step_breakdown(run)
-    dev = device_ranks(run)
+    bd = run.steps
+    dev = run.device_rank_set
     out = []
     for r in np.unique(bd["rank"]):
         m = bd["rank"] == r

@@ -1,6 +1,6 @@
-"""The report: every analysis of a merged run in one JSON-serialisable dict (documented in docs/report-format.md).
+"""The report: every analysis of a summarised run in one JSON-serialisable dict (docs/report-format.md).
 
-    run = load_run("out/my-run")
+    run = distprof.load("out/my-run")            # RunSummary
     report = build_report(run, peak_tflops=None, top=3)
 
 Pure: no I/O, no torch; renderers (``distprof.render``) turn the dict into text or a file.
@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _version
 from .annotations import annotations
-from .breakdown import BREAKDOWN_COLUMNS, step_breakdown
+from .breakdown import BREAKDOWN_COLUMNS
 from .findings import FindingRules, findings
-from .imbalance import imbalance
 from .gpu_time import gpu_time
+from .imbalance import imbalance
 from .mfu import mfu
-from .model import MergedRun
-from .overlap import device_ranks, overlap_by_rank, overlap_by_step
+from .overlap import overlap_by_rank, overlap_by_step
 from .rootcause import root_cause
 from .stragglers import StragglerRule, find_stragglers
 from .verdict import verdict
+
+if TYPE_CHECKING:
+    from .runsummary import RunSummary
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ def _summary(bd: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def build_report(
-    run: MergedRun,
+    run: RunSummary,
     *,
     peak_tflops: float | None = None,
     top: int = 3,
@@ -87,7 +89,7 @@ def build_report(
     `finding_rules` overrides the thresholds of the findings (``analysis/findings/``).
     """
     warnings = list(run.warnings)
-    bd = step_breakdown(run)
+    bd = run.steps
     if bd["step"].size == 0:
         warnings.append("no recorded steps: the per-step analyses are empty")
     ov_step = overlap_by_step(bd)
@@ -101,14 +103,14 @@ def build_report(
     if strag["n_instances"] == 0:
         warnings.append("no collective was matched across ranks: no straggler analysis")
     named = [d["rank"] for d in strag["ranks"] if d["named"]][: max(top, 0)]
-    rc = root_cause(run, named, breakdown=bd) if named else []
+    rc = root_cause(run, named) if named else []
 
-    found = findings(run, breakdown=bd, stragglers=strag, root_cause=rc, rules=finding_rules)
+    found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules)
     summary = _summary(bd)
-    mfu_rows = mfu(run, peak_tflops=peak_tflops, breakdown=bd)
-    dev = device_ranks(run)
+    mfu_rows = mfu(run, peak_tflops=peak_tflops)
+    dev = run.device_rank_set
     hosts_present = sorted({run.hosts.get(r, "?") for r in run.ranks_present})
-    st = run.steps
+    st = bd
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "report_version": REPORT_VERSION,
@@ -147,10 +149,11 @@ def build_report(
         "stragglers": strag["ranks"],
         "straggler_info": {k: v for k, v in strag.items() if k != "ranks"},
         "root_cause": rc,
-        "overlap": overlap_by_rank(run, breakdown=bd),
-        "imbalance": imbalance(run, breakdown=bd),
+        "overlap": overlap_by_rank(run),
+        "imbalance": imbalance(run),
         "mfu": mfu_rows,
-        "gpu_time": gpu_time(run),  # per device rank: idle/compute/non-compute %, comm overlap (HTA definitions)
+        # per device rank: idle/compute/non-compute %, comm overlap (HTA definitions)
+        "gpu_time": gpu_time(run),
         "annotations": annotations(run),
         "warnings": warnings,
     }

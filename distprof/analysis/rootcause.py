@@ -13,13 +13,13 @@ the step breakdown's ``idle_ms`` (main thread, or device, in no event and not wa
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..storage.schema import CAT_COMM, KIND_CODE, KINDS
-from .breakdown import step_breakdown, step_name_mask
-from .model import MergedRun, Table
+
+if TYPE_CHECKING:
+    from .runsummary import RunSummary
 
 logger = logging.getLogger(__name__)
 
@@ -28,73 +28,76 @@ __all__ = ["root_cause", "IDLE_NAME"]
 NS_PER_MS = 1e6
 IDLE_NAME = "[idle]"
 _MAX_CELLS = 20_000_000
-_KINDS = np.array(
-    [KIND_CODE[k] for k in ("cpu_op", "user_annotation", "kernel", "gpu_memcpy", "gpu_memset")], dtype=np.int64
-)
+
+
+def _candidates(run: RunSummary, ranks: list[int], max_names: int) -> tuple[list[str], dict[str, str]]:
+    """Names the stragglers ran (sorted), at most `max_names` (those they spent most time in), and each one's kind."""
+    tot: dict[str, float] = {}
+    kinds: dict[str, str] = {}
+    for r in ranks:
+        s = run.ranks.get(r)
+        if s is None:
+            continue
+        d = np.bincount(s.op_totals["name"], weights=s.op_totals["dur_ms"], minlength=len(s.op_names))
+        for i, name in enumerate(s.op_names.tolist()):
+            tot[name] = tot.get(name, 0.0) + float(d[i])
+            kinds.setdefault(name, s.op_kinds[i])
+    cand = sorted(tot)
+    if len(cand) > max_names:  # bound memory: keep the names the stragglers spent most time in
+        order = np.argsort(-np.array([tot[n] for n in cand]), kind="stable")[:max_names]
+        cand = sorted(cand[i] for i in order)
+    return cand, kinds
 
 
 def root_cause(
-    run: MergedRun,
+    run: RunSummary,
     ranks: Sequence[int],
     *,
-    breakdown: Table | None = None,
     top_ops: int = 10,
 ) -> list[dict[str, Any]]:
     """For each rank in `ranks`: its ops with the largest excess over the other ranks' median, same steps.
 
     Returns one dict per rank: ``rank``, ``host``, ``n_steps`` (steps compared), ``ops`` — a list of
     ``{name, kind, excess_ms, excess_ms_per_step, rank_ms_per_step, others_median_ms_per_step, calls_per_step}``.
+    Op times come from each rank's summary (``summary.TOP_OPS`` heaviest names per rank; a name outside a rank's
+    list counts as 0 there).
     """
     ranks = [int(r) for r in ranks]
     if not ranks:
         return []
-    ev = run.events
-    bd = breakdown if breakdown is not None else step_breakdown(run)
-    all_ranks = np.unique(np.asarray(run.steps["rank"]))
-    steps = np.unique(np.asarray(run.steps["step"]))
+    bd = run.steps
+    all_ranks = np.unique(np.asarray(bd["rank"]))
+    steps = np.unique(np.asarray(bd["step"]))
     nr, ns = all_ranks.size, steps.size
     if nr < 2 or ns == 0:
         return [{"rank": r, "host": run.hosts.get(r, "?"), "n_steps": 0, "ops": []} for r in ranks]
     # which (step, rank) exist
     present = np.zeros((ns, nr), bool)
-    present[np.searchsorted(steps, run.steps["step"]), np.searchsorted(all_ranks, run.steps["rank"])] = True
+    present[np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"])] = True
 
-    kind = np.asarray(ev["kind"]).astype(np.int64)
-    name_id = np.asarray(ev["name_id"]).astype(np.int64)
-    step = np.asarray(ev["step"]).astype(np.int64)
-    ev_rank = np.asarray(ev["rank"]).astype(np.int64)
-    is_step = step_name_mask(run.names)[name_id] if name_id.size else np.zeros(0, bool)
-    sel = np.isin(kind, _KINDS) & (np.asarray(ev["category"]) != CAT_COMM) & ~is_step & np.isin(step, steps)
-    sel &= np.isin(ev_rank, all_ranks)
-    # names the stragglers ran (only those can have a positive excess)
-    mine_sel = sel & np.isin(ev_rank, ranks)
-    cand, cand_tot = np.unique(name_id[mine_sel], return_inverse=True)
-    if cand.size * ns * nr > _MAX_CELLS:  # bound memory: keep the names the stragglers spent most time in
-        tot = np.bincount(cand_tot.reshape(-1), weights=np.asarray(ev["dur_ns"])[mine_sel].astype(float))
-        keep = max(1, _MAX_CELLS // (ns * nr))
-        cand = np.sort(cand[np.argsort(-tot, kind="stable")[:keep]])
-    sel &= np.isin(name_id, cand)
-    nid = np.searchsorted(cand, name_id[sel])
-    sid = np.searchsorted(steps, step[sel])
-    rid = np.searchsorted(all_ranks, ev_rank[sel])
-    nn = cand.size
-    flat = (nid * ns + sid) * nr + rid
-    dur = np.bincount(flat, weights=np.asarray(ev["dur_ns"])[sel].astype(np.float64), minlength=nn * ns * nr)
-    calls = np.bincount(flat, minlength=nn * ns * nr).astype(np.float64)
-    dur = dur.reshape(nn, ns, nr) / NS_PER_MS
-    calls = calls.reshape(nn, ns, nr)
-    kind_of = np.zeros(nn, np.int64)
-    kind_of[nid] = kind[sel]
+    cand, kind_of = _candidates(run, ranks, max(1, _MAX_CELLS // (ns * nr)))
+    nn = len(cand)
+    pos = {n: i for i, n in enumerate(cand)}
+    dur = np.zeros((nn, ns, nr))
+    calls = np.zeros((nn, ns, nr))
+    for j, r in enumerate(all_ranks.tolist()):
+        s = run.ranks.get(int(r))
+        if s is None or not s.op_totals["name"].size:
+            continue
+        ni = np.array([pos.get(x, -1) for x in s.op_names.tolist()], np.int64)[s.op_totals["name"]]
+        ok = (ni >= 0) & np.isin(s.op_totals["step"], steps)
+        si = np.searchsorted(steps, s.op_totals["step"][ok])
+        dur[ni[ok], si, j] = s.op_totals["dur_ms"][ok]
+        calls[ni[ok], si, j] = s.op_totals["calls"][ok]
 
     # [idle] pseudo-op from the breakdown
     idle = np.zeros((1, ns, nr))
     if bd["step"].size:
-        m = np.isin(bd["step"], steps) & np.isin(bd["rank"], all_ranks)
-        idle[0, np.searchsorted(steps, bd["step"][m]), np.searchsorted(all_ranks, bd["rank"][m])] = bd["idle_ms"][m]
+        idle[0, np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"])] = bd["idle_ms"]
     dur = np.concatenate([dur, idle])
     calls = np.concatenate([calls, np.zeros((1, ns, nr))])
-    labels = [str(run.names[c]) for c in cand] + [IDLE_NAME]
-    kinds = [KINDS[k] if k < len(KINDS) else str(k) for k in kind_of] + ["none"]
+    labels = cand + [IDLE_NAME]
+    kinds = [kind_of.get(n, "none") for n in cand] + ["none"]
 
     dur = np.where(present[None], dur, np.nan)
     out = []

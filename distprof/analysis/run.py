@@ -1,54 +1,36 @@
-"""Load a run directory into one MergedRun: every shard, checked, merged, clock-aligned. No torch.
+"""Every event of every rank in one clock-aligned MergedRun — for small runs and interactive work. No torch.
 
     run = load_run("distprof/<run-id>")              # all windows
     run = load_run(path, steps=(10, 19))             # only global steps 10..19 (inclusive)
     run = load_run(path, columns={"events": ["name_id", "ts_ns", "dur_ns", "tid"]})
 
-Steps: find and open every shard (attributes only) → check they belong together (run_id, world_size, schedule) →
-name missing ranks/shards → read the needed columns → merge the string tables (np.unique + remap arrays) and the
-process-group lists → concatenate with ``rank``/``window`` columns, ``comms.row`` pointing into the merged events →
-match collectives on raw times → build the clock model (clock.py) and align every time column → filter steps → sort
-events by (rank, ts_ns).
+Memory grows with ranks × events: the analyses and ``distprof report`` use the bounded per-rank path instead
+(``distprof.load`` → ``engine.summarize``). Steps: scan the shards (``catalog.scan_run``) → read each rank
+(``rankdata.read_rank``) → match the collectives and build the clock model exactly as the summaries do
+(``runsummary.join``) → one string table, ``comms.row`` pointing into the merged events → align every time column →
+filter steps → sort events by (rank, ts_ns).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
-from collections import Counter
-from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping
 
 import numpy as np
 
-from ..errors import IncompleteRunError, ShardFormatError
-from ..progress import progress_enabled
-from ..storage import schema
-from ..storage.reader import Shard, find_shards, read_shard, read_status
-from .clock import ClockModel, RankClockInfo, estimate_clocks
-from .matching import match_collectives
+from .catalog import scan_run
+from .matching import Collectives, match_collectives
 from .model import MergedRun
-from .names import rank_ranges
+from .rankdata import REQUIRED, TABLES, filter_steps, merge_strings, read_rank
+from .runsummary import join
+from .summary import collective_rows
 
 log = logging.getLogger(__name__)
 
-Table = dict[str, np.ndarray]
+__all__ = ["load_run", "rank_merged", "match_run", "TABLES", "REQUIRED"]
 
-#: Tables merged into MergedRun, in this order.
-TABLES = ("events", "comms", "steps", "memory", "threads", "cuda_memory", "cuda_memory_blocks")
-#: Columns always read (merging, matching, alignment and step filtering need them).
-REQUIRED = {
-    "events": ("ts_ns", "dur_ns", "step"),
-    "comms": tuple(schema.TABLES["comms"]),
-    "steps": ("step", "start_ns", "end_ns"),
-    "memory": ("ts_ns", "step"),
-    "threads": (),
-    "cuda_memory": ("step", "peak_ns"),
-    "cuda_memory_blocks": ("step", "ts_ns", "frame_id", "user_frame_id"),
-}
-#: Shards from this many on get a progress bar (when stderr is a terminal).
-PROGRESS_MIN_SHARDS = 16
+Table = dict[str, np.ndarray]
 
 
 def load_run(
@@ -70,92 +52,38 @@ def load_run(
     this distprof, or belongs to another run (run_id / world_size / schedule differ). Missing ranks or windows are
     named in ``MergedRun.warnings`` and loading carries on.
     """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise IncompleteRunError(f"{run_dir}: no such run directory; pass the <out>/<run-id> folder the capture wrote")
-    paths = find_shards(run_dir)
-    if not paths:
-        raise IncompleteRunError(
-            f"{run_dir}: no shard files (rank*.w*.h5); pass the <out>/<run-id> folder, or check the capture's "
-            "status files for errors")
+    cat = scan_run(run_dir, steps=steps, progress=progress)
+    rds = [read_rank(cat, r, columns=columns) for r in cat.ranks_read]
+    parts = []
+    for rd in rds:
+        rows, ops = collective_rows(rd)
+        parts.append((rd.rank, rows, ops))
+    j = join(cat, parts, {k: v for rd in rds for k, v in rd.samples.items()})
+    names, remaps = merge_strings([rd.names for rd in rds])
+    tables: dict[str, Table] = {}
+    ev_offset = 0
+    fixed = []
+    for rd, remap in zip(rds, remaps):
+        tabs = {t: dict(rd.table(t)) for t in TABLES}
+        for t, col in (("events", "name_id"), ("threads", "name_id"), ("comms", "op_id"),
+                       ("cuda_memory_blocks", "frame_id"), ("cuda_memory_blocks", "user_frame_id")):
+            if col in tabs[t] and len(tabs[t][col]):
+                tabs[t][col] = remap[tabs[t][col]]
+        tabs["comms"]["row"] = tabs["comms"]["row"] + ev_offset
+        ev_offset += len(tabs["events"]["ts_ns"])
+        fixed.append(tabs)
+    for t in TABLES:
+        tables[t] = {c: np.concatenate([f[t][c] for f in fixed]) for c in fixed[0][t]}
+    _align(tables, j.model)
     if steps is not None:
-        lo, hi = int(steps[0]), int(steps[1])
-        if lo > hi:
-            raise ValueError(f"steps=({lo}, {hi}): the first step must not be after the last")
-
-    show = progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
-    shards = [read_shard(p) for p in _bar(paths, show, "reading shard attributes")]
-    world_size = _check_same_run(shards)
-    warnings: list[str] = []
-    shards = _dedupe(shards, warnings)
-
-    all_ranks = sorted({s.rank for s in shards})
-    ranks_missing = sorted(set(range(world_size)) - set(all_ranks))
-    if ranks_missing:
-        warnings.append(_missing_ranks_message(run_dir, ranks_missing, world_size))
-    _note_shard_problems(shards, warnings)
-
-    if steps is not None:
-        kept = [s for s in shards if _overlaps(s, lo, hi)]
-        if not kept:
-            spans = sorted({(int(s.attrs["first_step"]), int(s.attrs["last_step"])) for s in shards})
-            raise IncompleteRunError(
-                f"{run_dir}: no window covers steps {lo}..{hi} (recorded: "
-                + ", ".join(f"{a}..{b}" for a, b in spans) + "); pick steps inside a recorded window")
-        shards = kept
-    _note_missing_windows(shards, warnings)
-
-    want = _columns(columns)
-    per_shard: list[dict[str, Table]] = []
-    names_list: list[np.ndarray] = []
-    samples: dict[tuple[int, int], Table] = {}
-    for s in _bar(shards, show, "reading shards"):
-        per_shard.append({t: s.table(t, want[t]) for t in TABLES})
-        names_list.append(s.names)
-        if s.attrs.get("clock_role") in ("leader", None) and s.has("clock/samples"):
-            tab = s.table("clock/samples")
-            if len(tab["phase"]):
-                samples[(s.rank, s.window)] = tab
-
-    names, remaps = _merge_strings(names_list)
-    process_groups, pg_maps = _merge_process_groups(shards)
-    tables = _concat(shards, per_shard, remaps, pg_maps)
-
-    events, comms = tables["events"], tables["comms"]
-    ranks_by_window: dict[int, list[int]] = {}
-    for s in shards:
-        ranks_by_window.setdefault(s.window, []).append(s.rank)
-    group_ranks = {int(g["index"]): g["ranks"] for g in process_groups if g.get("ranks")}
-    matched = match_collectives(comms, events, names=names, group_ranks=group_ranks or None,
-                                ranks_by_window=ranks_by_window)
-
-    first_attrs: dict[int, dict[str, Any]] = {}
-    for s in shards:
-        first_attrs.setdefault(s.rank, s.attrs)
-    infos = {r: _clock_info(r, a) for r, a in first_attrs.items()}
-    model = estimate_clocks(infos, samples, matched, names=names)
-    warnings.extend(model.warnings)
-    _align(tables, model)
-
-    if matched.n_mismatched:
-        warnings.append(f"{matched.n_mismatched} collective instance(s) disagree across ranks on op or size "
-                        f"(capture mismatch or a rank skipped a collective); first: {matched.mismatches[0]['message']}")
-    if matched.n_incomplete:
-        warnings.append(f"{matched.n_incomplete} collective instance(s) missing on some ranks of their group; "
-                        f"first: {matched.incomplete[0]['message']}")
-
-    if steps is not None:
-        _filter_steps(tables, lo, hi)
+        tables = filter_steps(tables, int(steps[0]), int(steps[1]))
     _sort_events(tables)
-
-    for w in warnings:
-        log.warning("%s", w)
     return MergedRun(
-        run_id=str(shards[0].attrs["run_id"]),
-        world_size=world_size,
-        ranks_present=all_ranks,
-        ranks_missing=ranks_missing,
-        hosts={r: str(a["host"]) for r, a in sorted(first_attrs.items())},
+        run_id=cat.run_id,
+        world_size=cat.world_size,
+        ranks_present=list(cat.ranks),
+        ranks_missing=list(cat.ranks_missing),
+        hosts=cat.hosts,
         names=names,
         events=tables["events"],
         comms=tables["comms"],
@@ -164,259 +92,68 @@ def load_run(
         threads=tables["threads"],
         cuda_memory=tables["cuda_memory"],
         cuda_memory_blocks=tables["cuda_memory_blocks"],
-        clock=model.hosts,
-        attrs=dict(sorted(first_attrs.items())),
-        process_groups=process_groups,
-        warnings=warnings,
+        clock=j.model.hosts,
+        attrs=dict(sorted(cat.first_attrs.items())),
+        process_groups=cat.process_groups,
+        warnings=j.warnings,
     )
 
 
-# ---- shards: progress, consistency, gaps ---------------------------------------------------------------------------
+def rank_merged(run, rank: int, *, columns: Mapping[str, Iterable[str] | None] | None = None
+                ) -> tuple[MergedRun, np.ndarray]:
+    """One rank of a summarised run (``runsummary.RunSummary``) as a MergedRun on the aligned clock, with the run's
+    steps selection applied — what the timeline and the export stream, rank by rank — and, per event row, its row
+    in the rank's unfiltered events (``summary.collective_rows``' ``ev_row``)."""
+    cat = run.catalog
+    rd = read_rank(cat, rank, columns=columns)
+    tables = {t: dict(rd.table(t)) for t in TABLES}
+    n = len(tables["events"]["ts_ns"])
+    tables["events"]["_orig"] = np.arange(n, dtype=np.int64)
+    _align(tables, run.model)
+    if run.steps_selection is not None:
+        tables = filter_steps(tables, *run.steps_selection)
+    _sort_events(tables)
+    orig = tables["events"].pop("_orig")
+    return MergedRun(
+        run_id=run.run_id, world_size=run.world_size, ranks_present=list(run.ranks_present),
+        ranks_missing=list(run.ranks_missing), hosts=run.hosts, names=rd.names, events=tables["events"],
+        comms=tables["comms"], steps=tables["steps"], memory=tables["memory"], threads=tables["threads"],
+        cuda_memory=tables["cuda_memory"], cuda_memory_blocks=tables["cuda_memory_blocks"], clock=run.clock,
+        attrs=run.attrs, process_groups=run.process_groups, warnings=run.warnings), orig
 
 
-def _bar(items: Sequence, show: bool, desc: str):
-    if not show:
-        return items
-    from tqdm import tqdm
+def match_run(run: MergedRun, *, max_reports: int = 200) -> Collectives:
+    """Match the collectives of a MergedRun (times already aligned); members' ``row`` indexes ``run.events``."""
+    from ..storage.schema import ROLE_EXEC
 
-    return tqdm(items, desc=desc, unit="shard", file=sys.stderr, leave=False)
-
-
-def _schedule(attrs: Mapping[str, Any]) -> Any:
-    cfg = attrs.get("config")
-    return cfg.get("schedule") if isinstance(cfg, dict) else None
-
-
-def _check_same_run(shards: list[Shard]) -> int:
-    """Every shard must share run_id, world_size and schedule; the majority value wins, the odd file is named."""
-    checks = (
-        ("run_id", lambda a: str(a["run_id"]),
-         "the directory mixes two runs; move the other run's shards out, or load each run directory on its own"),
-        ("world_size", lambda a: int(a["world_size"]),
-         "shards from jobs of different sizes; keep one job's shards per directory"),
-        ("config.schedule", _schedule,
-         "shards captured with different profiling schedules; keep one run's shards per directory"),
-    )
-    for field_name, get, fix in checks:
-        values = [get(s.attrs) for s in shards]
-        if field_name == "config.schedule":
-            known = [(i, v) for i, v in enumerate(values) if v is not None]
-            if not known:
-                continue
-            keys = [repr(sorted(v.items())) if isinstance(v, dict) else repr(v) for _, v in known]
-            idx = [i for i, _ in known]
-        else:
-            keys = [repr(v) for v in values]
-            idx = list(range(len(values)))
-        counts = Counter(keys)
-        if len(counts) <= 1:
-            continue
-        common = counts.most_common(1)[0][0]
-        good = next(i for i, k in zip(idx, keys) if k == common)
-        bad = next(i for i, k in zip(idx, keys) if k != common)
-        raise ShardFormatError(
-            f"{shards[bad].path}: {field_name} {values[bad]!r} differs from {values[good]!r} in "
-            f"{counts[common]} other shard(s) (e.g. {shards[good].path.name}): {fix}")
-    return int(shards[0].attrs["world_size"])
-
-
-def _dedupe(shards: list[Shard], warnings: list[str]) -> list[Shard]:
-    """One shard per (rank, window); a file whose name disagrees with its attributes is noted."""
-    seen: dict[tuple[int, int], Shard] = {}
-    for s in shards:
-        key = (s.rank, s.window)
-        expect = schema.SHARD_TEMPLATE.format(rank=s.rank, window=s.window)
-        if s.path.name != expect:
-            warnings.append(f"{s.path}: attributes say rank {s.rank} window {s.window} (expected file name {expect})")
-        if key in seen:
-            raise ShardFormatError(
-                f"{s.path}: rank {s.rank} window {s.window} is also in {seen[key].path.name}; remove the copy")
-        seen[key] = s
-    return sorted(seen.values(), key=lambda s: (s.rank, s.window))
-
-
-def _missing_ranks_message(run_dir: Path, missing: list[int], world_size: int) -> str:
-    msg = f"rank(s) {rank_ranges(missing, sep=',')} of 0..{world_size - 1} have no shard: their data is absent from every analysis"
-    status = read_status(run_dir)
-    notes = []
-    for r in missing:
-        errs = (status.get(r) or {}).get("errors") or []
-        if errs:
-            e = errs[-1]
-            notes.append(f"rank {r}: {e.get('stage', '?')}: {e.get('message', e)}" if isinstance(e, dict)
-                         else f"rank {r}: {e}")
-    if notes:
-        msg += " (" + "; ".join(notes[:3]) + ")"
-    return msg
-
-
-def _note_shard_problems(shards: list[Shard], warnings: list[str]) -> None:
-    cut = [s for s in shards if s.attrs.get("complete") is False]
-    if cut:
-        warnings.append("window(s) cut short (the script ended mid-window): "
-                        + ", ".join(f"rank {s.rank} window {s.window}" for s in cut[:8])
-                        + (f" and {len(cut) - 8} more" if len(cut) > 8 else ""))
-    errs = {}
-    for s in shards:
-        e = s.attrs.get("errors") or []
-        if e:
-            errs[s.rank] = e[-1]
-    if errs:
-        items = list(errs.items())[:3]
-        warnings.append("capture errors recorded on rank(s) " + rank_ranges(errs, sep=',') + ": " + "; ".join(
-            f"rank {r}: {e.get('stage', '?')}: {e.get('message', '')}" if isinstance(e, dict) else f"rank {r}: {e}"
-            for r, e in items))
-
-
-def _note_missing_windows(shards: list[Shard], warnings: list[str]) -> None:
-    ranks = sorted({s.rank for s in shards})
-    have: dict[int, set[int]] = {}
-    for s in shards:
-        have.setdefault(s.window, set()).add(s.rank)
-    for w in sorted(have):
-        lack = [r for r in ranks if r not in have[w]]
-        if lack:
-            warnings.append(f"window {w}: rank(s) {rank_ranges(lack, sep=',')} have no shard for it (lost or still being written)")
-
-
-def _overlaps(s: Shard, lo: int, hi: int) -> bool:
-    return int(s.attrs["first_step"]) <= hi and int(s.attrs["last_step"]) >= lo
-
-
-def _columns(columns: Mapping[str, Iterable[str] | None] | None) -> dict[str, list[str] | None]:
-    want: dict[str, list[str] | None] = {t: None for t in TABLES}
-    for t, cols in (columns or {}).items():
-        if t not in want:
-            raise KeyError(f"columns: unknown table {t!r}; known: {', '.join(TABLES)}")
-        if cols is None:
-            continue
-        cols = list(cols)
-        unknown = [c for c in cols if c not in schema.TABLES[t] and c not in ("rank", "window")]
-        if unknown:
-            raise KeyError(f"columns[{t!r}]: unknown column(s) {', '.join(unknown)}; known: "
-                           + ", ".join(schema.TABLES[t]))
-        keep = [c for c in schema.TABLES[t] if c in set(cols) | set(REQUIRED[t])]
-        want[t] = keep
-    return want
-
-
-# ---- merging ---------------------------------------------------------------------------------------------------------
-
-
-def _merge_strings(names_list: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """One sorted global string table, and per shard the local→global id map."""
-    lens = [len(n) for n in names_list]
-    if sum(lens) == 0:
-        return np.zeros(0, dtype=object), [np.zeros(0, np.uint32) for _ in names_list]
-    allnames = np.concatenate([np.asarray(n, dtype=object) for n in names_list])
-    uniq, inv = np.unique(allnames, return_inverse=True)
-    bounds = np.cumsum([0] + lens)
-    remaps = [inv[bounds[i]:bounds[i + 1]].astype(np.uint32) for i in range(len(names_list))]
-    return uniq.astype(object), remaps
-
-
-def _merge_process_groups(shards: list[Shard]) -> tuple[list[dict[str, Any]], list[np.ndarray | None]]:
-    """Union of the shards' process-group lists, keyed by pg name; per shard the local→global index map."""
-    glob: list[dict[str, Any]] = []
-    by_key: dict[str, int] = {}
-    maps: list[np.ndarray | None] = []
-    for s in shards:
-        pgs = s.attrs.get("process_groups")
-        if not isinstance(pgs, list) or not pgs:
-            maps.append(None)
-            continue
-        lut = np.full(max(int(g.get("index", i)) for i, g in enumerate(pgs)) + 1, -1, dtype=np.int32)
-        for i, g in enumerate(pgs):
-            key = str(g.get("name", g.get("index", i)))
-            if key not in by_key:
-                by_key[key] = len(glob)
-                glob.append({"index": len(glob), "name": g.get("name", key), "desc": g.get("desc", ""),
-                             "backend": g.get("backend", ""), "ranks": list(g.get("ranks") or [])})
-            lut[int(g.get("index", i))] = by_key[key]
-        maps.append(lut)
-    return glob, maps
-
-
-def _remap_pg(pg: np.ndarray, lut: np.ndarray | None) -> np.ndarray:
-    if lut is None or len(pg) == 0:
-        return pg
-    ok = (pg >= 0) & (pg < len(lut))
-    out = pg.copy()
-    out[ok] = lut[pg[ok]]
+    cm = run.comms
+    sel = np.flatnonzero(np.asarray(cm["role"]) == ROLE_EXEC)
+    ev_row = np.asarray(cm["row"], np.int64)[sel]
+    start = np.asarray(run.events["ts_ns"], np.int64)[ev_row]
+    rows = {"rank": np.asarray(cm["rank"])[sel], "window": np.asarray(cm["window"])[sel],
+            "pg": np.asarray(cm["pg"])[sel], "seq": np.asarray(cm["seq"])[sel],
+            "op_id": np.asarray(cm["op_id"])[sel], "bytes": np.asarray(cm["bytes"])[sel],
+            "start_ns": start, "end_ns": start + np.asarray(run.events["dur_ns"], np.int64)[ev_row]}
+    group_ranks = {}
+    for i, g in enumerate(run.process_groups or []):
+        ranks = g.get("ranks") if isinstance(g, dict) else None
+        if ranks:
+            group_ranks[int(g.get("index", i))] = [int(r) for r in ranks]
+    out = match_collectives(rows, names=run.names, group_ranks=group_ranks or None, max_reports=max_reports)
+    out.members["row"] = ev_row[out.members["row"]]  # into run.events
     return out
 
 
-def _concat(shards: list[Shard], per_shard: list[dict[str, Table]], remaps, pg_maps) -> dict[str, Table]:
-    out: dict[str, Table] = {}
-    ev_offset = 0
-    fixed: list[dict[str, Table]] = []
-    for s, tabs, remap, lut in zip(shards, per_shard, remaps, pg_maps):
-        tabs = {t: dict(c) for t, c in tabs.items()}
-        n_ev = len(tabs["events"]["ts_ns"])
-        for t, col in (("events", "name_id"), ("threads", "name_id"), ("comms", "op_id"),
-                       ("cuda_memory_blocks", "frame_id"), ("cuda_memory_blocks", "user_frame_id")):
-            if col in tabs[t] and len(tabs[t][col]):
-                ids = tabs[t][col]
-                if int(ids.max()) >= len(remap):
-                    raise ShardFormatError(
-                        f"{s.path}: {t}/{col} {int(ids.max())} is outside the string table ({len(remap)} names); "
-                        "the shard is damaged, re-run the capture")
-                tabs[t][col] = remap[ids]
-        rows = tabs["comms"]["row"]
-        if len(rows) and (rows.min() < 0 or rows.max() >= n_ev):
-            raise ShardFormatError(f"{s.path}: comms/row outside events (0..{n_ev - 1}); the shard is damaged")
-        tabs["comms"]["row"] = rows.astype(np.int64) + ev_offset
-        tabs["comms"]["pg"] = _remap_pg(tabs["comms"]["pg"], lut)
-        if "pg" in tabs["threads"]:
-            tabs["threads"]["pg"] = _remap_pg(tabs["threads"]["pg"], lut)
-        for t in TABLES:
-            n = len(next(iter(tabs[t].values()))) if tabs[t] else 0
-            tabs[t]["rank"] = np.full(n, s.rank, dtype=np.int32)
-            tabs[t]["window"] = np.full(n, s.window, dtype=np.int32)
-        ev_offset += n_ev
-        fixed.append(tabs)
-    for t in TABLES:
-        cols = fixed[0][t].keys()
-        out[t] = {c: np.concatenate([f[t][c] for f in fixed]) for c in cols}
-    return out
+# ---- alignment, sorting ----------------------------------------------------------------------------------------------
 
 
-def _clock_info(rank: int, a: Mapping[str, Any]) -> RankClockInfo:
-    def opt_int(key):
-        v = a.get(key)
-        return int(v) if v is not None and v != "" else None
-
-    role = a.get("clock_role")
-    return RankClockInfo(rank=rank, host=str(a["host"]), role=str(role) if role else None,
-                         leader=opt_int("clock_leader"), reference=opt_int("clock_reference"))
-
-
-# ---- alignment, filtering, sorting -----------------------------------------------------------------------------------
-
-
-def _align(tables: dict[str, Table], model: ClockModel) -> None:
+def _align(tables: dict[str, Table], model) -> None:
     for t, cols in (("events", ("ts_ns",)), ("steps", ("start_ns", "end_ns")), ("memory", ("ts_ns",)),
                     ("cuda_memory", ("peak_ns",)), ("cuda_memory_blocks", ("ts_ns",))):
         tab = tables[t]
         for c in cols:
             if c in tab and len(tab[c]):
                 tab[c] = model.align(tab["rank"], tab["window"], tab[c])
-
-
-def _filter_steps(tables: dict[str, Table], lo: int, hi: int) -> None:
-    ev = tables["events"]
-    keep = (ev["step"] >= lo) & (ev["step"] <= hi)
-    new_row = np.cumsum(keep) - 1
-    tables["events"] = {c: v[keep] for c, v in ev.items()}
-    cm = tables["comms"]
-    ck = keep[cm["row"]] if len(cm["row"]) else np.zeros(0, bool)
-    cm = {c: v[ck] for c, v in cm.items()}
-    cm["row"] = new_row[cm["row"]].astype(np.int64)
-    tables["comms"] = cm
-    for t in ("steps", "memory", "cuda_memory", "cuda_memory_blocks"):
-        tab = tables[t]
-        k = (tab["step"] >= lo) & (tab["step"] <= hi)
-        tables[t] = {c: v[k] for c, v in tab.items()}
 
 
 def _sort_events(tables: dict[str, Table]) -> None:

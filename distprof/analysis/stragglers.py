@@ -1,7 +1,7 @@
 """Stragglers: who arrives late at collectives, and how much waiting it causes the others.
 
 Instances. Per process group and window, the k-th exec collective (``comms.role == 1``, ``comms.seq == k``) of every
-rank is one instance (``matching.match_run``). For rank r in instance i (times on the aligned clock):
+rank is one instance (the run summary's matched collectives). For rank r in instance i (times on the aligned clock):
 
 * arrival ``a_ri`` = start of its exec event (``gloo:*`` on the worker thread, the NCCL kernel on the stream);
 * **lateness** ``ℓ_ri = a_ri − median_{r'≠r} a_r'i`` — how much later r arrived than a typical peer. (Measured from
@@ -42,12 +42,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .matching import match_run
-from .model import MergedRun, Table
+
+Table = dict[str, np.ndarray]
+
+if TYPE_CHECKING:
+    from .runsummary import RunSummary
 
 logger = logging.getLogger(__name__)
 
@@ -102,16 +105,22 @@ def _median_of_others(first: np.ndarray, n: np.ndarray, pos: np.ndarray, x: np.n
     return (rem(lo).astype(np.float64) + rem(hi).astype(np.float64)) / 2
 
 
-def collective_instances(run: MergedRun) -> Table:
+def collective_instances(run: RunSummary) -> Table:
     """One row per (instance, rank), sorted by (instance, arrival).
 
     Columns: ``inst`` (0..n−1), ``window``, ``pg``, ``seq``, ``rank``, ``step``, ``arrival_ns``, ``dur_ns``, ``pos``
     (arrival order, 0 = first), ``n_ranks``, ``lateness_ns`` (vs the median of the others, float), ``behind_first_ns``,
     ``is_last``, ``lead_ns`` (last arriver only: its arrival − the second-latest; else 0), ``clock_free_lateness_ns``
     (median of the others' durations − own, float). Instances seen on fewer than two ranks are dropped; a rank seen
-    twice in one instance keeps its first row.
+    twice in one instance keeps its first row. With a steps selection, only collectives inside the selected steps.
     """
-    m = match_run(run).members
+    m = run.collectives.members
+    step = np.asarray(run.collective_rows["step"], np.int64)[np.asarray(m["row"], np.int64)]
+    if run.steps_selection is not None:
+        lo, hi = run.steps_selection
+        inside = (step >= lo) & (step <= hi)
+        m = {k: np.asarray(v)[inside] for k, v in m.items()}
+        step = step[inside]
     if m["inst"].size == 0:
         return _empty_instances()
     inst = np.asarray(m["inst"], np.int64)
@@ -124,14 +133,13 @@ def collective_instances(run: MergedRun) -> Table:
     keep &= np.bincount(inst[keep], minlength=int(inst.max()) + 1)[inst] >= 2
     if not np.any(keep):
         return _empty_instances()
-    rows = np.asarray(m["row"], np.int64)[keep]
     arrival = np.asarray(m["start_ns"], np.int64)[keep]
     cols = {
         "window": np.asarray(m["window"], np.int64)[keep],
         "pg": np.asarray(m["pg"], np.int64)[keep],
         "seq": np.asarray(m["seq"], np.int64)[keep],
         "rank": rank[keep],
-        "step": np.asarray(run.events["step"], np.int64)[rows],
+        "step": step[keep],
         "arrival_ns": arrival,
         "dur_ns": np.asarray(m["end_ns"], np.int64)[keep] - arrival,
     }
@@ -176,7 +184,7 @@ def _empty_instances() -> Table:
     return out
 
 
-def arrival_jitter_ms(run: MergedRun, t: Table) -> float:
+def arrival_jitter_ms(run: RunSummary, t: Table) -> float:
     """The ranks' ordinary arrival scatter (σ estimate, ms): see the module docstring. 0 when it cannot be estimated."""
     if t["inst"].size == 0:
         return 0.0
@@ -200,7 +208,7 @@ def arrival_jitter_ms(run: MergedRun, t: Table) -> float:
     return min(estimates) if estimates else 0.0
 
 
-def threshold_ms(run: MergedRun, rule: StragglerRule, jitter_ms: float = 0.0) -> tuple[float, dict[str, float]]:
+def threshold_ms(run: RunSummary, rule: StragglerRule, jitter_ms: float = 0.0) -> tuple[float, dict[str, float]]:
     """The lateness threshold and its parts (ms)."""
     residuals = [hc.residual_us for hc in run.clock.values() if hc.residual_us is not None]
     residual_ms = max(residuals) / 1e3 if residuals else 0.0
@@ -242,7 +250,7 @@ class _Cells:
         return np.bincount(self.idx, weights=v, minlength=self.n)
 
 
-def find_stragglers(run: MergedRun, *, rule: StragglerRule | None = None) -> dict[str, Any]:
+def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> dict[str, Any]:
     """Rank and host straggler tables, per-step stragglers and the naming rule (a JSON-ready dict).
 
     Keys: ``rule`` (text, threshold_ms and its parts), ``n_instances``, ``ranks`` (one dict per rank, ranked by blame),
@@ -360,7 +368,7 @@ def _per_step(cells: _Cells, c_lat, c_blame, ranks, thr) -> tuple[list[dict], li
     return per_step, changes
 
 
-def _hosts(run: MergedRun, t: Table, skey, lat, blame_row, thr, rule) -> list[dict[str, Any]]:
+def _hosts(run: RunSummary, t: Table, skey, lat, blame_row, thr, rule) -> list[dict[str, Any]]:
     """Host table: per instance a host's lateness is its latest rank's (vs the median of the other hosts' arrivals)."""
     host_of = np.array([str(run.hosts.get(int(r), "?")) for r in t["rank"]], dtype=object).astype(str)
     hosts, hidx = np.unique(host_of, return_inverse=True)

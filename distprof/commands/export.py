@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.run import load_run
+    from ..analysis.engine import summarize
     from ..export.kineto import export_kineto
 
     ranks = parse_ranks(args.ranks) if args.ranks else None
@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir) / "kineto"
     progress = False if args.no_progress else None
     t0 = time.perf_counter()
-    merged = load_run(args.run_dir, steps=steps, progress=progress)
-    files = export_kineto(merged, out, ranks=ranks, gzip=not args.no_gzip, progress=progress)
+    run_ = summarize(args.run_dir, steps=steps, progress=progress)
+    files = export_kineto(run_, out, ranks=ranks, gzip=not args.no_gzip, progress=progress)
     total = sum(f.bytes for f in files)
     for f in files:
         sys.stdout.write(f"rank {f.rank}: {f.path} ({f.n_x:,} events, {_size(f.bytes)})\n")

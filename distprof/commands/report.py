@@ -30,8 +30,8 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..analysis.engine import summarize
     from ..analysis.report import build_report
-    from ..analysis.run import load_run
     from ..render import render_console, render_json, write_html, write_json
     from ..render.html import check_html_path
 
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps) if args.steps else None
     if args.html:
         check_html_path(args.html)  # fail before the (long) merge, not after
-    run_ = load_run(args.run_dir, steps=steps, progress=False if args.no_progress else None)
+    run_ = summarize(args.run_dir, steps=steps, progress=False if args.no_progress else None)
     report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top)
     html_path = write_html(report, args.html, run_) if args.html else None
     if args.json == "-":

@@ -51,7 +51,7 @@ def parse_windows(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.run import load_run
+    from ..analysis.engine import summarize
     from ..render.timeline import BYTES_PER_EVENT, DEFAULT_MAX_EVENTS, plan_timeline, write_timeline
 
     if args.max_events is not None and args.max_events < 0:
@@ -68,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress else None
 
     load_steps = _window_steps(args.run_dir, windows, steps) if windows else steps
-    run_ = load_run(args.run_dir, steps=load_steps, progress=progress)
+    run_ = summarize(args.run_dir, steps=load_steps, progress=progress)
     plan = plan_timeline(run_, ranks=ranks, windows=windows, steps=steps, max_events=max_events,
-                         launch_flows=args.launch_flows)
+                         launch_flows=args.launch_flows, progress=progress)
     res = write_timeline(run_, plan, out, progress=progress)
     sys.stdout.write(f"timeline written to {res.path} ({res.n_events:,} trace events, {_mb(res.n_bytes)}"
                      + (f", {_mb(res.json_bytes)} of JSON" if res.json_bytes != res.n_bytes else "")

@@ -1,9 +1,11 @@
 """A merged run as Kineto chrome-trace JSON: one file per rank, readable by Holistic Trace Analysis, TensorBoard's
 profiler plugin, Perfetto and chrome://tracing. No torch.
 
-    from distprof.analysis import load_run
     from distprof.export import export_kineto
-    files = export_kineto(load_run(run_dir), "out/kineto")        # out/kineto/rank-0.json.gz, rank-1.json.gz, ...
+    files = export_kineto(distprof.load(run_dir), "out/kineto")     # out/kineto/rank-0.json.gz, rank-1.json.gz, ...
+
+One rank's events are in memory at a time (``run.rank_merged``); the base time and the clock come from the run
+summary.
 
 What a file holds (format in docs/export.md):
 
@@ -42,6 +44,7 @@ import numpy as np
 from .._version import __version__
 from ..analysis.model import MergedRun, device_properties
 from ..analysis.names import rank_ranges
+from ..analysis.run import rank_merged
 from ..atomic import atomic_write
 from ..errors import ConfigError, IncompleteRunError
 from ..progress import progress_enabled
@@ -85,22 +88,29 @@ def file_name(rank: int, gzip: bool = True) -> str:
     return f"rank-{rank}.json" + (".gz" if gzip else "")
 
 
-def choose_base_ns(run: MergedRun, ranks: Iterable[int]) -> int:
-    """One base for every exported rank: the earliest aligned timestamp among them, floored to the second."""
-    want = np.asarray(sorted(ranks), dtype=np.int64)
+def choose_base_ns(run, ranks: Iterable[int]) -> int:
+    """One base for every exported rank: the earliest aligned timestamp among them (events, steps, memory), floored
+    to the second. From the run summary: per rank and window the earliest recorded time, aligned."""
+    want = sorted(int(r) for r in ranks)
     lows = []
-    for tab, col in ((run.events, "ts_ns"), (run.steps, "start_ns"), (run.memory, "ts_ns")):
-        if col in tab and len(tab[col]):
-            m = np.isin(tab["rank"], want)
-            if m.any():
-                lows.append(int(tab[col][m].min()))
+    st = run.steps
+    m = np.isin(st["rank"], want)
+    if m.any():
+        lows.append(int(st["start_ns"][m].min()))
+    for r in want:
+        s = run.ranks.get(r)
+        if s is None or not s.t_min:
+            continue
+        w = np.asarray(sorted(s.t_min), np.int64)
+        t = np.asarray([s.t_min[int(x)] for x in w], np.int64)
+        lows.append(int(run.model.align(np.full(w.size, r), w, t).min()))
     if not lows:
         return 0
     return (min(lows) // NS_PER_S) * NS_PER_S
 
 
 def export_kineto(
-    run: MergedRun,
+    run,
     out_dir: str | os.PathLike,
     *,
     ranks: Sequence[int] | None = None,
@@ -108,7 +118,8 @@ def export_kineto(
     compresslevel: int = 6,
     progress: bool | None = None,
 ) -> list[ExportedFile]:
-    """Write ``rank-N.json.gz`` (or ``.json``) for each rank of `run` into `out_dir`; return what was written.
+    """Write ``rank-N.json.gz`` (or ``.json``) for each rank of `run` (a RunSummary) into `out_dir`; return what was
+    written.
 
     ranks: the ranks to write (default: every rank present). Raises IncompleteRunError when one is not in the run.
     progress: True forces a tqdm bar over the ranks, False hides it, None shows it when stderr is a terminal.
@@ -134,7 +145,8 @@ def export_kineto(
     base = choose_base_ns(run, ranks)
     written: list[ExportedFile] = []
     for r in _bar(ranks, progress, "exporting ranks"):
-        header, events = rank_trace(run, r, base, trace_name=file_name(r, gzip))
+        rm, _ = rank_merged(run, r)
+        header, events = rank_trace(rm, r, base, trace_name=file_name(r, gzip))
         path = out / file_name(r, gzip)
         n, n_x, size = _write(path, header, events, gzip=gzip, compresslevel=compresslevel)
         log.info("rank %d: wrote %s (%d events, %d bytes)", r, path, n, size)

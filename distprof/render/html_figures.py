@@ -9,6 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.summary import MEMORY_POINTS
+from ..analysis.summary import downsample_minmax as _downsample_minmax
+
 from .html_text import _fmt, _mean, _num, _pl
 
 #: Memory-timeline points kept per rank (min/max per bucket, so peaks survive); fewer when there are many ranks.
@@ -284,58 +287,39 @@ def _fig_imbalance(report: dict[str, Any]) -> dict[str, Any] | None:
     return {"data": data, "layout": layout}
 
 
-def _downsample_minmax(t: np.ndarray, v: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
-    """At most ~`budget` points: per bucket of consecutive samples keep the min and the max (in time order), so the
-    peaks and troughs of the timeline survive."""
-    n = t.size
-    if n <= budget:
-        return t, v
-    nb = max(budget // 2, 1)
-    bucket = (np.arange(n, dtype=np.int64) * nb) // n
-    order = np.lexsort((v, bucket))  # by bucket, then value
-    b_sorted = bucket[order]
-    first = np.flatnonzero(np.r_[True, b_sorted[1:] != b_sorted[:-1]])
-    last = np.r_[first[1:] - 1, n - 1]
-    keep = np.unique(np.concatenate([order[first], order[last]]))
-    return t[keep], v[keep]
 
 
 def _fig_memory(run: Any, report: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """Memory timeline per rank from the MergedRun ``memory`` table (one device per rank: its accelerator if it
-    has allocator events there, else the CPU)."""
+    """Memory timeline per rank from the run summary's memory curves (one device per rank: its accelerator if it
+    has allocator events there, else the CPU), on the aligned clock."""
     if run is None:
-        return None, "The memory timeline needs the merged run (render_html(report, run)); only the report was given."
-    mem = getattr(run, "memory", None) or {}
-    if not mem or "ts_ns" not in mem or np.asarray(mem["ts_ns"]).size == 0:
+        return None, ("The memory timeline needs the run summary (render_html(report, run)); only the report was "
+                      "given.")
+    ranks = sorted(r for r, s in run.ranks.items() if s.memory_series)
+    if not ranks:
         return None, "No allocator events were recorded (capture with profile_memory on to get a memory timeline)."
-    ts = np.asarray(mem["ts_ns"], dtype=np.int64)
-    total = np.asarray(mem["total_bytes"], dtype=np.int64)
-    rank = np.asarray(mem["rank"])
-    window = np.asarray(mem["window"]) if "window" in mem else np.zeros(ts.size, dtype=np.int32)
-    device = np.asarray(mem["device"]) if "device" in mem else np.full(ts.size, -1)
-    ranks = sorted(int(r) for r in np.unique(rank))
     per_rank = max(200, min(MEMORY_POINTS_PER_RANK, _MEMORY_POINTS_TOTAL // max(len(ranks), 1)))
     starts = [int(r["start_ns"]) for r in report.get("steps") or [] if "start_ns" in r]
-    t0 = min(starts) if starts else int(ts.min())
+    firsts = [int(t[0]) for r in ranks for t, _ in run.ranks[r].memory_series.values() if t.size]
+    t0 = min(starts) if starts else min(firsts)
     relative = any(bool(a.get("memory_total_relative")) for a in (getattr(run, "attrs", None) or {}).values())
     data = []
     devices_used = set()
     for r in ranks:
-        sel = rank == r
-        dev_r = device[sel]
-        dev = int(dev_r[dev_r >= 0].min()) if (dev_r >= 0).any() else -1
+        s = run.ranks[r]
+        dev = s.memory_device
         devices_used.add(dev)
-        sel &= device == dev
-        idx = np.flatnonzero(sel)
-        idx = idx[np.argsort(ts[idx], kind="stable")]
-        wins = window[idx]
-        n_total = idx.size
+        n_total = sum(t.size for t, _ in s.memory_series.values())
         xs: list[float | None] = []
         ys: list[float | None] = []
-        for w in sorted(int(x) for x in np.unique(wins)):
-            part = idx[wins == w]
-            budget = max(4, int(round(per_rank * part.size / n_total)))
-            t_s, v_s = _downsample_minmax(ts[part], total[part], budget)
+        for w in sorted(s.memory_series):
+            t_w, v_w = s.memory_series[w]
+            if per_rank < MEMORY_POINTS:  # many ranks: fewer points each than the summaries kept
+                budget = max(4, int(round(per_rank * t_w.size / max(n_total, 1))))
+                t_s, v_s = _downsample_minmax(t_w, v_w, budget)
+            else:
+                t_s, v_s = t_w, v_w
+            t_s = run.model.align(np.full(t_s.size, r), np.full(t_s.size, w), t_s)
             if xs:
                 xs.append(None)  # break the line between windows
                 ys.append(None)

@@ -1,6 +1,6 @@
 """Findings: the common causes of slow distributed training, detected per rank, each with its numbers and usual fix.
 
-    fs = findings(run, breakdown=bd, stragglers=find_stragglers(run), root_cause=rc)
+    fs = findings(run, stragglers=find_stragglers(run), root_cause=rc)      # run: a RunSummary
     text = verdict(summary, stragglers, rc, fs)
 
 Every rule measures a share of step time "at stake" (``metrics["impact_pct"]``); severity follows from it:
@@ -23,11 +23,10 @@ grouping of hits into findings are in :mod:`.rules`.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..model import MergedRun, Table
 from .communication import exposed_comm, exposed_comm_text
 from .device import (IDLE_CAUSES, SYNC_CALL_RE, device_idle, device_idle_text, dominant_idle_cause, host_sync,
                      host_sync_text, is_sync_call)
@@ -38,6 +37,9 @@ from .ops import tiny_ops, tiny_ops_text
 from .rules import SEVERITY_ORDER, FindingRules, group
 from .stragglers import straggler_findings
 
+if TYPE_CHECKING:
+    from ..runsummary import RunSummary
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["FindingRules", "findings", "rank_measures", "DATALOADER_PREFIX", "SYNC_CALL_RE", "is_sync_call",
@@ -45,23 +47,23 @@ __all__ = ["FindingRules", "findings", "rank_measures", "DATALOADER_PREFIX", "SY
 
 
 def findings(
-    run: MergedRun,
+    run: RunSummary,
     *,
-    breakdown: Table,
     stragglers: dict[str, Any],
     root_cause: list[dict[str, Any]],
     rules: FindingRules | None = None,
 ) -> list[dict[str, Any]]:
     """Every finding of every rule (see the rule modules, indexed above), most severe first.
 
-    `stragglers` is ``find_stragglers(run)``'s dict, `root_cause` ``root_cause(run, named)``'s list.
+    `stragglers` is ``find_stragglers(run)``'s dict, `root_cause` ``root_cause(run, named)``'s list. The per-rank
+    measures were taken when the run was summarised (``tiny_op_us`` of the rules given then).
     """
     rules = rules or FindingRules()
-    ms = rank_measures(run, breakdown, rules)
+    ms = [s.measures for _, s in sorted(run.ranks.items()) if s.measures is not None]
     if not ms:
         return []
     n = len(ms)
-    step_ms = np.asarray(breakdown["step_ms"], np.float64)
+    step_ms = np.asarray(run.steps["step_ms"], np.float64)
     median_step = float(np.median(step_ms)) if step_ms.size else 0.0
     named_lat = {d["rank"]: float(d["mean_lateness_ms"]) for d in stragglers.get("ranks", []) if d.get("named")}
     out = straggler_findings(stragglers, root_cause, dict(run.hosts), median_step, rules)

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from ...storage.schema import KIND_CODE, THREAD_COMM
+from ...storage.schema import KIND_CODE
 from .. import intervals as iv
 from ..gpu_time import GPU_KINDS
-from ..model import MergedRun
+from ..index import RankIndex
+from ..rankdata import RankData
 from .events import (K_CPU_OP, K_CUDA_SYNC, NS_PER_MS, edge_gaps, in_windows, leaf_ops, op_label, outermost_op,
                      starts_inside, top_ids)
 from .rules import FindingRules, Hit, on_rank, pct
@@ -50,7 +51,7 @@ def is_sync_call(name: str) -> bool:
     return SYNC_CALL_RE.match(name) is not None
 
 
-def device_measures(run: MergedRun, rank: int, e: dict[str, np.ndarray], ws: np.ndarray, we: np.ndarray,
+def device_measures(rd: RankData, ix: RankIndex, e: dict[str, np.ndarray], ws: np.ndarray, we: np.ndarray,
                      input_set: iv.Intervals, is_sync_name: np.ndarray) -> dict[str, Any]:
     """Device idle (where it sits, what the host did meanwhile) and host synchronisation, per step of the rank."""
     ts, end, kind, tid, dev, nid = e["ts"], e["end"], e["kind"], e["tid"], e["dev"], e["nid"]
@@ -73,11 +74,7 @@ def device_measures(run: MergedRun, rank: int, e: dict[str, np.ndarray], ws: np.
     # an idle stretch that starts while the host waits in a sync: the sync drained the device's queue
     drained_m = starts_inside(idle.s, sync)
     drained = iv.Intervals(idle.s[drained_m], idle.e[drained_m])
-    th = run.threads
-    th_rank = np.asarray(th.get("rank", np.zeros(0, np.int32)))
-    comm_tids = np.asarray(th.get("tid", np.zeros(0, np.int64)))[
-        (th_rank == rank) & (np.asarray(th.get("role", np.zeros(0, np.uint8))) == THREAD_COMM)]
-    hop = (dev < 0) & (kind == K_CPU_OP) & ~np.isin(tid, comm_tids)
+    hop = (dev < 0) & (kind == K_CPU_OP) & ~np.isin(tid, ix.comm_tids)
     host_ops = iv.union(ts[hop], end[hop])
     # each idle ns goes to the first of: input wait, drained by a sync, host inside an op, host outside any op
     p_input = iv.intersect(idle, input_set)
@@ -89,14 +86,14 @@ def device_measures(run: MergedRun, rank: int, e: dict[str, np.ndarray], ws: np.
     hi = np.flatnonzero(hop)
     li = hi[leaf_ops(ts[hi], end[hi], tid[hi])]
     ov = iv.measure_in_windows(p_ops, ts[li], end[li])
-    top_ops = [(op_label(run, k), t / NS_PER_MS / n) for k, t in top_ids(nid[li], ov)]
+    top_ops = [(op_label(rd.names, k), t / NS_PER_MS / n) for k, t in top_ids(nid[li], ov)]
 
     sync_in = in_windows(sync.s, ws, we)
     si = np.flatnonzero(scall)
     si = si[in_windows(ts[si], ws, we)]
     ci = np.flatnonzero((dev < 0) & (kind == K_CPU_OP))
     site = outermost_op(ts[ci], end[ci], tid[ci], nid[ci], ts[si], end[si], tid[si])
-    sites = [(op_label(run, k), t / NS_PER_MS / n, float(np.count_nonzero(site == k)) / n)
+    sites = [(op_label(rd.names, k), t / NS_PER_MS / n, float(np.count_nonzero(site == k)) / n)
              for k, t in top_ids(site, end[si] - ts[si])]
     return {
         "device_idle_ms_per_step": per_step(idle),

@@ -9,7 +9,6 @@ import numpy as np
 
 from ...storage.schema import KIND_CODE
 from .. import intervals as iv
-from ..model import MergedRun
 from ..names import display_name
 
 
@@ -102,5 +101,5 @@ def top_ids(nid: np.ndarray, weight: np.ndarray, k: int = 3) -> list[tuple[int, 
     return [(int(u[i]), float(tot[i])) for i in top if tot[i] > 0]
 
 
-def op_label(run: MergedRun, name_id: int) -> str:
-    return display_name(str(run.names[name_id])) if name_id >= 0 else "(outside any op)"
+def op_label(names: np.ndarray, name_id: int) -> str:
+    return display_name(str(names[name_id])) if name_id >= 0 else "(outside any op)"

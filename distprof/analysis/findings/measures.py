@@ -10,169 +10,145 @@ from typing import Any
 
 import numpy as np
 
-from ...storage.schema import CAT_COMM, CAT_COMPUTE, ROLE_EXEC, THREAD_MAIN
+from ...storage.schema import CAT_COMM, CAT_COMPUTE
 from .. import intervals as iv
-from ..breakdown import rank_slices, step_name_mask
-from ..model import MergedRun, Table
+from ..index import RankIndex
+from ..rankdata import RankData
 from .device import device_measures, is_sync_call
 from .events import K_ANNOT, K_CPU_OP, K_KERNEL, NS_PER_MS, boundary_gaps, top_level
 from .rules import FindingRules
 
-
+Table = dict[str, np.ndarray]
 MIB = 2**20
 DATALOADER_PREFIX = "enumerate(DataLoader)#"
 
 
-def _main_tid(run: MergedRun, rank: int, tid: np.ndarray, is_step: np.ndarray, device: np.ndarray) -> int | None:
-    th = run.threads
-    if th.get("tid") is not None and np.asarray(th["tid"]).size:
-        hit = np.asarray(th["tid"])[(np.asarray(th["rank"]) == rank) & (np.asarray(th["role"]) == THREAD_MAIN)]
-        if hit.size:
-            return int(hit[0])
-    steps = tid[is_step & (device < 0)]
-    if steps.size:
-        vals, counts = np.unique(steps, return_counts=True)
-        return int(vals[np.argmax(counts)])
-    return None
+def rank_measures(rd: RankData, ix: RankIndex, bd: Table, rules: FindingRules | None = None) -> dict[str, Any] | None:
+    """The numbers every rule reads for one rank (means are per step of that rank); None without steps.
 
-
-def rank_measures(run: MergedRun, breakdown: Table, rules: FindingRules | None = None) -> list[dict[str, Any]]:
-    """The per-rank numbers every rule reads (one dict per rank with steps; means are per step of that rank)."""
+    `bd` is the rank's step breakdown (``breakdown.rank_breakdown``).
+    """
     rules = rules or FindingRules()
-    bd = breakdown
-    ev = run.events
     if bd["step"].size == 0:
-        return []
-    order, slices = rank_slices(ev["rank"])
-    is_step_name = step_name_mask(run.names)
-    is_dl_name = np.fromiter((str(n).startswith(DATALOADER_PREFIX) for n in run.names), bool, count=len(run.names))
-    is_sync_name = np.fromiter((is_sync_call(str(n)) for n in run.names), bool, count=len(run.names))
-    exec_rows = np.asarray(run.comms["row"], np.int64)[np.asarray(run.comms["role"]) == ROLE_EXEC]
-    is_exec = np.zeros(ev["ts_ns"].size, bool)
-    is_exec[exec_rows[(exec_rows >= 0) & (exec_rows < is_exec.size)]] = True
+        return None
+    ev = rd.events
+    names = rd.names
+    rank = rd.rank
+    is_dl_name = np.fromiter((str(n).startswith(DATALOADER_PREFIX) for n in names), bool, count=len(names))
+    is_sync_name = np.fromiter((is_sync_call(str(n)) for n in names), bool, count=len(names))
     tiny_ns = rules.tiny_op_us * 1e3
-    mem = run.memory
-    m_order, m_slices = rank_slices(np.asarray(mem.get("rank", np.zeros(0, np.int32))))
-    out = []
-    for rank in np.unique(bd["rank"]).tolist():
-        bm = bd["rank"] == rank
-        n = int(bm.sum())
-        ws = np.asarray(bd["start_ns"][bm], np.int64)
-        we = np.asarray(bd["end_ns"][bm], np.int64)
-        step_ms = float(bd["step_ms"][bm].sum()) / n
-        steps_of = np.asarray(bd["step"][bm], np.int64)
-        sl = slices.get(rank)
-        idx = order[sl] if sl is not None else np.zeros(0, np.int64)
-        ts = np.asarray(ev["ts_ns"], np.int64)[idx]
-        dur = np.asarray(ev["dur_ns"], np.int64)[idx]
-        end = ts + dur
-        kind = np.asarray(ev["kind"])[idx]
-        cat = np.asarray(ev["category"])[idx]
-        tid = np.asarray(ev["tid"], np.int64)[idx]
-        dev = np.asarray(ev["device"])[idx]
-        nid = np.asarray(ev["name_id"], np.int64)[idx]
-        step = np.asarray(ev["step"], np.int64)[idx]
-        in_steps = np.isin(step, steps_of)
-        is_step = is_step_name[nid]
-        device_rank = bool(np.any(dev >= 0))
-        main = _main_tid(run, rank, tid, is_step, dev)
-        on_main = (tid == main) & (dev < 0) if main is not None else np.zeros(ts.size, bool)
-        m: dict[str, Any] = {"rank": int(rank), "host": run.hosts.get(int(rank), "?"), "n_steps": n,
-                             "step_ms": step_ms, "device_rank": device_rank}
+    n = int(bd["step"].size)
+    ws = np.asarray(bd["start_ns"], np.int64)
+    we = np.asarray(bd["end_ns"], np.int64)
+    step_ms = float(bd["step_ms"].sum()) / n
+    steps_of = np.asarray(bd["step"], np.int64)
+    ts = np.asarray(ev["ts_ns"], np.int64)
+    dur = np.asarray(ev["dur_ns"], np.int64)
+    end = ts + dur
+    kind = np.asarray(ev["kind"])
+    cat = np.asarray(ev["category"])
+    tid = np.asarray(ev["tid"], np.int64)
+    dev = np.asarray(ev["device"])
+    nid = np.asarray(ev["name_id"], np.int64)
+    step = np.asarray(ev["step"], np.int64)
+    in_steps = np.isin(step, steps_of)
+    is_step = ix.is_step
+    device_rank = ix.device_rank
+    main = ix.main_tid
+    on_main = (tid == main) & (dev < 0) if main is not None else np.zeros(ts.size, bool)
+    m: dict[str, Any] = {"rank": int(rank), "host": rd.host, "n_steps": n,
+                         "step_ms": step_ms, "device_rank": device_rank}
 
-        # tiny ops
-        if device_rank:
-            ops = (kind == K_KERNEL) & (dev >= 0) & (cat == CAT_COMPUTE) & in_steps
-        else:
-            cand = on_main & (kind == K_CPU_OP) & (cat != CAT_COMM)
-            ci = np.flatnonzero(cand)
-            ci = ci[np.argsort(ts[ci], kind="stable")]
-            top = np.zeros(ts.size, bool)
-            top[ci[top_level(ts[ci], end[ci])]] = True
-            ops = top & in_steps
-        d = dur[ops].astype(np.float64)
-        tiny = d < tiny_ns
-        m["op_ms_per_step"] = float(d.sum()) / NS_PER_MS / n
-        m["ops_per_step"] = float(d.size) / n
-        m["tiny_ops_per_step"] = float(tiny.sum()) / n
-        m["tiny_ms_per_step"] = float(d[tiny].sum()) / NS_PER_MS / n
-        m["tiny_share_pct"] = 100.0 * float(d[tiny].sum()) / float(d.sum()) if d.sum() > 0 else 0.0
-        m["tiny_median_us"] = float(np.median(d[tiny])) / 1e3 if tiny.any() else 0.0
-        m["idle_ms_per_step"] = float(bd["idle_ms"][bm].sum()) / n
+    # tiny ops
+    if device_rank:
+        ops = (kind == K_KERNEL) & (dev >= 0) & (cat == CAT_COMPUTE) & in_steps
+    else:
+        cand = on_main & (kind == K_CPU_OP) & (cat != CAT_COMM)
+        ci = np.flatnonzero(cand)
+        ci = ci[np.argsort(ts[ci], kind="stable")]
+        top = np.zeros(ts.size, bool)
+        top[ci[top_level(ts[ci], end[ci])]] = True
+        ops = top & in_steps
+    d = dur[ops].astype(np.float64)
+    tiny = d < tiny_ns
+    m["op_ms_per_step"] = float(d.sum()) / NS_PER_MS / n
+    m["ops_per_step"] = float(d.size) / n
+    m["tiny_ops_per_step"] = float(tiny.sum()) / n
+    m["tiny_ms_per_step"] = float(d[tiny].sum()) / NS_PER_MS / n
+    m["tiny_share_pct"] = 100.0 * float(d[tiny].sum()) / float(d.sum()) if d.sum() > 0 else 0.0
+    m["tiny_median_us"] = float(np.median(d[tiny])) / 1e3 if tiny.any() else 0.0
+    m["idle_ms_per_step"] = float(bd["idle_ms"].sum()) / n
 
-        # input wait
-        dl = on_main & is_dl_name[nid]
-        busy_m = on_main & ((kind == K_CPU_OP) | (kind == K_ANNOT)) & ~is_step
-        busy = iv.union(ts[busy_m], end[busy_m])
-        comm = iv.union(ts[is_exec[idx]], end[is_exec[idx]])
-        dl_set = iv.union(ts[dl], end[dl])
-        gaps = iv.subtract(boundary_gaps(busy, ws, we), comm) if main is not None else iv.empty()
-        dl_ms = float(iv.measure_in_windows(dl_set, ws, we).sum()) / NS_PER_MS / n
-        gap_ms = float(iv.measure_in_windows(gaps, ws, we).sum()) / NS_PER_MS / n
-        m["dataloader_ms_per_step"] = dl_ms
-        m["boundary_gap_ms_per_step"] = gap_ms
-        m["input_ms_per_step"] = dl_ms + gap_ms
-        m["dataloader_names"] = sorted({str(run.names[k]) for k in np.unique(nid[dl])})
+    # input wait
+    dl = on_main & is_dl_name[nid]
+    busy_m = on_main & ((kind == K_CPU_OP) | (kind == K_ANNOT)) & ~is_step
+    busy = iv.union(ts[busy_m], end[busy_m])
+    comm = iv.union(ts[ix.is_exec], end[ix.is_exec])
+    dl_set = iv.union(ts[dl], end[dl])
+    gaps = iv.subtract(boundary_gaps(busy, ws, we), comm) if main is not None else iv.empty()
+    dl_ms = float(iv.measure_in_windows(dl_set, ws, we).sum()) / NS_PER_MS / n
+    gap_ms = float(iv.measure_in_windows(gaps, ws, we).sum()) / NS_PER_MS / n
+    m["dataloader_ms_per_step"] = dl_ms
+    m["boundary_gap_ms_per_step"] = gap_ms
+    m["input_ms_per_step"] = dl_ms + gap_ms
+    m["dataloader_names"] = sorted({str(names[k]) for k in np.unique(nid[dl])})
 
-        # device idle and host synchronisation
-        if device_rank:
-            m.update(device_measures(run, int(rank), {"ts": ts, "end": end, "kind": kind, "tid": tid, "dev": dev,
-                                                       "nid": nid}, ws, we, iv.union_all(dl_set, gaps),
-                                      is_sync_name))
+    # device idle and host synchronisation
+    if device_rank:
+        m.update(device_measures(rd, ix, {"ts": ts, "end": end, "kind": kind, "tid": tid, "dev": dev, "nid": nid},
+                                 ws, we, iv.union_all(dl_set, gaps), is_sync_name))
 
-        # memory
-        msl = m_slices.get(int(rank))
-        mm = m_order[msl] if msl is not None else np.zeros(0, np.int64)
-        if mm.size:
-            mstep = np.asarray(mem["step"], np.int64)[mm]
-            mb = np.asarray(mem["bytes"], np.int64)[mm]
-            mt = np.asarray(mem["total_bytes"], np.int64)[mm]
-            ok = np.isin(mstep, steps_of)
-            si = np.searchsorted(np.unique(steps_of), mstep[ok])
-            ns_ = np.unique(steps_of).size
-            alloc = mb[ok] > 0
-            n_alloc = np.bincount(si[alloc], minlength=ns_).astype(float)
-            b_alloc = np.bincount(si[alloc], weights=mb[ok][alloc].astype(float), minlength=ns_)
-            hi = np.full(ns_, -np.inf)
-            lo = np.full(ns_, np.inf)
-            np.maximum.at(hi, si, mt[ok].astype(float))
-            np.minimum.at(lo, si, mt[ok].astype(float))
-            has = np.isfinite(hi)
-            swing = np.where(has, hi - lo, 0.0)
-            m["allocs_per_step"] = float(n_alloc.sum()) / n
-            m["allocs_per_ms"] = float(n_alloc.sum()) / max(step_ms * n, 1e-9)
-            m["alloc_mib_per_step"] = float(b_alloc.sum()) / MIB / n
-            m["swing_mib_per_step"] = float(swing[has].mean()) / MIB if has.any() else 0.0
-            m["turnover"] = float(b_alloc.sum() / swing.sum()) if swing.sum() > 0 else 0.0
-            peaks = hi[has]
-            m["peak_mib_mean"] = float(peaks.mean()) / MIB if peaks.size else 0.0
-            m["peak_swing_mib"] = float(peaks.max() - peaks.min()) / MIB if peaks.size >= 2 else 0.0
-            m["memory_events"] = True
-        else:
-            m["memory_events"] = False
-        hist = memory_history_measures(run, int(rank), steps_of, np.asarray(bd["step_ms"][bm], np.float64))
-        if hist is not None:  # only with --memory-history: ranks without it keep exactly the keys above
-            m["memory_history"] = hist
+    # memory
+    mem = rd.memory
+    if np.asarray(mem["ts_ns"]).size:
+        mstep = np.asarray(mem["step"], np.int64)
+        mb = np.asarray(mem["bytes"], np.int64)
+        mt = np.asarray(mem["total_bytes"], np.int64)
+        ok = np.isin(mstep, steps_of)
+        si = np.searchsorted(np.unique(steps_of), mstep[ok])
+        ns_ = np.unique(steps_of).size
+        alloc = mb[ok] > 0
+        n_alloc = np.bincount(si[alloc], minlength=ns_).astype(float)
+        b_alloc = np.bincount(si[alloc], weights=mb[ok][alloc].astype(float), minlength=ns_)
+        hi = np.full(ns_, -np.inf)
+        lo = np.full(ns_, np.inf)
+        np.maximum.at(hi, si, mt[ok].astype(float))
+        np.minimum.at(lo, si, mt[ok].astype(float))
+        has = np.isfinite(hi)
+        swing = np.where(has, hi - lo, 0.0)
+        m["allocs_per_step"] = float(n_alloc.sum()) / n
+        m["allocs_per_ms"] = float(n_alloc.sum()) / max(step_ms * n, 1e-9)
+        m["alloc_mib_per_step"] = float(b_alloc.sum()) / MIB / n
+        m["swing_mib_per_step"] = float(swing[has].mean()) / MIB if has.any() else 0.0
+        m["turnover"] = float(b_alloc.sum() / swing.sum()) if swing.sum() > 0 else 0.0
+        peaks = hi[has]
+        m["peak_mib_mean"] = float(peaks.mean()) / MIB if peaks.size else 0.0
+        m["peak_swing_mib"] = float(peaks.max() - peaks.min()) / MIB if peaks.size >= 2 else 0.0
+        m["memory_events"] = True
+    else:
+        m["memory_events"] = False
+    hist = memory_history_measures(rd, steps_of, np.asarray(bd["step_ms"], np.float64))
+    if hist is not None:  # only with --memory-history: ranks without it keep exactly the keys above
+        m["memory_history"] = hist
 
-        # exposed communication
-        m["exposed_comm_ms_per_step"] = float(bd["exposed_comm_ms"][bm].sum()) / n
-        m["comm_ms_per_step"] = float(bd["comm_ms"][bm].sum()) / n
-        comm_tot = float(bd["comm_ms"][bm].sum())
-        m["overlap_pct"] = 100.0 * float(bd["overlapped_ms"][bm].sum()) / comm_tot if comm_tot > 0 else None
-        out.append(m)
-    return out
+    # exposed communication
+    m["exposed_comm_ms_per_step"] = float(bd["exposed_comm_ms"].sum()) / n
+    m["comm_ms_per_step"] = float(bd["comm_ms"].sum()) / n
+    comm_tot = float(bd["comm_ms"].sum())
+    m["overlap_pct"] = 100.0 * float(bd["overlapped_ms"].sum()) / comm_tot if comm_tot > 0 else None
+    return m
 
 
-def _frame_label(run: MergedRun, user_id: int, frame_id: int) -> str:
+def _frame_label(names: np.ndarray, user_id: int, frame_id: int) -> str:
     for i in (user_id, frame_id):
-        if 0 <= i < len(run.names) and str(run.names[i]):
-            return str(run.names[i])
+        if 0 <= i < len(names) and str(names[i]):
+            return str(names[i])
     return "(no stack)"
 
 
-def memory_history_measures(run: MergedRun, rank: int, steps: np.ndarray, step_ms: np.ndarray,
+def memory_history_measures(rd: RankData, steps: np.ndarray, step_ms: np.ndarray,
                             top_sites: int = 3) -> dict[str, Any] | None:
-    """The churn measures of one rank from ``run.cuda_memory`` / ``cuda_memory_blocks`` (``--memory-history``).
+    """The churn measures of one rank from its ``cuda_memory`` / ``cuda_memory_blocks`` (``--memory-history``).
 
     `steps` / `step_ms` are the rank's steps and their times (from the breakdown). None when the rank has no history
     row in those steps. Per step, devices are summed. Counts and bytes are means over the steps whose history is
@@ -182,10 +158,10 @@ def memory_history_measures(run: MergedRun, rank: int, steps: np.ndarray, step_m
     with the most bytes among each step's largest allocations, as (label, MiB per step, allocations per step,
     share of them alive at the step's peak).
     """
-    cm = run.cuda_memory
+    cm = rd.cuda_memory
     if not len(cm.get("step", ())):
         return None
-    sel = (np.asarray(cm["rank"]) == rank) & np.isin(np.asarray(cm["step"], np.int64), steps)
+    sel = np.isin(np.asarray(cm["step"], np.int64), steps)
     if not sel.any():
         return None
     r = {c: np.asarray(v)[sel] for c, v in cm.items()}
@@ -228,13 +204,12 @@ def memory_history_measures(run: MergedRun, rank: int, steps: np.ndarray, step_m
         "segment_frees_per_step": float(per_step(r["n_segment_free"])[cs].sum()) / nc,
         "n_oom": float(np.asarray(r["n_oom"], np.int64).sum()),
     }
-    blk = run.cuda_memory_blocks
-    bsel = ((np.asarray(blk.get("rank", np.zeros(0, np.int32))) == rank)
-            & np.isin(np.asarray(blk.get("step", np.zeros(0, np.int32)), np.int64), us))
+    blk = rd.cuda_memory_blocks
+    bsel = np.isin(np.asarray(blk.get("step", np.zeros(0, np.int32)), np.int64), us)
     sites: dict[str, list[float]] = {}
     cols = [np.asarray(blk[c])[bsel].tolist() for c in ("user_frame_id", "frame_id", "bytes", "live_at_peak")]
     for uf, fr, nb, live in zip(*cols):
-        acc = sites.setdefault(_frame_label(run, int(uf), int(fr)), [0.0, 0.0, 0.0])
+        acc = sites.setdefault(_frame_label(rd.names, int(uf), int(fr)), [0.0, 0.0, 0.0])
         acc[0] += nb
         acc[1] += 1
         acc[2] += bool(live)

@@ -1,0 +1,294 @@
+"""What a run directory holds, from the shards' attributes only: which shards, ranks, windows and process groups,
+and what is missing. No event is read here. Every reader of a run starts from this (``scan_run``).
+
+    cat = scan_run("distprof/<run-id>", steps=(10, 19))
+    cat.ranks, cat.shards_of(3), cat.process_groups, cat.warnings
+
+Steps: find and open every shard (attributes only) → check they belong together (run_id, world_size, schedule) →
+one shard per (rank, window) → name missing ranks, cut or failed windows → with ``steps``, keep the shards whose
+windows overlap them → name missing windows → merge the process-group lists (one global index per group name).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import IncompleteRunError, ShardFormatError
+from ..progress import progress_enabled
+from ..storage import schema
+from ..storage.reader import Shard, find_shards, read_shard, read_status
+from .clock import RankClockInfo
+from .names import rank_ranges
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunCatalog", "scan_run", "PROGRESS_MIN_SHARDS", "bar"]
+
+#: Shards from this many on get a progress bar (when stderr is a terminal).
+PROGRESS_MIN_SHARDS = 16
+
+
+@dataclass
+class RunCatalog:
+    """The shards of one run and what their attributes say (see the module docstring)."""
+
+    run_dir: Path | None  # None: a run held in memory (engine.summarize_merged)
+    run_id: str
+    world_size: int
+    shards: list[Shard]  # kept shards, sorted by (rank, window)
+    ranks: list[int]  # ranks with at least one shard (whatever the steps selection)
+    ranks_missing: list[int]
+    first_attrs: dict[int, dict[str, Any]]  # rank -> attributes of its first shard in the selection
+    process_groups: list[dict[str, Any]]  # global list: index, name, desc, backend, ranks
+    pg_luts: dict[Path, np.ndarray | None]  # shard path -> local pg index -> global index
+    steps: tuple[int, int] | None = None
+    warnings: list[str] = field(default_factory=list)
+    windows_by_rank: dict[int, list[int]] | None = None  # window -> ranks, when there are no shards (in memory)
+
+    @property
+    def hosts(self) -> dict[int, str]:
+        return {r: str(a["host"]) for r, a in sorted(self.first_attrs.items())}
+
+    def shards_of(self, rank: int) -> list[Shard]:
+        return [s for s in self.shards if s.rank == rank]
+
+    @property
+    def ranks_read(self) -> list[int]:
+        """Ranks with a shard in the selection (the ones whose events are read)."""
+        if not self.shards and self.windows_by_rank is not None:
+            return sorted({r for rs in self.windows_by_rank.values() for r in rs})
+        return sorted({s.rank for s in self.shards})
+
+    def ranks_by_window(self) -> dict[int, list[int]]:
+        if self.windows_by_rank is not None:
+            return {w: list(r) for w, r in self.windows_by_rank.items()}
+        out: dict[int, list[int]] = {}
+        for s in self.shards:
+            out.setdefault(s.window, []).append(s.rank)
+        return out
+
+    def group_ranks(self) -> dict[int, list[int]]:
+        return {int(g["index"]): g["ranks"] for g in self.process_groups if g.get("ranks")}
+
+    def clock_infos(self) -> dict[int, RankClockInfo]:
+        return {r: clock_info(r, a) for r, a in self.first_attrs.items()}
+
+
+def bar(items: Sequence, show: bool, desc: str, unit: str = "shard"):
+    if not show:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, leave=False)
+
+
+def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None,
+             progress: bool | None = None) -> RunCatalog:
+    """Open every shard of `run_dir` (attributes only) and check that they form one run.
+
+    Raises IncompleteRunError when there is nothing to load, ShardFormatError when a shard is unreadable, newer than
+    this distprof, or belongs to another run (run_id / world_size / schedule differ). Missing ranks or windows are
+    named in ``warnings``.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise IncompleteRunError(f"{run_dir}: no such run directory; pass the <out>/<run-id> folder the capture wrote")
+    paths = find_shards(run_dir)
+    if not paths:
+        raise IncompleteRunError(
+            f"{run_dir}: no shard files (rank*.w*.h5); pass the <out>/<run-id> folder, or check the capture's "
+            "status files for errors")
+    if steps is not None:
+        lo, hi = int(steps[0]), int(steps[1])
+        if lo > hi:
+            raise ValueError(f"steps=({lo}, {hi}): the first step must not be after the last")
+        steps = (lo, hi)
+
+    show = progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
+    shards = [read_shard(p) for p in bar(paths, show, "reading shard attributes")]
+    world_size = _check_same_run(shards)
+    warnings: list[str] = []
+    shards = _dedupe(shards, warnings)
+
+    all_ranks = sorted({s.rank for s in shards})
+    ranks_missing = sorted(set(range(world_size)) - set(all_ranks))
+    if ranks_missing:
+        warnings.append(_missing_ranks_message(run_dir, ranks_missing, world_size))
+    _note_shard_problems(shards, warnings)
+
+    if steps is not None:
+        kept = [s for s in shards if _overlaps(s, *steps)]
+        if not kept:
+            spans = sorted({(int(s.attrs["first_step"]), int(s.attrs["last_step"])) for s in shards})
+            raise IncompleteRunError(
+                f"{run_dir}: no window covers steps {steps[0]}..{steps[1]} (recorded: "
+                + ", ".join(f"{a}..{b}" for a, b in spans) + "); pick steps inside a recorded window")
+        shards = kept
+    _note_missing_windows(shards, warnings)
+    first_attrs: dict[int, dict[str, Any]] = {}
+    for s in shards:
+        first_attrs.setdefault(s.rank, s.attrs)
+    process_groups, luts = _merge_process_groups(shards)
+    return RunCatalog(run_dir=run_dir, run_id=str(shards[0].attrs["run_id"]), world_size=world_size, shards=shards,
+                      ranks=all_ranks, ranks_missing=ranks_missing, first_attrs=first_attrs,
+                      process_groups=process_groups, pg_luts={s.path: lut for s, lut in zip(shards, luts)},
+                      steps=steps, warnings=warnings)
+
+
+# ---- consistency and gaps --------------------------------------------------------------------------------------------
+
+
+def _schedule(attrs: Mapping[str, Any]) -> Any:
+    cfg = attrs.get("config")
+    return cfg.get("schedule") if isinstance(cfg, dict) else None
+
+
+def _check_same_run(shards: list[Shard]) -> int:
+    """Every shard must share run_id, world_size and schedule; the majority value wins, the odd file is named."""
+    checks = (
+        ("run_id", lambda a: str(a["run_id"]),
+         "the directory mixes two runs; move the other run's shards out, or load each run directory on its own"),
+        ("world_size", lambda a: int(a["world_size"]),
+         "shards from jobs of different sizes; keep one job's shards per directory"),
+        ("config.schedule", _schedule,
+         "shards captured with different profiling schedules; keep one run's shards per directory"),
+    )
+    for field_name, get, fix in checks:
+        values = [get(s.attrs) for s in shards]
+        if field_name == "config.schedule":
+            known = [(i, v) for i, v in enumerate(values) if v is not None]
+            if not known:
+                continue
+            keys = [repr(sorted(v.items())) if isinstance(v, dict) else repr(v) for _, v in known]
+            idx = [i for i, _ in known]
+        else:
+            keys = [repr(v) for v in values]
+            idx = list(range(len(values)))
+        counts = Counter(keys)
+        if len(counts) <= 1:
+            continue
+        common = counts.most_common(1)[0][0]
+        good = next(i for i, k in zip(idx, keys) if k == common)
+        bad = next(i for i, k in zip(idx, keys) if k != common)
+        raise ShardFormatError(
+            f"{shards[bad].path}: {field_name} {values[bad]!r} differs from {values[good]!r} in "
+            f"{counts[common]} other shard(s) (e.g. {shards[good].path.name}): {fix}")
+    return int(shards[0].attrs["world_size"])
+
+
+def _dedupe(shards: list[Shard], warnings: list[str]) -> list[Shard]:
+    """One shard per (rank, window); a file whose name disagrees with its attributes is noted."""
+    seen: dict[tuple[int, int], Shard] = {}
+    for s in shards:
+        key = (s.rank, s.window)
+        expect = schema.SHARD_TEMPLATE.format(rank=s.rank, window=s.window)
+        if s.path.name != expect:
+            warnings.append(f"{s.path}: attributes say rank {s.rank} window {s.window} (expected file name {expect})")
+        if key in seen:
+            raise ShardFormatError(
+                f"{s.path}: rank {s.rank} window {s.window} is also in {seen[key].path.name}; remove the copy")
+        seen[key] = s
+    return sorted(seen.values(), key=lambda s: (s.rank, s.window))
+
+
+def _missing_ranks_message(run_dir: Path, missing: list[int], world_size: int) -> str:
+    msg = (f"rank(s) {rank_ranges(missing, sep=',')} of 0..{world_size - 1} have no shard: their data is absent "
+           "from every analysis")
+    status = read_status(run_dir)
+    notes = []
+    for r in missing:
+        errs = (status.get(r) or {}).get("errors") or []
+        if errs:
+            e = errs[-1]
+            notes.append(f"rank {r}: {e.get('stage', '?')}: {e.get('message', e)}" if isinstance(e, dict)
+                         else f"rank {r}: {e}")
+    if notes:
+        msg += " (" + "; ".join(notes[:3]) + ")"
+    return msg
+
+
+def _note_shard_problems(shards: list[Shard], warnings: list[str]) -> None:
+    cut = [s for s in shards if s.attrs.get("complete") is False]
+    if cut:
+        warnings.append("window(s) cut short (the script ended mid-window): "
+                        + ", ".join(f"rank {s.rank} window {s.window}" for s in cut[:8])
+                        + (f" and {len(cut) - 8} more" if len(cut) > 8 else ""))
+    errs = {}
+    for s in shards:
+        e = s.attrs.get("errors") or []
+        if e:
+            errs[s.rank] = e[-1]
+    if errs:
+        items = list(errs.items())[:3]
+        warnings.append("capture errors recorded on rank(s) " + rank_ranges(errs, sep=',') + ": " + "; ".join(
+            f"rank {r}: {e.get('stage', '?')}: {e.get('message', '')}" if isinstance(e, dict) else f"rank {r}: {e}"
+            for r, e in items))
+
+
+def _note_missing_windows(shards: list[Shard], warnings: list[str]) -> None:
+    ranks = sorted({s.rank for s in shards})
+    have: dict[int, set[int]] = {}
+    for s in shards:
+        have.setdefault(s.window, set()).add(s.rank)
+    for w in sorted(have):
+        lack = [r for r in ranks if r not in have[w]]
+        if lack:
+            warnings.append(f"window {w}: rank(s) {rank_ranges(lack, sep=',')} have no shard for it "
+                            "(lost or still being written)")
+
+
+def _overlaps(s: Shard, lo: int, hi: int) -> bool:
+    return int(s.attrs["first_step"]) <= hi and int(s.attrs["last_step"]) >= lo
+
+
+# ---- process groups and clock roles ---------------------------------------------------------------------------------
+
+
+def _merge_process_groups(shards: list[Shard]) -> tuple[list[dict[str, Any]], list[np.ndarray | None]]:
+    """Union of the shards' process-group lists, keyed by pg name; per shard the local→global index map."""
+    glob: list[dict[str, Any]] = []
+    by_key: dict[str, int] = {}
+    maps: list[np.ndarray | None] = []
+    for s in shards:
+        pgs = s.attrs.get("process_groups")
+        if not isinstance(pgs, list) or not pgs:
+            maps.append(None)
+            continue
+        lut = np.full(max(int(g.get("index", i)) for i, g in enumerate(pgs)) + 1, -1, dtype=np.int32)
+        for i, g in enumerate(pgs):
+            key = str(g.get("name", g.get("index", i)))
+            if key not in by_key:
+                by_key[key] = len(glob)
+                glob.append({"index": len(glob), "name": g.get("name", key), "desc": g.get("desc", ""),
+                             "backend": g.get("backend", ""), "ranks": list(g.get("ranks") or [])})
+            lut[int(g.get("index", i))] = by_key[key]
+        maps.append(lut)
+    return glob, maps
+
+
+def remap_pg(pg: np.ndarray, lut: np.ndarray | None) -> np.ndarray:
+    """Shard-local process-group indices -> the run's global ones (unknown stay as they are)."""
+    if lut is None or len(pg) == 0:
+        return pg
+    ok = (pg >= 0) & (pg < len(lut))
+    out = pg.copy()
+    out[ok] = lut[pg[ok]]
+    return out
+
+
+def clock_info(rank: int, a: Mapping[str, Any]) -> RankClockInfo:
+    def opt_int(key):
+        v = a.get(key)
+        return int(v) if v is not None and v != "" else None
+
+    role = a.get("clock_role")
+    return RankClockInfo(rank=rank, host=str(a["host"]), role=str(role) if role else None,
+                         leader=opt_int("clock_leader"), reference=opt_int("clock_reference"))

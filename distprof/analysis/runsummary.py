@@ -1,0 +1,162 @@
+"""The run, summarised: every rank's ``RankSummary`` joined on one clock. What every cross-rank analysis takes.
+
+    run = distprof.load("distprof/<run-id>")        # RunSummary (engine.summarize: one rank's events at a time)
+    run.steps                                       # aligned step breakdown of every rank
+    run.collectives, run.collective_rows            # matched collectives (aligned times), and their rows
+
+Reduce (:func:`reduce_run`), from the catalog and the rank summaries: merge the collectives' op names → match
+collectives per process group and window on raw times → build the clock model (samples, else collectives) → align
+the rows, the steps and the collectives → warnings. Memory: O(ranks × (steps + collectives + top ops)).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .breakdown import BREAKDOWN_COLUMNS, empty_breakdown
+from .catalog import RunCatalog
+from .clock import ClockModel, estimate_clocks
+from .matching import Collectives, match_collectives, with_times
+from .model import HostClock
+from .summary import RankSummary
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunSummary", "reduce_run", "join", "Joined", "aligned_collectives"]
+
+Table = dict[str, np.ndarray]
+
+
+@dataclass
+class RunSummary:
+    """All ranks of one run, summarised and aligned (see the module docstring)."""
+
+    run_id: str
+    world_size: int
+    ranks_present: list[int]
+    ranks_missing: list[int]
+    hosts: dict[int, str]  # rank -> host (ranks in the selection)
+    attrs: dict[int, dict[str, Any]]  # rank -> attributes of its first shard
+    process_groups: list[dict[str, Any]]
+    ranks: dict[int, RankSummary]
+    steps: Table  # breakdown of every rank (BREAKDOWN_COLUMNS), aligned start/end, sorted by (rank, start)
+    collective_rows: Table  # every rank's executed collectives: rank, window, pg, seq, op_id, bytes, start/end, step,
+    # ev_row (row in the rank's events, before any steps selection)
+    names: np.ndarray  # op names of collective_rows["op_id"]
+    collectives: Collectives  # matched instances, aligned member times
+    clock: dict[str, HostClock]
+    model: ClockModel
+    warnings: list[str] = field(default_factory=list)
+    device_peak_tflops: dict[int, float] = field(default_factory=dict)  # rank -> peak, where known
+    steps_selection: tuple[int, int] | None = None
+    rules: Any = None  # the FindingRules the measures were taken with (None: defaults)
+    catalog: RunCatalog | None = field(default=None, repr=False)
+
+    @property
+    def device_rank_set(self) -> set[int]:
+        return {r for r, s in self.ranks.items() if s.device_rank}
+
+    @property
+    def has_memory_history(self) -> bool:
+        return any((s.measures or {}).get("memory_history") is not None for s in self.ranks.values())
+
+
+def _collective_rows(parts: list[tuple[int, Table, np.ndarray]]) -> tuple[Table, np.ndarray]:
+    """Every rank's collective rows (rank, rows, op names) in one table, op names merged into one sorted table."""
+    names = np.unique(np.concatenate([np.asarray(n, dtype=object) for _, _, n in parts]
+                                     + [np.zeros(0, dtype=object)]))
+    out = []
+    for rank, c, ops_names in parts:
+        lut = (np.searchsorted(names, np.asarray(ops_names, dtype=object)).astype(np.uint32) if len(ops_names)
+               else np.zeros(0, np.uint32))
+        out.append({"rank": np.full(c["seq"].size, rank, np.int32), "window": c["window"], "pg": c["pg"],
+                    "seq": c["seq"], "op_id": lut[c["op"]] if c["op"].size else np.zeros(0, np.uint32),
+                    "bytes": c["bytes"], "start_ns": c["start_ns"], "end_ns": c["end_ns"], "step": c["step"],
+                    "ev_row": c["ev_row"]})
+    if not out:
+        z = np.zeros(0, np.int64)
+        return {"rank": z.astype(np.int32), "window": z.astype(np.int32), "pg": z.astype(np.int32),
+                "seq": z.astype(np.int32), "op_id": z.astype(np.uint32), "bytes": z, "start_ns": z, "end_ns": z,
+                "step": z, "ev_row": z}, names.astype(object)
+    return {k: np.concatenate([p[k] for p in out]) for k in out[0]}, names.astype(object)
+
+
+@dataclass
+class Joined:
+    """The cross-rank facts from every rank's collectives and clock samples (``join``)."""
+
+    rows: Table
+    names: np.ndarray
+    matched: Collectives  # raw times
+    model: ClockModel
+    warnings: list[str]
+
+
+def join(cat: RunCatalog, parts: list[tuple[int, Table, np.ndarray]],
+         samples: dict[tuple[int, int], Table], *, model: ClockModel | None = None) -> Joined:
+    """Match the collectives (raw times), build the clock model, and the warnings both give (the catalog's first).
+
+    `parts`: per rank (rank, ``summary.collective_rows`` table, its op names); `samples`: every rank's clock samples.
+    `model`: a clock model to use instead of estimating one (times already aligned: the identity).
+    """
+    rows, names = _collective_rows(sorted(parts, key=lambda p: p[0]))
+    matched = match_collectives(rows, names=names, group_ranks=cat.group_ranks() or None,
+                                ranks_by_window=cat.ranks_by_window())
+    if model is None:
+        model = estimate_clocks(cat.clock_infos(), samples, matched, names=names)
+    warnings = list(cat.warnings) + list(model.warnings)
+    if matched.n_mismatched:
+        warnings.append(f"{matched.n_mismatched} collective instance(s) disagree across ranks on op or size "
+                        f"(capture mismatch or a rank skipped a collective); first: {matched.mismatches[0]['message']}")
+    if matched.n_incomplete:
+        warnings.append(f"{matched.n_incomplete} collective instance(s) missing on some ranks of their group; "
+                        f"first: {matched.incomplete[0]['message']}")
+    for w in warnings:
+        log.warning("%s", w)
+    return Joined(rows, names, matched, model, warnings)
+
+
+#: Breakdown columns that are durations (ms): measured on the rank's clock, scaled by its drift when aligned.
+_DURATION_COLUMNS = ("compute_ms", "comm_ms", "overlapped_ms", "exposed_comm_ms", "memcpy_ms", "idle_ms", "other_ms")
+
+
+def _aligned_steps(summaries: list[RankSummary], model: ClockModel) -> Table:
+    """Every rank's breakdown on the reference clock: start/end aligned, step_ms from them, the other durations
+    scaled by 1 + the host's drift in that window (the rate of the rank's clock against the reference)."""
+    parts = [s.steps for s in summaries if s.steps["step"].size]
+    if not parts:
+        return empty_breakdown()
+    out = {c: np.concatenate([p[c] for p in parts]) for c in BREAKDOWN_COLUMNS}
+    for c in ("start_ns", "end_ns"):
+        out[c] = model.align(out["rank"], out["window"], out[c])
+    out["step_ms"] = (out["end_ns"] - out["start_ns"]) / 1e6
+    rate = 1.0 + model.slopes(out["rank"], out["window"])
+    for c in _DURATION_COLUMNS:
+        out[c] = out[c] * rate
+    return out
+
+
+def aligned_collectives(c: Collectives, model: ClockModel) -> Collectives:
+    """The matched collectives with aligned member times: start aligned, end = aligned start + duration."""
+    m = c.members
+    start = model.align(m["rank"], m["window"], m["start_ns"])
+    return with_times(c, start, start + (m["end_ns"] - m["start_ns"]))
+
+
+def reduce_run(cat: RunCatalog, summaries: list[RankSummary], *, rules: Any = None,
+               model: ClockModel | None = None) -> RunSummary:
+    """Join the rank summaries of `cat`'s run (see the module docstring); `model` as in :func:`join`."""
+    summaries = sorted(summaries, key=lambda s: s.rank)
+    j = join(cat, [(s.rank, s.collectives, s.ops_names) for s in summaries],
+             {k: v for s in summaries for k, v in s.samples.items()}, model=model)
+    return RunSummary(
+        run_id=cat.run_id, world_size=cat.world_size, ranks_present=list(cat.ranks),
+        ranks_missing=list(cat.ranks_missing), hosts=cat.hosts, attrs=dict(sorted(cat.first_attrs.items())),
+        process_groups=cat.process_groups, ranks={s.rank: s for s in summaries},
+        steps=_aligned_steps(summaries, j.model), collective_rows=j.rows, names=j.names,
+        collectives=aligned_collectives(j.matched, j.model), clock=j.model.hosts, model=j.model,
+        warnings=j.warnings, steps_selection=cat.steps, rules=rules, catalog=cat)

@@ -1,0 +1,197 @@
+"""One rank, summarised: everything the cross-rank analyses need from its events, in a compact typed object.
+
+    rd = read_rank(cat, 3)
+    s = summarize_rank(rd, steps=(10, 19))     # RankSummary; rd (the events) can now be dropped
+
+A summary is O(steps + collectives + top ops + annotations) in size, never O(events): at 1,024 ranks the summaries
+of a run fit one process, while each rank's events are read, summarised and freed in turn (``engine.summarize``, or
+spread over MPI processes). Times are on the rank's recorded clock; ``RunSummary`` aligns them.
+
+Parts (each computed once, in its own module):
+
+* ``steps`` — the step breakdown (``breakdown.rank_breakdown``), one row per recorded step.
+* ``collectives`` — every executed collective of the rank's shards (``comms.role == exec``, numbered: ``seq >= 0``),
+  before the steps selection (the clock model uses all of them): window, pg, seq, op (index into ``ops_names``),
+  bytes, start/end ns, step.
+* ``op_totals`` — per (op name, step) the inclusive time and calls of the rank's ``TOP_OPS`` heaviest op names
+  (cpu_op, user_annotation, kernel, gpu_memcpy/memset; no communication, no ``ProfilerStep#N``): root cause reads them.
+* ``annotations`` — per user ``record_function`` region: total ms and calls in the rank's steps.
+* ``measures`` — the per-rank numbers the findings rules read (``findings.measures.rank_measures``).
+* ``gpu_time`` — HTA's temporal breakdown of the rank's device timeline (``gpu_time.rank_gpu_time``), device ranks.
+* ``memory_series`` — the allocated-memory curve, min/max-downsampled per window, for the HTML report.
+* ``samples`` — the clock-sync samples of the rank's shards (host leaders).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..storage.schema import CAT_COMM, KIND_CODE, KINDS, ROLE_EXEC
+from .annotations import rank_annotations
+from .breakdown import rank_breakdown
+from .findings.measures import rank_measures
+from .findings.rules import FindingRules
+from .gpu_time import rank_gpu_time
+from .index import RankIndex
+from .rankdata import RankData, filter_steps
+
+__all__ = ["RankSummary", "summarize_rank", "TOP_OPS", "MEMORY_POINTS", "collective_rows", "downsample_minmax"]
+
+Table = dict[str, np.ndarray]
+NS_PER_MS = 1e6
+#: Op names kept per rank (by inclusive time in the selected steps) for root cause.
+TOP_OPS = 256
+#: Points kept per rank for the memory curve (min/max per bucket).
+MEMORY_POINTS = 2000
+_OP_KINDS = np.array([KIND_CODE[k] for k in ("cpu_op", "user_annotation", "kernel", "gpu_memcpy", "gpu_memset")],
+                     dtype=np.int64)
+
+
+@dataclass
+class RankSummary:
+    """One rank's compact results (see the module docstring). Picklable: MPI processes send these to rank 0."""
+
+    rank: int
+    host: str
+    windows: list[int]
+    device_rank: bool
+    steps: Table  # breakdown columns (breakdown.BREAKDOWN_COLUMNS), recorded clock
+    collectives: Table  # window, pg, seq, op, bytes, start_ns, end_ns, step, ev_row
+    ops_names: np.ndarray  # names indexed by collectives["op"] (object array)
+    op_totals: Table  # name (index into op_names), kind, step, dur_ms, calls
+    op_names: np.ndarray  # names indexed by op_totals["name"]
+    op_kinds: list[str]  # kind of each op name
+    annotations: dict[str, tuple[float, float]]  # name -> (total ms, calls) in the rank's steps
+    measures: dict[str, Any] | None
+    gpu_time: dict[str, Any] | None
+    used_devices: list[int]
+    reserved_peak_bytes: float | None
+    memory_series: dict[int, tuple[np.ndarray, np.ndarray]]  # window -> (ts_ns, total bytes), one device
+    memory_device: int
+    samples: dict[tuple[int, int], Table] = field(default_factory=dict)
+    n_events: int = 0
+    t_min: dict[int, int] = field(default_factory=dict)  # window -> earliest event or memory time (recorded clock)
+
+
+def collective_rows(rd: RankData) -> tuple[Table, np.ndarray]:
+    """The rank's executed, numbered collectives with their times (raw clock), step and events row (``ev_row``),
+    and the names of their ``op`` indices."""
+    cm = rd.comms
+    sel = np.flatnonzero((np.asarray(cm["role"]) == ROLE_EXEC) & (np.asarray(cm["seq"]) >= 0))
+    row = np.asarray(cm["row"], np.int64)[sel]
+    ev = rd.events
+    start = np.asarray(ev["ts_ns"], np.int64)[row]
+    op_ids = np.asarray(cm["op_id"], np.int64)[sel]
+    u, inv = np.unique(op_ids, return_inverse=True)
+    return {
+        "window": np.asarray(cm["window"], np.int32)[sel],
+        "pg": np.asarray(cm["pg"], np.int32)[sel],
+        "seq": np.asarray(cm["seq"], np.int32)[sel],
+        "op": inv.reshape(-1).astype(np.int32),
+        "bytes": np.asarray(cm["bytes"], np.int64)[sel],
+        "start_ns": start,
+        "end_ns": start + np.asarray(ev["dur_ns"], np.int64)[row],
+        "step": np.asarray(ev["step"], np.int64)[row],
+        "ev_row": row,
+    }, np.asarray(rd.names, dtype=object)[u] if len(u) else np.zeros(0, dtype=object)
+
+
+def _op_totals(rd: RankData, ix: RankIndex, steps: np.ndarray, top: int) -> tuple[Table, np.ndarray, list[str]]:
+    ev = rd.events
+    kind = np.asarray(ev["kind"]).astype(np.int64)
+    name_id = np.asarray(ev["name_id"]).astype(np.int64)
+    step = np.asarray(ev["step"]).astype(np.int64)
+    sel = np.isin(kind, _OP_KINDS) & (np.asarray(ev["category"]) != CAT_COMM) & ~ix.is_step & np.isin(step, steps)
+    nid = name_id[sel]
+    dur = np.asarray(ev["dur_ns"], np.float64)[sel]
+    u, ni = np.unique(nid, return_inverse=True)
+    ni = ni.reshape(-1)
+    tot = np.bincount(ni, weights=dur, minlength=u.size)
+    keep = np.sort(np.argsort(-tot, kind="stable")[:top])
+    kind_of = np.zeros(u.size, np.int64)
+    kind_of[ni] = kind[sel]  # the kind of the name's last event
+    pos = np.full(u.size, -1, np.int64)
+    pos[keep] = np.arange(keep.size)
+    k = pos[ni] >= 0
+    si = np.searchsorted(steps, step[sel][k])
+    flat = pos[ni][k] * steps.size + si
+    cells = keep.size * steps.size
+    d = np.bincount(flat, weights=dur[k], minlength=cells) / NS_PER_MS
+    c = np.bincount(flat, minlength=cells).astype(np.float64)
+    grid_n, grid_s = np.divmod(np.arange(cells), max(steps.size, 1))
+    nz = c > 0
+    table = {"name": grid_n[nz].astype(np.int32), "step": steps[grid_s[nz]].astype(np.int64),
+             "dur_ms": d[nz], "calls": c[nz]}
+    kinds = [KINDS[x] if x < len(KINDS) else str(x) for x in kind_of[keep]]
+    return table, np.asarray(rd.names, dtype=object)[u[keep]], kinds
+
+
+def downsample_minmax(t: np.ndarray, v: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most ~`budget` points: per bucket of consecutive samples, the minimum and the maximum (in time order)."""
+    n = t.size
+    if n <= budget:
+        return t, v
+    nb = max(budget // 2, 1)
+    bucket = (np.arange(n, dtype=np.int64) * nb) // n
+    order = np.lexsort((v, bucket))  # by bucket, then value
+    b_sorted = bucket[order]
+    first = np.flatnonzero(np.r_[True, b_sorted[1:] != b_sorted[:-1]])
+    last = np.r_[first[1:] - 1, n - 1]
+    keep = np.unique(np.concatenate([order[first], order[last]]))
+    return t[keep], v[keep]
+
+
+def _memory_series(rd: RankData, points: int) -> tuple[dict[int, tuple[np.ndarray, np.ndarray]], int]:
+    """The rank's allocated-memory curve on one device (its accelerator if it has allocator events there, else the
+    CPU), per window, with at most ~`points` points in all (each window its share)."""
+    mem = rd.memory
+    ts = np.asarray(mem["ts_ns"], np.int64)
+    if ts.size == 0:
+        return {}, -1
+    total = np.asarray(mem["total_bytes"], np.int64)
+    device = np.asarray(mem["device"]) if "device" in mem else np.full(ts.size, -1)
+    window = np.asarray(mem["window"]) if "window" in mem else np.zeros(ts.size, np.int32)
+    dev = int(device[device >= 0].min()) if (device >= 0).any() else -1
+    idx = np.flatnonzero(device == dev)
+    idx = idx[np.argsort(ts[idx], kind="stable")]
+    wins = window[idx]
+    out = {}
+    for w in sorted(int(x) for x in np.unique(wins)):
+        part = idx[wins == w]
+        budget = max(4, int(round(points * part.size / idx.size)))
+        out[w] = downsample_minmax(ts[part], total[part], budget)
+    return out, dev
+
+
+def summarize_rank(rd: RankData, *, steps: tuple[int, int] | None = None, rules: FindingRules | None = None,
+                   top_ops: int = TOP_OPS, memory_points: int = MEMORY_POINTS) -> RankSummary:
+    """Summarise one rank (see the module docstring); `steps` selects global steps lo..hi (inclusive)."""
+    coll, coll_names = collective_rows(rd)  # before the steps selection: the clock model uses every window's
+    n_events = int(rd.events["ts_ns"].size)
+    if steps is not None:
+        rd = replace(rd, **filter_steps({t: rd.table(t) for t in ("events", "comms", "steps", "memory", "threads",
+                                                                    "cuda_memory", "cuda_memory_blocks")},
+                                        steps[0], steps[1]))
+    ix = RankIndex.build(rd)
+    bd = rank_breakdown(rd, ix)
+    st = np.unique(np.asarray(rd.steps["step"], np.int64))
+    ops, op_names, op_kinds = _op_totals(rd, ix, st, top_ops)
+    dev = np.asarray(rd.events["device"])
+    cm = rd.cuda_memory
+    reserved = (float(np.asarray(cm["reserved_peak_bytes"], np.float64).max())
+                if len(cm.get("step", ())) else None)
+    series, mem_dev = _memory_series(rd, memory_points)
+    t_min: dict[int, int] = {}
+    for tab in (rd.events, rd.memory):
+        for w in np.unique(tab["window"]).tolist():
+            lo = int(np.asarray(tab["ts_ns"])[tab["window"] == w].min())
+            t_min[int(w)] = min(lo, t_min.get(int(w), lo))
+    return RankSummary(
+        rank=rd.rank, host=rd.host, windows=list(rd.windows), device_rank=ix.device_rank, steps=bd,
+        collectives=coll, ops_names=coll_names, op_totals=ops, op_names=op_names, op_kinds=op_kinds,
+        annotations=rank_annotations(rd), measures=rank_measures(rd, ix, bd, rules),
+        gpu_time=rank_gpu_time(rd), used_devices=np.unique(dev[dev >= 0]).tolist(), reserved_peak_bytes=reserved,
+        memory_series=series, memory_device=mem_dev, samples=dict(rd.samples), n_events=n_events, t_min=t_min)
