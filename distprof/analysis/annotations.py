@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from ..storage.schema import CAT_COMM, KIND_CODE
+from .nameflags import USER_ANNOTATION, has, name_flags
 from .rankdata import RankData
 
 if TYPE_CHECKING:
@@ -59,16 +60,18 @@ def is_user_annotation_name(name: str) -> bool:
     return not str(name).startswith(FRAMEWORK_PREFIXES)
 
 
-def rank_annotations(rd: RankData, *, max_names: int = MAX_NAMES_PER_RANK) -> dict[str, tuple[float, float]]:
+def rank_annotations(rd: RankData, flags: np.ndarray | None = None, *,
+                     max_names: int = MAX_NAMES_PER_RANK) -> dict[str, tuple[float, float]]:
     """One rank's user annotations: name -> (total ms, calls) of its events that start in a step the rank recorded.
 
-    At most `max_names` names (the largest total time) are kept.
+    At most `max_names` names (the largest total time) are kept. `flags`: the rank's ``nameflags`` (computed when
+    not given).
     """
     ev = rd.events
     st = rd.steps
     if st["step"].size == 0 or ev["ts_ns"].size == 0:
         return {}
-    user_name = np.fromiter((is_user_annotation_name(n) for n in rd.names), dtype=bool, count=len(rd.names))
+    user_name = has(name_flags(rd.names) if flags is None else flags, USER_ANNOTATION)
     name_id = np.asarray(ev["name_id"], np.int64)
     step = np.asarray(ev["step"], np.int64)
     sel = (
@@ -76,8 +79,7 @@ def rank_annotations(rd: RankData, *, max_names: int = MAX_NAMES_PER_RANK) -> di
         & (np.asarray(ev["device"]) < 0)
         & (np.asarray(ev["category"]) != CAT_COMM)
         & user_name[name_id]
-        & (step >= 0)
-        & np.isin(step, np.asarray(st["step"], np.int64))
+        & (step >= 0)  # an event's step is one its rank recorded, or -1
     )
     if not np.any(sel):
         return {}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..storage.schema import ROLE_EXEC, THREAD_COMM, THREAD_MAIN
+from .nameflags import STEP, has, name_flags
 from .rankdata import RankData
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class RankIndex:
     is_exec: np.ndarray
     is_step: np.ndarray
     device_rank: bool
+    name_flags: np.ndarray  # per name of the rank's string table (nameflags bits)
 
     @classmethod
     def build(cls, rd: RankData) -> "RankIndex":
@@ -67,11 +69,12 @@ class RankIndex:
             exec_rows = exec_rows[~bad]
         is_exec[exec_rows] = True
         name_id = np.asarray(ev["name_id"], dtype=np.int64) if "name_id" in ev else np.zeros(n, np.int64)
-        is_step = step_name_mask(rd.names)[name_id] if len(rd.names) else np.zeros(n, bool)
+        flags = name_flags(rd.names)
+        is_step = has(flags, STEP)[name_id] if len(rd.names) else np.zeros(n, bool)
         tid = np.asarray(ev["tid"], np.int64) if "tid" in ev else np.zeros(n, np.int64)
         device = np.asarray(ev["device"]) if "device" in ev else np.full(n, -1)
         th = rd.threads
         comm_tids = np.asarray(th.get("tid", np.zeros(0, np.int64)))[
             np.asarray(th.get("role", np.zeros(0, np.uint8))) == THREAD_COMM]
         return cls(rank=rd.rank, main_tid=main_thread(th, tid, is_step, device), comm_tids=comm_tids,
-                   is_exec=is_exec, is_step=is_step, device_rank=bool(np.any(device >= 0)))
+                   is_exec=is_exec, is_step=is_step, device_rank=bool(np.any(device >= 0)), name_flags=flags)

@@ -192,6 +192,6 @@ def summarize_rank(rd: RankData, *, steps: tuple[int, int] | None = None, rules:
     return RankSummary(
         rank=rd.rank, host=rd.host, windows=list(rd.windows), device_rank=ix.device_rank, steps=bd,
         collectives=coll, ops_names=coll_names, op_totals=ops, op_names=op_names, op_kinds=op_kinds,
-        annotations=rank_annotations(rd), measures=rank_measures(rd, ix, bd, rules),
+        annotations=rank_annotations(rd, ix.name_flags), measures=rank_measures(rd, ix, bd, rules),
         gpu_time=rank_gpu_time(rd), used_devices=np.unique(dev[dev >= 0]).tolist(), reserved_peak_bytes=reserved,
         memory_series=series, memory_device=mem_dev, samples=dict(rd.samples), n_events=n_events, t_min=t_min)

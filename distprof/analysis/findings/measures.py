@@ -14,7 +14,8 @@ from ...storage.schema import CAT_COMM, CAT_COMPUTE
 from .. import intervals as iv
 from ..index import RankIndex
 from ..rankdata import RankData
-from .device import device_measures, is_sync_call
+from .. import nameflags as nf
+from .device import device_measures
 from .events import K_ANNOT, K_CPU_OP, K_KERNEL, NS_PER_MS, boundary_gaps, top_level
 from .rules import FindingRules
 
@@ -34,8 +35,8 @@ def rank_measures(rd: RankData, ix: RankIndex, bd: Table, rules: FindingRules | 
     ev = rd.events
     names = rd.names
     rank = rd.rank
-    is_dl_name = np.fromiter((str(n).startswith(DATALOADER_PREFIX) for n in names), bool, count=len(names))
-    is_sync_name = np.fromiter((is_sync_call(str(n)) for n in names), bool, count=len(names))
+    is_dl_name = nf.has(ix.name_flags, nf.DATALOADER)
+    is_sync_name = nf.has(ix.name_flags, nf.SYNC_CALL)
     tiny_ns = rules.tiny_op_us * 1e3
     n = int(bd["step"].size)
     ws = np.asarray(bd["start_ns"], np.int64)
@@ -51,7 +52,7 @@ def rank_measures(rd: RankData, ix: RankIndex, bd: Table, rules: FindingRules | 
     dev = np.asarray(ev["device"])
     nid = np.asarray(ev["name_id"], np.int64)
     step = np.asarray(ev["step"], np.int64)
-    in_steps = np.isin(step, steps_of)
+    in_steps = step >= 0  # an event's step is one its rank recorded, or -1 (outside every step)
     is_step = ix.is_step
     device_rank = ix.device_rank
     main = ix.main_tid
