@@ -28,6 +28,7 @@ from .catalog import PROGRESS_MIN_SHARDS, RunCatalog, bar, scan_run
 from .clock import ClockModel
 from .findings.rules import FindingRules
 from .model import MergedRun
+from .names import rank_ranges
 from .rankdata import TABLES, RankData, read_rank
 from .runsummary import RunSummary, reduce_run
 from .summary import RankSummary, summarize_rank
@@ -159,7 +160,7 @@ def _summarize_mpi(comm, run_dir, *, steps, progress, rules) -> RunSummary | Non
     try:
         result = ("ok", _summarize_ranks(cat, share, show=show, rules=rules))
     except Exception as e:  # noqa: BLE001 -- sent to MPI rank 0, which reports it once
-        where = f"MPI process {me} (ranks {share[0]}-{share[-1]} of the run)" if share else f"MPI process {me}"
+        where = f"MPI process {me} (ranks {rank_ranges(share)} of the run)" if share else f"MPI process {me}"
         msg = f"{e}" if isinstance(e, DistprofError) else f"{type(e).__name__}: {e}"
         result = ("error", f"{where}: {msg}")
     gathered = comm.gather(result, root=0)

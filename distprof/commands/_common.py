@@ -54,3 +54,11 @@ def parse_ranks(text: str) -> list[int]:
 
 def add_steps_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", metavar="A:B", type=str, help="only global steps A..B (inclusive)")
+
+
+def summarize_run(run_dir: str, *, steps=None, progress=None):
+    """The RunSummary of `run_dir` for a subcommand: split over MPI processes when started by ``mpiexec`` / ``srun``
+    (mpi4py), else serial. Returns None on every MPI process but rank 0 (which alone writes output)."""
+    from ..analysis.engine import mpi_world, summarize
+
+    return summarize(run_dir, steps=steps, progress=progress, comm=mpi_world())

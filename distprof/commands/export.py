@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ._common import add_steps_arg, parse_ranks, parse_steps
+from ._common import add_steps_arg, parse_ranks, parse_steps, summarize_run
 
 FORMATS = ("kineto",)
 
@@ -32,7 +32,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.engine import summarize
     from ..export.kineto import export_kineto
 
     ranks = parse_ranks(args.ranks) if args.ranks else None
@@ -40,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir) / "kineto"
     progress = False if args.no_progress else None
     t0 = time.perf_counter()
-    run_ = summarize(args.run_dir, steps=steps, progress=progress)
+    run_ = summarize_run(args.run_dir, steps=steps, progress=progress)
+    if run_ is None:  # an MPI process other than rank 0
+        return 0
     files = export_kineto(run_, out, ranks=ranks, gzip=not args.no_gzip, progress=progress)
     total = sum(f.bytes for f in files)
     for f in files:

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-from ._common import add_steps_arg, parse_steps
+from ._common import add_steps_arg, parse_steps, summarize_run
 
 
 def register(sub) -> None:
@@ -30,7 +30,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.engine import summarize
     from ..analysis.report import build_report
     from ..render import render_console, render_json, write_html, write_json
     from ..render.html import check_html_path
@@ -42,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps) if args.steps else None
     if args.html:
         check_html_path(args.html)  # fail before the (long) merge, not after
-    run_ = summarize(args.run_dir, steps=steps, progress=False if args.no_progress else None)
+    run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None)
+    if run_ is None:  # an MPI process other than rank 0: its share is summarised, rank 0 reports
+        return 0
     report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top)
     html_path = write_html(report, args.html, run_) if args.html else None
     if args.json == "-":

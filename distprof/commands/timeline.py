@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
-from ._common import add_steps_arg, parse_ranks, parse_steps
+from ._common import add_steps_arg, parse_ranks, parse_steps, summarize_run
 
 DEFAULT_OUT = "timeline.json.gz"
 
@@ -51,7 +51,6 @@ def parse_windows(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.engine import summarize
     from ..render.timeline import BYTES_PER_EVENT, DEFAULT_MAX_EVENTS, plan_timeline, write_timeline
 
     if args.max_events is not None and args.max_events < 0:
@@ -68,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress else None
 
     load_steps = _window_steps(args.run_dir, windows, steps) if windows else steps
-    run_ = summarize(args.run_dir, steps=load_steps, progress=progress)
+    run_ = summarize_run(args.run_dir, steps=load_steps, progress=progress)
+    if run_ is None:  # an MPI process other than rank 0: rank 0 writes the one file
+        return 0
     plan = plan_timeline(run_, ranks=ranks, windows=windows, steps=steps, max_events=max_events,
                          launch_flows=args.launch_flows, progress=progress)
     res = write_timeline(run_, plan, out, progress=progress)

@@ -1,0 +1,105 @@
+"""``mpiexec -n 2 distprof report|timeline|export`` on real MPI (mpi4py + MPICH's mpiexec): the same outputs as a serial
+run, output from MPI rank 0 only, and one clear error (no hang) when a process fails.
+
+Skips where mpiexec or mpi4py is missing, except under CI (CI=true), where they must be there (launch/setup.sh
+installs them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, job_env
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _mpiexec() -> str | None:
+    exe = shutil.which("mpiexec")
+    if exe is None or importlib.util.find_spec("mpi4py") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI: mpiexec and mpi4py must be installed (launch/setup.sh installs mpi4py and mpich)")
+        pytest.skip("mpiexec or mpi4py not installed (pip install mpi4py mpich)")
+    return exe
+
+
+def _synth():
+    spec = importlib.util.spec_from_file_location("bench_synth", ROOT / "benchmarks" / "synth.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_synth"] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    synth = _synth()
+    out = tmp_path_factory.mktemp("mpi") / "run"
+    spec = synth.spec_from(synth.parse_args(["--ranks", "6", "--events", "6000", "--hosts", "3", "--tp", "2",
+                                             "--slow-rank", "4", "--slow-ms", "8", "-o", str(out)]))
+    synth.generate(spec, out)
+    return out
+
+
+def _distprof(args, *, mpi: str | None = None, n: int = 2, cwd: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "distprof", *map(str, args)]
+    if mpi:
+        cmd = [mpi, "-n", str(n), *cmd]
+    return subprocess.run(cmd, cwd=cwd, env=job_env(), capture_output=True, text=True, timeout=240)
+
+
+def test_report_equals_serial_and_prints_once(run_dir, tmp_path):
+    mpi = _mpiexec()
+    serial = _distprof(["report", run_dir, "--json", tmp_path / "serial.json", "--no-progress"], cwd=tmp_path)
+    par = _distprof(["report", run_dir, "--json", tmp_path / "mpi.json", "--no-progress"], mpi=mpi, cwd=tmp_path)
+    assert serial.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
+    a = json.loads((tmp_path / "serial.json").read_text())
+    b = json.loads((tmp_path / "mpi.json").read_text())
+    assert a == b
+    assert a["straggler_info"]["named"] == [4]
+    # the summary is printed once (MPI rank 0), and is the serial one
+    assert par.stdout.count("distprof report: run") == 1
+    assert par.stdout.replace("mpi.json", "X") == serial.stdout.replace("serial.json", "X")
+
+
+def test_timeline_and_export_equal_serial(run_dir, tmp_path):
+    mpi = _mpiexec()
+    for tag, how in (("serial", None), ("mpi", mpi)):
+        p = _distprof(["timeline", run_dir, "-o", tmp_path / f"{tag}.json", "--no-progress"], mpi=how, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr[-3000:]
+        p = _distprof(["export", run_dir, "-o", tmp_path / f"k-{tag}", "--no-gzip", "--no-progress"], mpi=how,
+                      cwd=tmp_path)
+        assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "serial.json").read_bytes() == (tmp_path / "mpi.json").read_bytes()
+    names = sorted(f.name for f in (tmp_path / "k-serial").iterdir())
+    assert names == sorted(f.name for f in (tmp_path / "k-mpi").iterdir()) and len(names) == 6
+    for n in names:
+        assert (tmp_path / "k-serial" / n).read_bytes() == (tmp_path / "k-mpi" / n).read_bytes()
+
+
+def test_a_failing_process_gives_one_error_and_no_hang(run_dir, tmp_path):
+    mpi = _mpiexec()
+    broken = tmp_path / "broken"
+    shutil.copytree(run_dir, broken)
+    import h5py
+
+    victim = broken / "rank00005.w0001.h5"  # rank 5 is summarised by MPI process 1 (of 2)
+    with h5py.File(victim, "r+") as f:  # readable attributes, a table pointing outside its events
+        f["comms/row"][0] = 10**9
+    serial = _distprof(["report", broken, "--no-progress"], cwd=tmp_path)
+    par = _distprof(["report", broken, "--no-progress"], mpi=mpi, cwd=tmp_path)
+    assert "Traceback" not in par.stderr and "Traceback" not in serial.stderr
+    assert (par.returncode == 0) == (serial.returncode == 0), (serial.stderr[-2000:], par.stderr[-2000:])
+    errors = [ln for ln in par.stderr.splitlines() if ln.startswith("distprof: error:")]
+    if serial.returncode:
+        assert len(errors) == 1 and "rank00005.w0001.h5" in errors[0], par.stderr[-2000:]
+    else:  # the bad shard is skipped with a warning naming it, and the report carries on
+        assert "rank00005.w0001.h5" in par.stderr and par.stdout.count("distprof report: run") == 1
