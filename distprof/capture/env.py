@@ -151,12 +151,15 @@ def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
     le = mpi if mpi is not None and not _same_ranks(mpi, slurm) else slurm
     if le is None:
         return None
-    if le.world_size < 1 or not 0 <= le.rank < le.world_size:
-        raise LaunchEnvError(f"{le.launcher}: rank {le.rank} outside a world of {le.world_size}")
     if le.local_rank is not None and le.local_world_size is not None \
             and not 0 <= le.local_rank < le.local_world_size:
         le = dataclasses.replace(le, local_rank=None, local_world_size=None)  # inconsistent: leave LOCAL_* alone
     return le
+
+
+def _check_rank(rank_var: str, rank: int, world_var: str, world: int) -> None:
+    if world < 1 or not 0 <= rank < world:
+        raise LaunchEnvError(f"{rank_var}={rank} is no rank of a world of {world_var}={world}")
 
 
 def _same_ranks(a: LaunchEnv, b: LaunchEnv | None) -> bool:
@@ -170,6 +173,7 @@ def _from_mpi(environ: Mapping[str, str]) -> LaunchEnv | None:
     else:
         return None
     rank, world = _required_int(environ, r), _required_int(environ, w)
+    _check_rank(r, rank, w, world)
     local_rank, local_world = _int(environ, lr), _int(environ, lw)
     job_id = (environ.get("PMIX_NAMESPACE") or environ.get("OMPI_MCA_ess_base_jobid") or environ.get("MPIRUN_ID")
               or environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"))
@@ -180,9 +184,9 @@ def _from_mpi(environ: Mapping[str, str]) -> LaunchEnv | None:
 
 def _from_slurm(environ: Mapping[str, str]) -> LaunchEnv:
     rank = _required_int(environ, "SLURM_PROCID")
-    world = _int(environ, "SLURM_STEP_NUM_TASKS") or _int(environ, "SLURM_NTASKS")
-    if world is None:
-        raise LaunchEnvError("slurm: SLURM_STEP_NUM_TASKS and SLURM_NTASKS missing")
+    world_var = "SLURM_STEP_NUM_TASKS" if environ.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
+    world = _required_int(environ, world_var)
+    _check_rank("SLURM_PROCID", rank, world_var, world)
     return LaunchEnv("slurm", rank, world, _int(environ, "SLURM_LOCALID"),
                      _slurm_local_world(environ), environ.get("SLURMD_NODENAME") or socket.gethostname(),
                      environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"),
