@@ -3,6 +3,7 @@
 # tasks.sbatch), then report.sbatch with --dependency=afterany on it (it runs however training ended).
 #
 #   slurm/submit.sh torchrun|tasks [sbatch options --] train.py [script args]
+#   slurm/submit.sh torchrun train.py --lr 3e-4                  (no sbatch options: no --)
 #   slurm/submit.sh tasks --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 --time=1:00:00 -- train.py --lr 3e-4
 #
 # Everything of one run lands in DISTPROF_OUT/<training job id>/: the shards, both jobs' logs (%x-%j.out), report.json
@@ -20,15 +21,23 @@ case "$mode" in
     *) echo "$usage" >&2; exit 2 ;;
 esac
 sbatch_opts=()
-for arg in "$@"; do
-    if [ "$arg" = "--" ]; then
-        while [ "$1" != "--" ]; do sbatch_opts+=("$1"); shift; done
-        shift
-        break
+first=${1:-}
+if [ "$first" != "--" ] && [ "$first" != "${first#-}" ]; then  # sbatch options first, up to --
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do sbatch_opts+=("$1"); shift; done
+    if [ $# -eq 0 ]; then
+        echo "submit: end the sbatch options with -- before the script ($usage)" >&2
+        exit 2
     fi
-done
+fi
+if [ "${1:-}" = "--" ]; then
+    shift
+fi
 if [ $# -lt 1 ]; then
     echo "$usage" >&2
+    exit 2
+fi
+if [ ! -f "$1" ]; then
+    echo "submit: training script $1 not found" >&2
     exit 2
 fi
 out=${DISTPROF_OUT:-distprof}

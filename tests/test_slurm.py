@@ -7,7 +7,9 @@ Needs root and apt (Debian's slurm-wlm is installed when missing); skips locally
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -76,6 +78,26 @@ def check_run(slurm: LocalSlurm, train: str, report: str, run_dir: Path, train_n
     return rep
 
 
+@pytest.mark.parametrize("args, message", [
+    ([], "usage: slurm/submit.sh"),
+    (["bogus", "train.py"], "usage: slurm/submit.sh"),
+    (["tasks", "--nodes=2", "train.py"], "end the sbatch options with --"),
+    (["tasks", "--", "missing.py"], "training script missing.py not found"),
+])
+def test_submit_usage_errors(tmp_path, args, message):
+    proc = subprocess.run(["bash", str(SUBMIT), *args], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not list(tmp_path.iterdir())  # nothing submitted, nothing created
+
+
+@pytest.mark.parametrize("template", ["torchrun.sbatch", "tasks.sbatch"])
+def test_templates_outside_a_job_say_how_to_submit(tmp_path, template):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run(["bash", str(ROOT / "slurm" / template), "train.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0 and "submit this script with sbatch" in proc.stderr, proc.stderr
+
+
 def test_local_cluster_is_real(slurm):
     """The fixture's node is this host, with its real CPUs, idle and registered with slurmctld."""
     out = slurm.slurm(["scontrol", "show", "node", slurm.host]).stdout
@@ -106,8 +128,10 @@ def test_torchrun_template_and_report(slurm, tmp_path):
 def test_tasks_template_and_report(slurm, tmp_path):
     """(b): one srun task per rank, no torchrun: ranks from SLURM_PROCID / SLURM_STEP_NUM_TASKS / SLURM_LOCALID."""
     t0 = time.monotonic()
-    train, report, run_dir = submit(slurm, tmp_path, "tasks", ["--ntasks-per-node=2"], DDP, **SCHED)
+    train, report, run_dir = submit(slurm, tmp_path, "tasks", ["--ntasks-per-node=2"], DDP,
+                                    DISTPROF_REPORT_LAUNCHER="srun --ntasks=1 --label", **SCHED)
     check_run(slurm, train, report, run_dir, "distprof-tasks")
+    assert "\n0: Verdict: " in read_log(run_dir, "distprof-report", report)  # the report ran as task 0 of an srun
     assert "1 node(s) x 2 rank(s)" in read_log(run_dir, "distprof-tasks", train)
     print(f"slurm: tasks template + report {time.monotonic() - t0:.1f} s")
 
