@@ -75,6 +75,19 @@ def install_slurm() -> str | None:
     return f"slurm-wlm installed but {', '.join(missing)} missing" if missing else None
 
 
+def slurm_unusable() -> str | None:
+    """Why a local Slurm cannot be started here (installing it first when missing), or None."""
+    why = install_slurm()
+    if why:
+        return why
+    if os.geteuid() != 0:
+        return "starting slurmctld and slurmd needs root"
+    cpus = os.cpu_count() or 1
+    if cpus < 2:
+        return f"the Slurm tests run 2 ranks on one node; this host has {cpus} CPU"
+    return None
+
+
 def node_line(hostname: str) -> str:
     """slurm.conf's NodeName line for this host with its real CPUs and memory (as slurmd itself detects them)."""
     out = _run(["slurmd", "-C"]).stdout.splitlines()[0]
@@ -108,7 +121,7 @@ class LocalSlurm:
         r = self.root
         lines = [
             f"ClusterName=distprof{os.getpid()}",
-            f"SlurmctldHost={self.host}",
+            f"SlurmctldHost={self.host}(127.0.0.1)",  # no name lookup between the daemons
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",
             "AuthType=auth/none",
@@ -133,7 +146,7 @@ class LocalSlurm:
             "SchedulerType=sched/backfill",
             "KillWait=5",
             "MinJobAge=600",
-            f"{node_line(self.host)} State=UNKNOWN",
+            f"{node_line(self.host)} NodeAddr=127.0.0.1 State=UNKNOWN",
             f"PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
         ]
         self.conf.write_text("\n".join(lines) + "\n")

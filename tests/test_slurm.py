@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import LocalSlurm, install_slurm, unavailable
+from cluster import LocalSlurm, slurm_unusable, unavailable
 from conftest import EXAMPLES, ROOT
 from distprof.capture import env as launch_env
 from distprof.storage import find_shards, read_shard
@@ -30,7 +30,7 @@ DDP = [str(EXAMPLES / "ddp_mlp.py"), "--hidden", "64", "--steps", "12", "--slow-
 
 @pytest.fixture(scope="session")
 def slurm():
-    why = install_slurm()
+    why = slurm_unusable()
     if why:
         unavailable(why)
     cluster = LocalSlurm()
