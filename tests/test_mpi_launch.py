@@ -75,7 +75,9 @@ def test_uneven_tasks_per_node_takes_this_nodes_count():
 
 
 def test_batch_script_and_torchrun_are_left_alone():
-    for env in (BATCH_SCRIPT, TORCHRUN_IN_SRUN, {}, {"SLURM_JOB_ID": "7"}):
+    interactive = BATCH_SCRIPT | {"SLURM_STEP_ID": str(0xFFFFFFFA)}  # salloc's shell as the interactive step
+    for env in (BATCH_SCRIPT, interactive, BATCH_SCRIPT | {"SLURM_STEP_ID": "batch"}, TORCHRUN_IN_SRUN, {},
+                {"SLURM_JOB_ID": "7"}):
         before = dict(env)
         assert detect(env) is None
         assert prepare(env) == {} and env == before

@@ -44,8 +44,10 @@ DEFAULT_PORT = 29500
 PORT_BASE, PORT_SPAN = 20000, 10000
 #: What torchrun sets for its workers; any of these means torchrun started us and owns the rank variables.
 TORCHRUN_MARKERS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
-#: Slurm's step ids of the batch script and the extern step: their processes are no task of a user's `srun`.
-_NON_TASK_STEPS = {"batch", "extern", "4294967294", "4294967295", "4294967293"}
+#: Step ids above this are Slurm's special steps (batch script, extern, interactive, pending: SLURM_MAX_NORMAL_STEP_ID
+#: in slurm.h); their processes are no task of a user's `srun`, nor are the steps Slurm names instead of numbering.
+MAX_NORMAL_STEP_ID = 0xFFFFFFF0
+_SPECIAL_STEP_NAMES = {"batch", "extern", "interactive", "pending"}
 
 
 @dataclass(frozen=True)
@@ -98,12 +100,16 @@ _MPI_VARIABLES: tuple[tuple[str, tuple[str, str, str, str]], ...] = (
 
 
 def _is_slurm_task(environ: Mapping[str, str]) -> bool:
-    step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
-    return environ.get("SLURM_PROCID") is not None and step is not None and step.strip().lower() not in _NON_TASK_STEPS
+    """A task of an `srun` step (the batch script has SLURM_PROCID but no step id; special steps have ids above
+    MAX_NORMAL_STEP_ID)."""
+    step = (environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or "").strip().lower()
+    if environ.get("SLURM_PROCID") is None or not step or step in _SPECIAL_STEP_NAMES:
+        return False
+    return not step.isdigit() or int(step) <= MAX_NORMAL_STEP_ID
 
 
 def tasks_per_node(spec: str) -> list[int]:
-    """Slurm's compressed per-node task counts ("2(x3),1" -> [2, 2, 2, 1]); bounded by the node count it names."""
+    """Slurm's compressed per-node task counts ("2(x3),1" -> [2, 2, 2, 1]), at most 1,000,000 nodes."""
     out: list[int] = []
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
