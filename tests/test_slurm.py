@@ -107,11 +107,17 @@ def test_local_cluster_is_real(slurm):
     print(f"slurm: daemons up and node idle in {slurm.started_s:.1f} s")
 
 
-def test_hostlist_parser_agrees_with_scontrol(slurm):
-    for expr in ("vm", "gpu[003-010,12],cpu1", "rack[1-2]-node[01-04]", "n[7],m[1-3]", "a-b[09-11]", "x1.y[2-3]"):
+HOSTLISTS = ("vm", "gpu[003-010,12],cpu1", "rack[1-2]-node[01-04]", "n[7],m[1-3]", "a-b[09-11]", "x1.y[2-3]")
+
+
+def test_hostlist_parser_agrees_with_scontrol(slurm, monkeypatch):
+    """The fallback parser (no scontrol) gives scontrol's first host; with scontrol, first_host asks it."""
+    for expr in HOSTLISTS:
         listed = slurm.slurm(["scontrol", "show", "hostnames", expr]).stdout.split()
         assert launch_env.first_host_of(expr) == listed[0], expr
-        assert launch_env.first_host(expr) == listed[0], expr
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.setattr(launch_env, "first_host_of", lambda expr: None)  # only scontrol can answer now
+    assert [launch_env.first_host(e) for e in HOSTLISTS] == ["vm", "gpu003", "rack1-node01", "n7", "a-b09", "x1.y2"]
 
 
 def test_torchrun_template_and_report(slurm, tmp_path):
