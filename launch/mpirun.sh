@@ -8,6 +8,9 @@
 set -euo pipefail
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 MPIEXEC=${MPIEXEC:-mpiexec}
+# The interpreter by its absolute path: Open MPI puts its own bin directory first on the ranks' PATH, where
+# `python3` may be another Python than this one.
+PY=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
 forward=()
 if "$MPIEXEC" --version 2>/dev/null | grep -qi "open mpi\|openrte"; then
     # Open MPI's mpirun passes only the variables named with -x to the ranks; MPICH/Hydra passes all of them.
@@ -18,4 +21,4 @@ if "$MPIEXEC" --version 2>/dev/null | grep -qi "open mpi\|openrte"; then
     done
 fi
 # shellcheck disable=SC2086  # MPIEXEC_ARGS is a list of options
-exec "$MPIEXEC" -n "${NP:-2}" "${forward[@]}" ${MPIEXEC_ARGS:-} "${PYTHON:-python3}" -m distprof.launch "$@"
+exec "$MPIEXEC" -n "${NP:-2}" "${forward[@]}" ${MPIEXEC_ARGS:-} "$PY" -m distprof.launch "$@"

@@ -33,10 +33,26 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def find_mpiexec() -> str | None:
-    """The mpiexec beside this Python (pip's mpich puts it there), else the first on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.is_file() else shutil.which("mpiexec")
+def find_mpiexec(kind: str) -> str | None:
+    """An mpiexec of `kind`: "mpich" (pip's mpich puts it beside this Python; else an MPICH/Hydra one on PATH) or
+    "openmpi" (Debian's openmpi-bin: mpiexec.openmpi)."""
+    candidates = [Path(sys.executable).parent / "mpiexec", shutil.which("mpiexec"), shutil.which("mpiexec.mpich")] \
+        if kind == "mpich" else [shutil.which("mpiexec.openmpi")]
+    for exe in candidates:
+        if exe and Path(exe).is_file() and mpi_flavour(str(exe)) == kind:
+            return str(exe)
+    return None
+
+
+def mpi_flavour(mpiexec: str) -> str:
+    """ "openmpi", "mpich" (Hydra: MPICH, Intel MPI, MVAPICH2) or "unknown", from `mpiexec --version`."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if "Open MPI" in out or "OpenRTE" in out:
+        return "openmpi"
+    return "mpich" if "HYDRA" in out.upper() else "unknown"
 
 
 def _free_port() -> int:

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from cluster import find_mpiexec, unavailable
+from cluster import find_mpiexec, mpi_flavour, unavailable
 from conftest import EXAMPLES, ROOT, job_env, only_run_dir
 from distprof.capture import env as launch_env
 from distprof.capture.env import LaunchEnv, derived_port, detect, first_host_of, prepare, tasks_per_node
@@ -173,11 +173,15 @@ def test_first_host_without_scontrol_parses(tmp_path):
 
 # ---- real mpiexec ----------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def mpiexec():
-    exe = find_mpiexec()
+#: How each flavour is installed for these tests (launch/setup.sh does both).
+INSTALL = {"mpich": "pip install mpich", "openmpi": "apt-get install openmpi-bin"}
+
+
+@pytest.fixture(scope="module", params=["mpich", "openmpi"])
+def mpiexec(request):
+    exe = find_mpiexec(request.param)
     if exe is None:
-        unavailable("no mpiexec: pip install mpich (and mpi4py)")
+        unavailable(f"no {request.param} mpiexec: {INSTALL[request.param]}")
     return exe
 
 
@@ -193,8 +197,7 @@ def _port_free(port: int) -> bool:
 def mpirun(mpiexec: str, np: int, args: list[str], *, cwd, env: dict[str, str], timeout: float = 240):
     """launch/mpirun.sh with `mpiexec` (Open MPI's refuses root and more ranks than cores unless told)."""
     e = {**env, "MPIEXEC": mpiexec, "NP": str(np)}
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
+    if mpi_flavour(mpiexec) == "openmpi":
         e["MPIEXEC_ARGS"] = "--oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else "")
     return subprocess.run(["bash", str(ROOT / "launch" / "mpirun.sh"), *args], cwd=cwd, env=e, capture_output=True,
                           text=True, timeout=timeout)
