@@ -4,8 +4,8 @@
 # The HTML-report tests drive Debian's headless Chromium; it is installed when missing and apt is usable
 # (set DISTPROF_SETUP_BROWSER=0 to skip; those tests then skip with a reason).
 # The launcher tests need MPICH's mpiexec (pip's mpich, installed in CI and wherever there is no mpiexec on PATH, so
-# a cluster's own MPI is never shadowed) and, as root with apt, Debian's openmpi-bin and slurm-wlm (a local one-node Slurm); set
-# DISTPROF_SETUP_CLUSTER=0 to skip those two (their tests then skip outside CI).
+# a cluster's own MPI is never shadowed) and, as root with apt, Debian's openmpi-bin and slurm-wlm (a local one-node
+# Slurm); set DISTPROF_SETUP_CLUSTER=0 to skip those two (their tests then skip outside CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -15,11 +15,18 @@ import subprocess
 import sys
 
 import pytest
-
 from cluster import find_mpiexec, mpi_flavour, unavailable
 from conftest import EXAMPLES, ROOT, job_env, only_run_dir
+
 from distprof.capture import env as launch_env
-from distprof.capture.env import LaunchEnv, derived_port, detect, first_host_of, prepare, tasks_per_node
+from distprof.capture.env import (
+    LaunchEnv,
+    derived_port,
+    detect,
+    first_host_of,
+    prepare,
+    tasks_per_node,
+)
 
 #: A task of `srun --ntasks-per-node=2` in batch job 1234 on nodes gpu[07-08] (what a task sees, trimmed).
 SRUN_TASK = {
@@ -200,7 +207,7 @@ def mpirun(mpiexec: str, np: int, args: list[str], *, cwd, env: dict[str, str], 
     if mpi_flavour(mpiexec) == "openmpi":
         e["MPIEXEC_ARGS"] = "--oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else "")
     return subprocess.run(["bash", str(ROOT / "launch" / "mpirun.sh"), *args], cwd=cwd, env=e, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 @pytest.mark.slow
@@ -218,7 +225,7 @@ def test_mpiexec_two_ranks_report_names_the_slow_rank(mpiexec, tmp_path):
     assert "ddp_mlp: 12 steps on 2 rank(s)" in proc.stdout
     run = only_run_dir(tmp_path / "o")
     rep = subprocess.run([sys.executable, "-m", "distprof", "report", str(run), "--json", "-"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert rep.returncode == 0, rep.stderr
     report = json.loads(rep.stdout)
     assert report["run"]["ranks_present"] == [0, 1] and report["run"]["world_size"] == 2

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cluster import LocalSlurm, slurm_unusable, unavailable
 from conftest import EXAMPLES, ROOT
+
 from distprof.capture import env as launch_env
 from distprof.storage import find_shards, read_shard
 
@@ -85,7 +85,8 @@ def check_run(slurm: LocalSlurm, train: str, report: str, run_dir: Path, train_n
     (["tasks", "--", "missing.py"], "training script missing.py not found"),
 ])
 def test_submit_usage_errors(tmp_path, args, message):
-    proc = subprocess.run(["bash", str(SUBMIT), *args], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(["bash", str(SUBMIT), *args], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                          check=False)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not list(tmp_path.iterdir())  # nothing submitted, nothing created
 
@@ -94,7 +95,7 @@ def test_submit_usage_errors(tmp_path, args, message):
 def test_templates_outside_a_job_say_how_to_submit(tmp_path, template):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.run(["bash", str(ROOT / "slurm" / template), "train.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode != 0 and "submit this script with sbatch" in proc.stderr, proc.stderr
 
 
