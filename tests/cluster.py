@@ -82,9 +82,9 @@ def install_slurm() -> str | None:
     for cmd in (["apt-get", "update", "-qq"],
                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "slurm-wlm"]):
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=250, check=False)
         except subprocess.TimeoutExpired:
-            return f"{' '.join(cmd)} did not finish within 900 s"
+            return f"{' '.join(cmd)} did not finish within 250 s"
         if proc.returncode != 0:
             return f"{' '.join(cmd)} failed: {proc.stderr.strip()[-300:]}"
     missing = [b for b in SLURM_BINARIES if not shutil.which(b)]

@@ -33,8 +33,8 @@ import shutil
 import socket
 import subprocess
 import zlib
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, MutableMapping
 
 log = logging.getLogger(__name__)
 
