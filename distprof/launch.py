@@ -1,8 +1,12 @@
 """Profile an unchanged training script on every rank.
 
     torchrun --nproc_per_node=N -m distprof.launch [distprof options] train.py [script args]
+    mpiexec -n N python -m distprof.launch [distprof options] train.py [script args]
+    srun python -m distprof.launch [distprof options] train.py [script args]  (one Slurm task per rank)
     python -m distprof.launch [distprof options] train.py [script args]      (single process)
 
+Under mpiexec or srun the torchrun-style variables the script expects (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) are set from the launcher's own where missing (distprof.capture.env).
 The script runs as `__main__` with its own argv. Every rank profiles the same global steps (advanced by the
 optimizer-step hook, or by `distprof.step()` with --step-on manual) and writes one HDF5 shard per finished window to
 OUT/<run-id>/. The script's exit code and exceptions pass through unchanged; a profiler failure logs one warning and
@@ -20,6 +24,7 @@ import os
 import runpy
 import sys
 
+from .capture import env as launch_env
 from .config import ProfileConfig, ScheduleConfig, config_from_mapping
 from .errors import ConfigError
 
@@ -30,7 +35,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     d, s = ProfileConfig(), ScheduleConfig()
     p = argparse.ArgumentParser(
         prog="python -m distprof.launch",
-        description=__doc__.split("\n\n")[0].strip() + " Run under torchrun for several ranks.",
+        description=__doc__.split("\n\n")[0].strip() + " Run under torchrun, mpiexec or srun for several ranks.",
         epilog="Every option can also be set as DISTPROF_<NAME> (dashes become underscores); the flag wins. "
         "Test-only: DISTPROF_SIM_HOSTS / DISTPROF_SIM_CLOCKS simulate several hosts (docs/shard-format.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -121,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(e))
     if not os.path.isfile(args.script):
         parser.error(f"script {args.script!r} not found")
+    launch_env.prepare()  # mpiexec / srun: RANK, WORLD_SIZE, MASTER_ADDR, ... for the script where missing
     _recorded(run)(config, args.script, args.script_args)
 
 
