@@ -372,3 +372,58 @@ def test_browser_real_job_record_function_is_escaped(browser, tmp_path):
     info = open_report(browser, html_path, "html-report-real-job.png")
     assert_charts_drawn(info, {"fig-steps", "fig-breakdown", "fig-memory"})
     assert EVIL in info["text"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# many ranks: distributions and aggregates instead of one bar or line per rank
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """96 ranks on 12 hosts (benchmarks/synth.py), rank 50 slow: more than html_scale.MANY_RANKS."""
+    import importlib.util
+    import sys
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_synth", ROOT / "benchmarks" / "synth.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_synth"] = mod
+    spec.loader.exec_module(mod)
+    out = tmp_path_factory.mktemp("many") / "run"
+    mod.generate(mod.spec_from(mod.parse_args(["--ranks", "96", "--hosts", "12", "--events", "1200", "--steps", "3",
+                                               "--windows", "1", "--slow-rank", "50", "--slow-ms", "15",
+                                               "-o", str(out)])), out)
+    run = distprof.load(out, progress=False)
+    return run, build_report(run)
+
+
+def test_many_ranks_figures_are_distributions(many):
+    from distprof.render import html_scale
+
+    run, rep = many
+    page = render_html(rep, run)
+    figs = figures(page)
+    heat = figs["fig-steps"]["data"][0]
+    assert len(heat["y"]) == 12 and all(lbl.startswith("node") for lbl in heat["y"])  # one row per host
+    assert all(t.startswith("rank ") for row in heat["text"] for t in row)  # each cell names its slowest rank
+    for fid in ("fig-breakdown", "fig-overlap", "fig-imbalance"):
+        kinds = {t["type"] for t in figs[fid]["data"]}
+        assert "box" in kinds and "bar" not in kinds, fid
+        boxes = [t for t in figs[fid]["data"] if t["type"] == "box"]
+        assert all(len(t["y"]) == 96 for t in boxes), fid
+    labelled = [t for t in figs["fig-breakdown"]["data"] if t["type"] == "scatter"]
+    assert any("rank 50" in t["text"] for t in labelled)  # the outlier is named
+    blame = figs["fig-blame"]["data"][0]
+    assert len(blame["y"]) <= html_scale.TOP_BLAME + 1 and "rank 50" in blame["x"][1]
+    assert len(figs["fig-memory"]["data"]) <= html_scale.MEMORY_LINES
+    assert page.count("<tr>") < 80  # GPU time and clock tables show the worst rows, not 96
+    assert len(page.encode()) < 2.4e6
+
+
+def test_browser_renders_many_ranks(many, browser, tmp_path):
+    run, rep = many
+    path = write_html(rep, tmp_path / "many.html", run)
+    info = open_report(browser, path, "html-report-96-ranks.png")
+    assert_charts_drawn(info, {"fig-steps", "fig-breakdown", "fig-blame", "fig-overlap", "fig-imbalance",
+                               "fig-memory"})

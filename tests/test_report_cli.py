@@ -128,3 +128,17 @@ def test_python_m_distprof_help():
     proc = subprocess.run([sys.executable, "-m", "distprof", "report", "--help"], capture_output=True, text=True,
                           env=_env(), timeout=60)
     assert proc.returncode == 0 and "--peak-tflops" in proc.stdout and "--steps" in proc.stdout
+
+
+def test_summary_is_bounded_at_1024_ranks():
+    """1,024 ranks on 128 hosts, one late: the terminal summary stays about a screenful, names the late rank, and
+    summarises hosts and per-rank tables instead of listing them (report.json keeps every rank)."""
+    run = ddp_run(1024, n_steps=2, late_rank=700, late_ms=20, hosts=[f"node{r // 8:04d}" for r in range(1024)])
+    rep = build_report(summarize_merged(run))
+    text = render_console(rep)
+    lines = text.splitlines()
+    assert len(lines) <= 90, len(lines)
+    assert "rank 700" in text and "STRAGGLER" in text
+    assert "128 host(s)" in text and "over 1024 ranks" in text
+    assert max(len(ln) for ln in lines) <= 130
+    assert len(rep["overlap"]) == 1024 and len(rep["stragglers"]) == 1024

@@ -3,6 +3,11 @@ cause, overlap, imbalance, user annotations, MFU.
 
 Plain text; ANSI bold/colour only when asked (``color=True``) — the CLI asks only when stdout is a TTY. Keys a report
 lacks (older reports) are skipped.
+
+Bounded whatever the rank count (about 80 lines at 1,024 ranks): tables of one row per rank show every rank up to
+``_MAX_RANK_ROWS``; beyond, a distribution (min, median, p90, max, with the extreme ranks named) and the outliers
+that matter; hosts are summarised the same way; at most ``_MAX_WARNINGS`` warnings. Every per-rank figure stays in
+report.json.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["render_console"]
 
 _MAX_RANK_ROWS = 8
+_MAX_OUTLIERS = 3
+_MAX_HOST_ROWS = 8
+_MAX_WARNINGS = 6
 _WIDTH = 116
 _MAX_FINDINGS = 8
 _MAX_ANNOTATIONS = 10
@@ -87,15 +95,7 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
         out += [st.bold(x) for x in _wrap(verdict, "Verdict: ", "  ")]
     out += _findings(report, st)
 
-    clock = report.get("clock", {})
-    if clock:
-        out.append(st.bold("Clock alignment"))
-        for host, c in clock.items():
-            res = c.get("residual_us")
-            out.append(
-                f"  {host}: offset {c.get('offset_ns', 0) / 1e6:+.3f} ms, drift {_f(c.get('drift_ppm'), '{:.2f}')} ppm,"
-                f" residual {_f(res, '{:.0f}')} us ({c.get('method')})"
-            )
+    out += _clock(report.get("clock", {}), st)
 
     out += _summary(report.get("summary", {}), st)
     out += _stragglers(report, st, top)
@@ -107,20 +107,67 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
 
     mfu = report.get("mfu") or []
     if mfu:
-        out.append(st.bold("MFU"))
-        rows = [
-            [str(m["rank"]), m.get("device", ""), _f(m.get("achieved_tflops"), "{:.2f}"),
-             _f(m["peak_tflops"], "{:.0f}"), _f(None if m.get("mfu") is None else 100 * m["mfu"], "{:.1f}%"),
-             m.get("peak_source", "")]
-            for m in mfu
-        ]
-        out += _table(["rank", "device", "TFLOP/s", "peak", "MFU", "peak from"], rows)
+        out += _per_rank(
+            st.bold("MFU"), ["rank", "device", "TFLOP/s", "peak", "MFU", "peak from"], mfu,
+            lambda m: [str(m["rank"]), m.get("device", ""), _f(m.get("achieved_tflops"), "{:.2f}"),
+                       _f(m["peak_tflops"], "{:.0f}"), _f(None if m.get("mfu") is None else 100 * m["mfu"],
+                                                          "{:.1f}%"), m.get("peak_source", "")],
+            key=lambda m: m.get("mfu"), label="MFU", fmt="{:.1%}", worst="low")
     elif report.get("mfu_note"):
         out.append(st.dim(f"MFU: {report['mfu_note']}"))
 
-    for w in report.get("warnings", []):
+    warnings = report.get("warnings", [])
+    for w in warnings[:_MAX_WARNINGS]:
         out.append(st.red(f"warning: {w}"))
+    if len(warnings) > _MAX_WARNINGS:
+        out.append(st.dim(f"  ... {len(warnings) - _MAX_WARNINGS} more warnings in report.json"))
     return "\n".join(out) + "\n"
+
+
+def _quantiles(items: list[dict[str, Any]], key, fmt: str) -> str:
+    """'min X (rank a), median Y, p90 Z, max W (rank b)' of key(item) over the items that have it."""
+    vals = sorted(((key(x), x["rank"]) for x in items if key(x) is not None), key=lambda v: v[0])
+    if not vals:
+        return "no values"
+    n = len(vals)
+
+    def at(q: float):
+        return vals[min(n - 1, int(q * (n - 1) + 0.5))][0]
+
+    return (f"min {fmt.format(vals[0][0])} (rank {vals[0][1]}), median {fmt.format(at(0.5))}, p90 "
+            f"{fmt.format(at(0.9))}, max {fmt.format(vals[-1][0])} (rank {vals[-1][1]})")
+
+
+def _clock(clock: dict[str, Any], st: _Style) -> list[str]:
+    """One line per host when there are few; else how the hosts were aligned, with their ranges, and the hosts whose
+    alignment is worst (largest residual)."""
+    if not clock:
+        return []
+    out = [st.bold("Clock alignment")]
+
+    def line(host: str, c: dict[str, Any]) -> str:
+        return (f"  {host}: offset {c.get('offset_ns', 0) / 1e6:+.3f} ms, drift {_f(c.get('drift_ppm'), '{:.2f}')}"
+                f" ppm, residual {_f(c.get('residual_us'), '{:.0f}')} us ({c.get('method')})")
+
+    if len(clock) <= _MAX_HOST_ROWS:
+        return out + [line(h, c) for h, c in clock.items()]
+    by_method: dict[str, list[str]] = {}
+    for h, c in clock.items():
+        by_method.setdefault(str(c.get("method")), []).append(h)
+    for method, hosts in sorted(by_method.items(), key=lambda kv: -len(kv[1])):
+        if method == "reference":
+            out.append(f"  reference: {', '.join(hosts)}")
+            continue
+        cs = [clock[h] for h in hosts]
+        offs = [c.get("offset_ns", 0) / 1e6 for c in cs]
+        drifts = [c.get("drift_ppm") or 0.0 for c in cs]
+        out.append(f"  {len(hosts)} host(s) by {method}: offsets {min(offs):+.3f} .. {max(offs):+.3f} ms, drift "
+                   f"{min(drifts):.2f} .. {max(drifts):.2f} ppm" + (f" ({hosts[0]})" if len(hosts) == 1 else ""))
+    res = sorted(((c.get("residual_us") or 0.0, h) for h, c in clock.items()), reverse=True)
+    worst = [(r, h) for r, h in res[:_MAX_OUTLIERS] if r > 0]
+    out.append(f"  residual: max {res[0][0]:.0f} us ({res[0][1]}), median {res[len(res) // 2][0]:.0f} us"
+               + (" — worst: " + ", ".join(f"{h} {r:.0f} us" for r, h in worst) if worst else ""))
+    return out
 
 
 def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
@@ -152,9 +199,12 @@ def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
     if len(ranks) > _MAX_RANK_ROWS:
         out.append(st.dim(f"  ... {len(ranks) - _MAX_RANK_ROWS} more ranks in report.json"))
     hosts = [h for h in info.get("hosts", []) if h.get("named")]
-    for h in hosts:
-        out.append(st.red(f"  slow host {h['host']} (ranks {h['ranks']}): {_f(h['mean_lateness_ms'], '{:.2f}')} ms"
-                          f" mean lateness, last in {100 * h['late_fraction']:.0f}% of collectives"))
+    for h in hosts[:_MAX_OUTLIERS]:
+        out.append(st.red(f"  late host {h['host']} (ranks {rank_ranges(h['ranks'])}): "
+                          f"{_f(h['mean_lateness_ms'], '{:.2f}')} ms mean lateness, last in "
+                          f"{100 * h['late_fraction']:.0f}% of collectives"))
+    if len(hosts) > _MAX_OUTLIERS:
+        out.append(st.dim(f"  ... {len(hosts) - _MAX_OUTLIERS} more late hosts in report.json"))
     cf = info.get("clock_free", {})
     if cf.get("agrees") is False:
         out.append(st.dim(f"  clock-free check: top rank by durations is {cf.get('top_rank')},"
@@ -182,14 +232,19 @@ def _root_cause(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def _per_rank(title: str, header: list[str], items: list[dict[str, Any]], row, limit: int = 16) -> list[str]:
-    """A titled table of one row per rank (the first `limit`), saying how many more report.json holds."""
+def _per_rank(title: str, header: list[str], items: list[dict[str, Any]], row, *, key, label: str, fmt: str,
+              worst: str = "high") -> list[str]:
+    """A titled table of one row per rank; with more than ``_MAX_RANK_ROWS`` ranks, the distribution of `key` (named
+    `label`, formatted with `fmt`) and the ``_MAX_OUTLIERS`` ranks at its `worst` end ("high" or "low") instead."""
     if not items:
         return []
-    out = [title] + _table(header, [row(x) for x in items[:limit]])
-    if len(items) > limit:
-        out.append(f"  ... {len(items) - limit} more ranks in report.json")
-    return out
+    if len(items) <= _MAX_RANK_ROWS:
+        return [title] + _table(header, [row(x) for x in items])
+    have = [x for x in items if key(x) is not None]
+    out_rows = sorted(have, key=key, reverse=worst == "high")[:_MAX_OUTLIERS]
+    return ([title, f"  {label} over {len(items)} ranks: {_quantiles(items, key, fmt)}",
+             f"  the {len(out_rows)} {'highest' if worst == 'high' else 'lowest'} (all ranks in report.json):"]
+            + _table(header, [row(x) for x in out_rows], indent="    "))
 
 
 def _overlap(report: dict[str, Any]) -> list[str]:
@@ -199,7 +254,8 @@ def _overlap(report: dict[str, Any]) -> list[str]:
         report.get("overlap") or [],
         lambda o: [str(o["rank"]), o["mode"], _f(o["comm_ms_per_step"], "{:.2f}"),
                    _f(o["exposed_comm_ms_per_step"], "{:.2f}"), _f(o["overlap_pct"], "{:.1f}%"),
-                   _f(o["exposed_pct"], "{:.1f}%")])
+                   _f(o["exposed_pct"], "{:.1f}%")],
+        key=lambda o: o.get("exposed_pct"), label="exposed communication, % of step", fmt="{:.1f}%")
 
 
 def _gpu_time(report: dict[str, Any]) -> list[str]:
@@ -209,7 +265,8 @@ def _gpu_time(report: dict[str, Any]) -> list[str]:
         report.get("gpu_time") or [],
         lambda g: [str(g["rank"]), _f(g.get("span_us", 0) / 1e3, "{:.1f}"), _f(g.get("idle_pct"), "{:.2f}%"),
                    _f(g.get("compute_pct"), "{:.2f}%"), _f(g.get("non_compute_pct"), "{:.2f}%"),
-                   _f(g.get("overlap_pct"), "{:.2f}%")])
+                   _f(g.get("overlap_pct"), "{:.2f}%")],
+        key=lambda g: g.get("idle_pct"), label="GPU idle, % of span", fmt="{:.2f}%")
 
 
 def _imbalance(report: dict[str, Any]) -> list[str]:

@@ -27,6 +27,7 @@ from typing import Any
 from ..analysis.names import display_name, rank_ranges
 from ..atomic import atomic_write
 from ..errors import ConfigError
+from . import html_scale
 from .html_assets import _BOOT_JS, _CSS, _plotly_element
 from .html_figures import (  # noqa: F401  (_downsample_minmax: re-exported for the tests)
     MEMORY_POINTS_PER_RANK, _MAX_ANNOTATIONS, _downsample_minmax, _fig_annotations, _fig_blame, _fig_breakdown,
@@ -36,6 +37,9 @@ from .html_text import _e, _fmt, _mean, _num, _script_json
 logger = logging.getLogger(__name__)
 
 __all__ = ["render_html", "write_html", "check_html_path", "MEMORY_POINTS_PER_RANK"]
+
+#: Rows of the per-rank and per-host tables when there are more (the worst ones are shown).
+_TOP_TABLE_ROWS = 20
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -136,6 +140,17 @@ def _clock_table(report: dict[str, Any]) -> str:
     clock = report.get("clock") or {}
     if not clock:
         return "<p class=\"muted\">No clock alignment information.</p>"
+    lead = ""
+    if len(clock) > _TOP_TABLE_ROWS:  # the hosts aligned worst (largest residual), after the summary
+        res = sorted((_num((c or {}).get("residual_us")) or 0.0 for c in clock.values()))
+        methods: dict[str, int] = {}
+        for c in clock.values():
+            methods[str((c or {}).get("method"))] = methods.get(str((c or {}).get("method")), 0) + 1
+        lead = (f"<p class=\"caption\">{len(clock)} hosts (" + ", ".join(f"{n} by {m}" for m, n in methods.items())
+                + f"); residual µs: median {res[len(res) // 2]:.1f}, max {res[-1]:.1f}. The {_TOP_TABLE_ROWS} hosts "
+                "with the largest residual (all in report.json):</p>")
+        clock = dict(sorted(clock.items(), key=lambda kv: -(_num((kv[1] or {}).get("residual_us")) or 0.0))
+                     [:_TOP_TABLE_ROWS])
     rows = []
     for host, c in clock.items():
         c = c or {}
@@ -144,10 +159,10 @@ def _clock_table(report: dict[str, Any]) -> str:
             _e(host), _e(c.get("method")), _e(_fmt(None if off is None else off / 1e6, "{:+.3f}")),
             _e(_fmt(c.get("drift_ppm"), "{:.2f}")), _e(_fmt(c.get("residual_us"), "{:.1f}")),
             _e(_fmt(c.get("residual_max_us"), "{:.1f}")), _e(c.get("n_samples")),
-            _e(", ".join(str(r) for r in c.get("ranks") or [])),
+            _e(rank_ranges(c.get("ranks") or [])),
         ])
-    return _table(["host", "method", "offset ms", "drift ppm", "residual µs (median)", "residual µs (max)",
-                   "samples", "ranks"], rows, "num")
+    return lead + _table(["host", "method", "offset ms", "drift ppm", "residual µs (median)", "residual µs (max)",
+                          "samples", "ranks"], rows, "num")
 
 
 def _root_cause(report: dict[str, Any]) -> str:
@@ -184,13 +199,20 @@ def _annotation_table(report: dict[str, Any]) -> str:
 
 
 def _gpu_time_table(report: dict[str, Any]) -> str:
+    gs = [g for g in report.get("gpu_time") or [] if isinstance(g, dict)]
+    if not gs:
+        return ""
+    lead = ""
+    if html_scale.many(len(gs)):  # the ranks that idle most, after the distribution
+        idle = sorted(_num(g.get("idle_pct")) or 0.0 for g in gs)
+        lead = (f"<p class=\"caption\">{len(gs)} device ranks; idle % of span: min {idle[0]:.2f}, median "
+                f"{idle[len(idle) // 2]:.2f}, p90 {idle[int(0.9 * (len(idle) - 1))]:.2f}, max {idle[-1]:.2f}. "
+                f"The {_TOP_TABLE_ROWS} ranks that idle most (all in report.json):</p>")
+        gs = sorted(gs, key=lambda g: -(_num(g.get("idle_pct")) or 0.0))[:_TOP_TABLE_ROWS]
     rows = [[_e(g.get("rank")), _e(_fmt(_num(g.get("span_us")) and _num(g.get("span_us")) / 1e3, "{:.1f}")),
              _e(_fmt(g.get("idle_pct"), "{:.2f}")), _e(_fmt(g.get("compute_pct"), "{:.2f}")),
-             _e(_fmt(g.get("non_compute_pct"), "{:.2f}")), _e(_fmt(g.get("overlap_pct"), "{:.2f}"))]
-            for g in report.get("gpu_time") or [] if isinstance(g, dict)]
-    if not rows:
-        return ""
-    return _table(["rank", "GPU span ms", "idle %", "compute %", "non-compute %", "comm overlap %"], rows)
+             _e(_fmt(g.get("non_compute_pct"), "{:.2f}")), _e(_fmt(g.get("overlap_pct"), "{:.2f}"))] for g in gs]
+    return lead + _table(["rank", "GPU span ms", "idle %", "compute %", "non-compute %", "comm overlap %"], rows)
 
 
 def _warnings(report: dict[str, Any]) -> str:
@@ -242,7 +264,10 @@ def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = 
         _header(report),
         _findings(report),
         _chart("fig-steps", "Step time per rank and step", _fig_step_heatmap(report), figs,
-               "Each cell is one rank's step (ms); hover for its breakdown. A row that stays hot is a slow rank; "
+               "Each cell is the slowest rank of a host (or of a block of ranks) in that step (ms); hover for which. "
+               "A row that stays hot is a slow host; a hot column is a slow step everywhere."
+               if html_scale.many(len((report.get("run") or {}).get("ranks_present") or []))
+               else "Each cell is one rank's step (ms); hover for its breakdown. A row that stays hot is a slow rank; "
                "a hot column is a slow step everywhere."),
         "<div class=\"grid\">",
         _chart("fig-breakdown", "Where step time goes, per rank", _fig_breakdown(report), figs, bd_caption),

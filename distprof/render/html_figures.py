@@ -12,6 +12,7 @@ import numpy as np
 from ..analysis.summary import MEMORY_POINTS
 from ..analysis.summary import downsample_minmax as _downsample_minmax
 
+from . import html_scale
 from .html_text import _fmt, _mean, _num, _pl
 
 #: Memory-timeline points kept per rank (min/max per bucket, so peaks survive); fewer when there are many ranks.
@@ -82,6 +83,8 @@ def _fig_step_heatmap(report: dict[str, Any]) -> dict[str, Any] | None:
     if not recs:
         return None
     ranks = sorted({int(r["rank"]) for r in recs})
+    if html_scale.many(len(ranks)):
+        return html_scale.step_heatmap(report)
     steps = sorted({int(r["step"]) for r in recs})
     ri = {r: i for i, r in enumerate(ranks)}
     si = {s: i for i, s in enumerate(steps)}
@@ -134,6 +137,11 @@ def _fig_breakdown(report: dict[str, Any]) -> dict[str, Any] | None:
     def per_step(col: str) -> list[float]:
         return [round(_mean(_num(r.get(col)) for r in by_rank[k]) or 0.0, 4) for k in ranks]
 
+    if html_scale.many(len(ranks)):
+        cols = ("compute_ms", "exposed_comm_ms", "idle_ms", "other_ms", "memcpy_ms")
+        means = {c: per_step(c) for c in cols}
+        return html_scale.breakdown({r: {c: means[c][i] for c in cols} for i, r in enumerate(ranks)})
+
     compute = per_step("compute_ms")
     overlapped = per_step("overlapped_ms")
     comp_only = [max(c - o, 0.0) for c, o in zip(compute, overlapped)]
@@ -174,6 +182,9 @@ def _fig_blame(report: dict[str, Any]) -> dict[str, Any] | None:
     def host_of(s: dict[str, Any]) -> str:
         return str(s.get("host") or hosts.get(str(s["rank"]), "?"))
 
+    thr = _num(((report.get("straggler_info") or {}).get("rule") or {}).get("threshold_ms"))
+    if html_scale.many(len(rows)):
+        return html_scale.blame(rows, host_of, thr)
     rows.sort(key=lambda s: (host_of(s), int(s["rank"])))
     x = [[_pl(host_of(s)) for s in rows], [_rank_label(s["rank"]) for s in rows]]
     colors = [_NAMED if s.get("named") else _PLAIN for s in rows]
@@ -197,7 +208,6 @@ def _fig_blame(report: dict[str, Any]) -> dict[str, Any] | None:
         },
     ]
     layout = _base_layout(360, xaxis=_axis(None, type="multicategory"), yaxis=_axis("ms"))
-    thr = _num(((report.get("straggler_info") or {}).get("rule") or {}).get("threshold_ms"))
     if thr is not None:
         layout["shapes"] = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": thr, "y1": thr,
                              "line": {"color": "#444444", "dash": "dash", "width": 1}}]
@@ -211,6 +221,8 @@ def _fig_overlap(report: dict[str, Any]) -> dict[str, Any] | None:
     rows = sorted((o for o in report.get("overlap") or [] if "rank" in o), key=lambda o: int(o["rank"]))
     if not rows:
         return None
+    if html_scale.many(len(rows)):
+        return html_scale.overlap(rows)
     x = [_rank_label(o["rank"]) for o in rows]
     data = [
         {"type": "bar", "name": "overlapped, % of comm", "x": x,
@@ -248,6 +260,8 @@ def _fig_imbalance(report: dict[str, Any]) -> dict[str, Any] | None:
     rows = _per_rank_imbalance(report)
     if not rows:
         return None
+    if html_scale.many(len(rows)):
+        return html_scale.imbalance(rows)
     x = [_rank_label(r["rank"]) for r in rows]
 
     def scaled(key: str, div: float) -> list[float | None]:
@@ -298,6 +312,10 @@ def _fig_memory(run: Any, report: dict[str, Any]) -> tuple[dict[str, Any] | None
     ranks = sorted(r for r, s in run.ranks.items() if s.memory_series)
     if not ranks:
         return None, "No allocator events were recorded (capture with profile_memory on to get a memory timeline)."
+    n_all = len(ranks)
+    if html_scale.many(n_all):
+        peaks = {r: max(float(v.max()) for _, v in run.ranks[r].memory_series.values() if v.size) for r in ranks}
+        ranks = html_scale.memory_ranks(peaks)
     per_rank = max(200, min(MEMORY_POINTS_PER_RANK, _MEMORY_POINTS_TOTAL // max(len(ranks), 1)))
     starts = [int(r["start_ns"]) for r in report.get("steps") or [] if "start_ns" in r]
     firsts = [int(t[0]) for r in ranks for t, _ in run.ranks[r].memory_series.values() if t.size]
@@ -329,6 +347,9 @@ def _fig_memory(run: Any, report: dict[str, Any]) -> tuple[dict[str, Any] | None
                      "name": _rank_label(r) + ("" if dev < 0 else f" (cuda:{dev})"), "x": xs, "y": ys,
                      "hovertemplate": "%{fullData.name}: %{y:.2f} MiB at %{x:.4f} s<extra></extra>"})
     note = "Allocated memory over time (min/max kept per bucket, at most %d points per rank)." % per_rank
+    if len(ranks) < n_all:
+        note += (f" {n_all} ranks: drawn are the {len(ranks)} ranks with the highest, the median and the lowest "
+                 "memory peak.")
     if relative and -1 in devices_used:
         note += (" CPU totals are relative to each window's start: torch exposes no CPU allocator total, so the"
                  " curve shows growth within the window.")
@@ -345,17 +366,22 @@ def _fig_annotations(report: dict[str, Any]) -> dict[str, Any] | None:
     if not ranks:
         return None
     z = [[_num(((a.get("ranks") or {}).get(str(r)) or {}).get("ms_per_step")) for r in ranks] for a in ann]
+    x_labels = [_rank_label(r) for r in ranks]
+    if html_scale.many(len(ranks)):  # min / median / max over ranks instead of one column per rank
+        z = [[float(np.min(v)), float(np.median(v)), float(np.max(v))]
+             for v in (np.array([x or 0.0 for x in row]) for row in z)]
+        x_labels = ["min over ranks", "median", "max over ranks"]
     y = []
     seen: dict[str, int] = {}
     for a in ann:  # category labels must be unique
         label = _pl(a["name"])
         seen[label] = seen.get(label, 0) + 1
         y.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
-    trace = {"type": "heatmap", "x": [_rank_label(r) for r in ranks], "y": y, "z": z,
+    trace = {"type": "heatmap", "x": x_labels, "y": y, "z": z,
              "colorscale": "Blues", "reversescale": True,  # plotly's Blues runs dark -> light; more time = darker
              "colorbar": {"title": {"text": "ms/step"}}, "xgap": 1, "ygap": 1, "hoverongaps": False,
              "hovertemplate": "%{y}<br>%{x}: %{z:.3f} ms/step<extra></extra>"}
-    if len(ranks) * len(ann) <= 400:
+    if len(x_labels) * len(ann) <= 400:
         trace["texttemplate"] = "%{z:.2f}"
     height = int(min(900, max(200, 26 * len(ann) + 110)))
     return {"data": [trace], "layout": _base_layout(
