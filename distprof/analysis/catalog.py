@@ -58,7 +58,13 @@ class RunCatalog:
         return {r: str(a["host"]) for r, a in sorted(self.first_attrs.items())}
 
     def shards_of(self, rank: int) -> list[Shard]:
-        return [s for s in self.shards if s.rank == rank]
+        by_rank = self.__dict__.get("_by_rank")
+        if by_rank is None:
+            by_rank = {}
+            for s in self.shards:
+                by_rank.setdefault(s.rank, []).append(s)
+            self.__dict__["_by_rank"] = by_rank
+        return list(by_rank.get(rank, ()))
 
     @property
     def ranks_read(self) -> list[int]:

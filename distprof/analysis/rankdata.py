@@ -106,12 +106,13 @@ def read_rank(cat: RunCatalog, rank: int, *, columns: Mapping[str, Iterable[str]
     names_list: list[np.ndarray] = []
     samples: dict[tuple[int, int], Table] = {}
     for s in shards:
-        per_shard.append({t: s.table(t, want[t]) for t in TABLES})
-        names_list.append(s.names)
-        if s.attrs.get("clock_role") in ("leader", None) and s.has("clock/samples"):
-            tab = s.table("clock/samples")
-            if len(tab["phase"]):
-                samples[(s.rank, s.window)] = tab
+        leader = s.attrs.get("clock_role") in ("leader", None)
+        tabs, names = s.tables({**want, **({"clock/samples": None} if leader else {})}, names=True)
+        sm = tabs.pop("clock/samples", None)
+        per_shard.append(tabs)
+        names_list.append(names)
+        if sm is not None and len(sm["phase"]):
+            samples[(s.rank, s.window)] = sm
     names, remaps = merge_strings(names_list)
     tables = _concat(shards, per_shard, remaps, [cat.pg_luts.get(s.path) for s in shards])
     return RankData(rank=rank, names=names, attrs=shards[0].attrs, windows=[s.window for s in shards],

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import h5py
 import hdf5plugin  # noqa: F401  -- registers the Zstd filter; every reader must import it
@@ -73,10 +73,13 @@ class Shard:
 
     @cached_property
     def names(self) -> np.ndarray:
-        """The string table (object array): names[name_id]."""
+        """The string table (object array): names[name_id]; kept on the object once read (see read_names)."""
+        return self.read_names()
+
+    def read_names(self) -> np.ndarray:
+        """The string table, read now and not kept (a run's catalog holds every Shard: it must stay small)."""
         with self._open() as f:
-            raw = f["strings/names"][()]
-        return np.array([s.decode("utf-8") if isinstance(s, bytes) else s for s in raw], dtype=object)
+            return _names(f)
 
     def _open(self) -> h5py.File:
         try:
@@ -96,25 +99,42 @@ class Shard:
 
     def table(self, name: str, columns: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """Columns of table `name` (all known columns when `columns` is None)."""
+        with self._open() as f:
+            return self._table(f, name, columns)
+
+    def tables(self, wanted: Mapping[str, Iterable[str] | None], *,
+               names: bool = False) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray | None]:
+        """Several tables (table -> columns, None = all) and, with `names`, the string table — the file opened once."""
+        with self._open() as f:
+            out = {t: self._table(f, t, cols) for t, cols in wanted.items()}
+            return out, (_names(f) if names else None)
+
+    def _table(self, f: h5py.File, name: str, columns: Iterable[str] | None) -> dict[str, np.ndarray]:
         known = schema.TABLES.get(name)
         if known is None:
             raise KeyError(f"unknown table {name!r}; known: {', '.join(schema.TABLES)}")
         cols = list(known) if columns is None else list(columns)
         out: dict[str, np.ndarray] = {}
-        with self._open() as f:
-            grp = f.get(name)
-            for col in cols:
-                if grp is None or col not in grp:
-                    if col not in known:
-                        raise KeyError(f"{self.path}: table {name!r} has no column {col!r}")
-                    n = _table_len(grp)
-                    out[col] = np.full(n, schema.MISSING_DEFAULTS.get((name, col), 0), dtype=known[col])
-                    continue
-                try:
-                    out[col] = grp[col][()]
-                except OSError as e:
-                    raise ShardFormatError(f"{self.path}: cannot read {name}/{col} ({e})") from None
+        grp = f.get(name)
+        for col in cols:
+            if grp is None or col not in grp:
+                if col not in known:
+                    raise KeyError(f"{self.path}: table {name!r} has no column {col!r}")
+                n = _table_len(grp)
+                out[col] = np.full(n, schema.MISSING_DEFAULTS.get((name, col), 0), dtype=known[col])
+                continue
+            try:
+                out[col] = grp[col][()]
+            except OSError as e:
+                raise ShardFormatError(f"{self.path}: cannot read {name}/{col} ({e})") from None
         return out
+
+
+def _names(f: h5py.File) -> np.ndarray:
+    raw = f["strings/names"]
+    if h5py.check_string_dtype(raw.dtype) is not None:
+        return np.asarray(raw.asstr()[()], dtype=object)
+    return np.array([s.decode("utf-8") if isinstance(s, bytes) else s for s in raw[()]], dtype=object)
 
 
 def _table_len(grp: h5py.Group | None) -> int:

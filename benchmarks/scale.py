@@ -1,0 +1,137 @@
+"""How `distprof report` scales with the rank count: time and peak memory per process, serial and under MPI.
+
+    python benchmarks/scale.py                                   # 64, 256, 1024 ranks x 100k events, 1 and 2 procs
+    python benchmarks/scale.py --ranks 64,256 --events 20000 --data /tmp/dp-scale
+
+For each rank count, a synthetic GPU-like run (benchmarks/synth.py: thousands of op names, two streams, NCCL
+collectives on TP/DP groups, 8 ranks per host with drifting clocks, one slow rank) is written once into --data (kept
+for later runs; generated under `mpiexec -n P` when --gen-procs > 1), then `distprof report RUN --json` runs serially
+and under `mpiexec -n P` for each P in --procs. Each measurement is a fresh process tree; its wall time and the peak
+RSS of every process (ru_maxrss, read by a thin wrapper around distprof's main) are recorded. The table prints time,
+µs per event, the largest per-process peak RSS, and each figure's ratio to the smallest rank count of the same P;
+the reports of the serial and MPI runs are compared (they must be equal).
+
+Goals (issue "Scale"): 1,024 x 100k answered in <= 60 s with 2 MPI processes and <= 1 GB peak RSS per process;
+serial peak RSS at 1,024 ranks <= 1.25 x at 64; time per event flat (1,024 vs 64 within 1.3x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+#: Runs distprof's CLI, then writes its own peak RSS (KiB) and MPI rank to $DP_RSS_DIR.
+_CHILD = r"""
+import os, resource, sys
+from distprof.cli import main
+rc = main(sys.argv[1:])
+rank = next((os.environ[k] for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK") if k in os.environ), "0")
+with open(os.path.join(os.environ["DP_RSS_DIR"], f"rss.{rank}"), "w") as fh:
+    fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+sys.exit(rc)
+"""
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e["OMP_NUM_THREADS"] = "1"
+    return e
+
+
+def generate(ranks: int, events: int, data: Path, gen_procs: int) -> Path:
+    out = data / f"r{ranks}-e{events}"
+    if (out / ".done").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    args = [str(HERE / "synth.py"), "--ranks", str(ranks), "--events", str(events), "--hosts", str(max(ranks // 8, 1)),
+            "--tp", "8" if ranks >= 16 else "1", "--slow-rank", str(ranks * 2 // 3), "--slow-ms", "10",
+            "--run-id", f"scale{ranks}", "-o", str(out)]
+    t0 = time.perf_counter()
+    if gen_procs > 1:
+        cmd = ["mpiexec", "-n", str(gen_procs), sys.executable, str(HERE / "_synth_mpi.py"), *args[1:]]
+    else:
+        cmd = [sys.executable, *args]
+    subprocess.run(cmd, check=True, env=env())
+    (out / ".done").write_text("ok")
+    print(f"  generated {ranks} ranks in {time.perf_counter() - t0:.0f} s -> {out}", file=sys.stderr)
+    return out
+
+
+def measure(run_dir: Path, procs: int, out_json: Path) -> tuple[float, int]:
+    """Wall seconds and the largest per-process peak RSS (bytes) of one `distprof report --json`."""
+    with tempfile.TemporaryDirectory() as td:
+        e = env()
+        e["DP_RSS_DIR"] = td
+        cmd = [sys.executable, "-c", _CHILD, "report", str(run_dir), "--json", str(out_json), "--no-progress"]
+        if procs > 1:
+            cmd = ["mpiexec", "-n", str(procs), *cmd]
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, env=e, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise SystemExit(f"report failed ({p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
+        rss = max(int(Path(td, f).read_text()) for f in os.listdir(td)) * 1024
+    return wall, rss
+
+
+def n_events(run_dir: Path) -> int:
+    sys.path.insert(0, str(ROOT))
+    from distprof.analysis.catalog import scan_run
+
+    cat = scan_run(run_dir)
+    return sum(int((s.attrs.get("timings") or {}).get("n_events", 0)) for s in cat.shards)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", default="64,256,1024", help="comma-separated rank counts")
+    ap.add_argument("--events", type=int, default=100_000, help="events per rank")
+    ap.add_argument("--procs", default="1,2", help="comma-separated process counts (1 = serial)")
+    ap.add_argument("--data", default="/tmp/distprof-scale", help="where the synthetic runs are kept")
+    ap.add_argument("--gen-procs", type=int, default=2, help="MPI processes generating a run")
+    args = ap.parse_args()
+    data = Path(args.data)
+    data.mkdir(parents=True, exist_ok=True)
+    rank_counts = [int(x) for x in args.ranks.split(",")]
+    procs = [int(x) for x in args.procs.split(",")]
+    rows = []
+    for n in rank_counts:
+        run_dir = generate(n, args.events, data, args.gen_procs)
+        ev = n_events(run_dir)
+        reports = {}
+        for p in procs:
+            out = data / f"report-r{n}-p{p}.json"
+            wall, rss = measure(run_dir, p, out)
+            reports[p] = json.loads(out.read_text())
+            rows.append({"ranks": n, "procs": p, "events": ev, "seconds": wall, "us_per_event": wall / ev * 1e6,
+                         "peak_rss_mb": rss / 1e6})
+            print(f"  {n} ranks, {p} proc(s): {wall:.1f} s, {rss / 1e6:.0f} MB", file=sys.stderr, flush=True)
+        base = reports[procs[0]]
+        for p, rep in reports.items():
+            if rep != base:
+                print(f"  WARNING: the {p}-process report differs from the {procs[0]}-process one", file=sys.stderr)
+    print(f"\n{'ranks':>6} {'procs':>5} {'events':>12} {'time s':>8} {'us/event':>9} {'peak RSS MB':>12} "
+          f"{'time x':>7} {'us/ev x':>8} {'RSS x':>6}")
+    for p in procs:
+        mine = [r for r in rows if r["procs"] == p]
+        first = mine[0]
+        for r in mine:
+            print(f"{r['ranks']:>6} {p:>5} {r['events']:>12,} {r['seconds']:>8.1f} {r['us_per_event']:>9.3f} "
+                  f"{r['peak_rss_mb']:>12.0f} {r['seconds'] / first['seconds']:>7.2f} "
+                  f"{r['us_per_event'] / first['us_per_event']:>8.2f} {r['peak_rss_mb'] / first['peak_rss_mb']:>6.2f}")
+    (data / "scale.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
