@@ -11,9 +11,11 @@ rank's device timeline (every stream of the rank together); definitions in docs/
 * ``overlap_pct``: 100 · |comm ∩ compute| / |comm| with comm = union of communication kernels (NCCL/RCCL and the
   library kernels of :mod:`distprof.events.classify`), i.e. the share of communication time hidden under compute.
 
-Selection: by default every GPU event of the rank. ``steps=(lo, hi)`` keeps GPU events whose ``step`` (the step that
-*launched* them, see :mod:`distprof.events.tables`) is in ``lo..hi``; ``drop_last_step=True`` keeps the events
-launched before the rank's last recorded step (HTA's default trace filter, which drops the last ProfilerStep).
+Selection: by default every GPU event of the rank in a recorded step (its ``step``: the step that *launched* it, see
+:mod:`distprof.events.tables`; a kernel launched before the recording began, or after the last step, belongs to
+none, as in HTA). ``steps=(lo, hi)`` keeps GPU events whose step is in ``lo..hi``; ``drop_last_step=True`` keeps
+those launched before the rank's last recorded step (HTA's default trace filter, which drops the last
+ProfilerStep).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def rank_gpu_time(rd: RankData, *, steps: tuple[int, int] | None = None, drop_la
     if not m.any():
         return None
     step = np.asarray(ev["step"])
+    m &= step >= 0  # in a recorded step (a kernel launched before the recording began belongs to none)
     if steps is not None:
         m &= (step >= steps[0]) & (step <= steps[1])
     if drop_last_step:

@@ -51,6 +51,11 @@ SYNC_OPS = frozenset(
     }
 )
 
+#: Ops whose message size legitimately differs across the ranks of one instance (uneven splits, root vs the others,
+#: the two ends of a point-to-point pair): their sizes are not compared.
+VARIABLE_SIZE_OPS = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_single", "gather", "scatter",
+                               "send", "recv", "send_recv"})
+
 _MEMBER_COLS = ("inst", "rank", "window", "pg", "seq", "op_id", "bytes", "row", "start_ns", "end_ns")
 
 
@@ -165,6 +170,10 @@ def match_collectives(
     bmax = np.maximum.reduceat(np.where(known, b, -1), first)
     bmin = np.minimum.reduceat(np.where(known, b, big), first)
     bytes_bad = (bmax >= 0) & (bmax != bmin)
+    if names is not None and bytes_bad.any():  # uneven splits, roots and pairs differ by design
+        variable = np.array([str(x) in VARIABLE_SIZE_OPS for x in np.asarray(names, dtype=object)], dtype=bool)
+        i_op = op[first]
+        bytes_bad &= ~np.where(i_op < len(variable), variable[np.minimum(i_op, len(variable) - 1)], False)
     dup = np.zeros(n, dtype=bool)
     dup[1:] = ~new[1:] & (rank[1:] == rank[:-1])
     dup_bad = np.maximum.reduceat(dup.astype(np.int8), first) > 0

@@ -22,6 +22,7 @@ from .catalog import RunCatalog
 from .clock import ClockModel, estimate_clocks
 from .matching import Collectives, match_collectives, with_times
 from .model import HostClock
+from .names import rank_ranges
 from .summary import RankSummary
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,25 @@ def _collective_rows(parts: list[tuple[int, Table, np.ndarray]]) -> tuple[Table,
     return {k: np.concatenate([p[k] for p in out]) for k in out[0]}, names.astype(object)
 
 
+def _unknown_group(cat: RunCatalog, rows: Table) -> str:
+    """Collectives whose process group is unknown (pg -1) on a rank that belongs to several groups cannot be
+    matched with anyone's: taking them as the default group's would match a tensor-parallel all-reduce with a
+    data-parallel one. They are left out of matching (seq -1) and counted; the warning says so ('' when none).
+    On a rank whose shards list at most one group (old traces without groups), -1 is that one group."""
+    multi = [r for r, a in cat.first_attrs.items() if isinstance(a.get("process_groups"), list)
+             and len(a["process_groups"]) > 1]
+    if not multi or not len(rows["pg"]):
+        return ""
+    bad = (rows["pg"] < 0) & np.isin(rows["rank"], multi) & (rows["seq"] >= 0)
+    if not bad.any():
+        return ""
+    rows["seq"][bad] = -1
+    ranks = np.unique(rows["rank"][bad]).tolist()
+    return (f"{int(bad.sum())} collective(s) on rank(s) {rank_ranges(ranks, sep=',')} ran on a process group "
+            "distprof could not identify (the rank belongs to several): they are not matched with other ranks' "
+            "and no wait is attributed for them")
+
+
 @dataclass
 class Joined:
     """The cross-rank facts from every rank's collectives and clock samples (``join``)."""
@@ -104,11 +124,14 @@ def join(cat: RunCatalog, parts: list[tuple[int, Table, np.ndarray]],
     `model`: a clock model to use instead of estimating one (times already aligned: the identity).
     """
     rows, names = _collective_rows(sorted(parts, key=lambda p: p[0]))
+    unknown = _unknown_group(cat, rows)
     matched = match_collectives(rows, names=names, group_ranks=cat.group_ranks() or None,
                                 ranks_by_window=cat.ranks_by_window())
     if model is None:
         model = estimate_clocks(cat.clock_infos(), samples, matched, names=names)
     warnings = list(cat.warnings) + list(model.warnings)
+    if unknown:
+        warnings.append(unknown)
     if matched.n_mismatched:
         warnings.append(f"{matched.n_mismatched} collective instance(s) disagree across ranks on op or size "
                         f"(capture mismatch or a rank skipped a collective); first: {matched.mismatches[0]['message']}")
@@ -147,16 +170,42 @@ def aligned_collectives(c: Collectives, model: ClockModel) -> Collectives:
     return with_times(c, start, start + (m["end_ns"] - m["start_ns"]))
 
 
+#: Work after a window's last step is named when it takes at least this share of the median step (and 1 ms).
+AFTER_LAST_STEP_MIN = 0.5
+
+
+def outside_step_notes(summaries: list[RankSummary], steps: Table) -> list[str]:
+    """What belongs to no step, said once for the run: device events launched before the recording began, and large
+    work after a window's last step (each with its ranks, count or time)."""
+    out = []
+    un = [(s.rank, *s.unlaunched) for s in summaries if s.unlaunched[0]]
+    if un:
+        out.append(f"{sum(n for _, n, _ in un)} GPU event(s) ({sum(ms for _, _, ms in un):.1f} ms) on rank(s) "
+                   f"{rank_ranges([r for r, _, _ in un], sep=',')} were launched before the recording began (their "
+                   "launch is not in the trace): they belong to no step and are left out of the per-step analyses")
+    med = float(np.median(steps["step_ms"])) if len(steps["step_ms"]) else 0.0
+    big = [(s.rank, w, ms) for s in summaries for w, ms in s.after_last_step.items()
+           if ms >= max(AFTER_LAST_STEP_MIN * med, 1.0)]
+    if big:
+        worst = max(big, key=lambda x: x[2])
+        out.append(f"after the last step of a window, rank(s) {rank_ranges(sorted({r for r, _, _ in big}), sep=',')} "
+                   f"ran up to {worst[2]:.1f} ms of work (rank {worst[0]}, window {worst[1]}; a checkpoint, "
+                   "evaluation or teardown after the loop): it belongs to no step and is left out of the step times")
+    return out
+
+
 def reduce_run(cat: RunCatalog, summaries: list[RankSummary], *, rules: Any = None,
                model: ClockModel | None = None) -> RunSummary:
     """Join the rank summaries of `cat`'s run (see the module docstring); `model` as in :func:`join`."""
     summaries = sorted(summaries, key=lambda s: s.rank)
     j = join(cat, [(s.rank, s.collectives, s.ops_names) for s in summaries],
              {k: v for s in summaries for k, v in s.samples.items()}, model=model)
+    steps = _aligned_steps(summaries, j.model)
+    j.warnings.extend(outside_step_notes(summaries, steps))
     return RunSummary(
         run_id=cat.run_id, world_size=cat.world_size, ranks_present=list(cat.ranks),
         ranks_missing=list(cat.ranks_missing), hosts=cat.hosts, attrs=dict(sorted(cat.first_attrs.items())),
         process_groups=cat.process_groups, ranks={s.rank: s for s in summaries},
-        steps=_aligned_steps(summaries, j.model), collective_rows=j.rows, names=j.names,
+        steps=steps, collective_rows=j.rows, names=j.names,
         collectives=aligned_collectives(j.matched, j.model), clock=j.model.hosts, model=j.model,
         warnings=j.warnings, steps_selection=cat.steps, rules=rules, catalog=cat)

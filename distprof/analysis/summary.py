@@ -20,6 +20,9 @@ Parts (each computed once, in its own module):
 * ``gpu_time`` — HTA's temporal breakdown of the rank's device timeline (``gpu_time.rank_gpu_time``), device ranks.
 * ``memory_series`` — the allocated-memory curve, min/max-downsampled per window, for the HTML report.
 * ``samples`` — the clock-sync samples of the rank's shards (host leaders).
+* ``unlaunched``, ``after_last_step`` — what belongs to no step: device events launched before the recording
+  began (their launch is not in the trace), and per window the work after its last step (a checkpoint after the
+  loop), on the CPU.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ class RankSummary:
     samples: dict[tuple[int, int], Table] = field(default_factory=dict)
     n_events: int = 0
     t_min: dict[int, int] = field(default_factory=dict)  # window -> earliest event or memory time (recorded clock)
+    unlaunched: tuple[int, float] = (0, 0.0)  # device events whose launch is not in the trace: count, ms
+    after_last_step: dict[int, float] = field(default_factory=dict)  # window -> ms of work after its last step
 
 
 def collective_rows(rd: RankData) -> tuple[Table, np.ndarray]:
@@ -166,10 +171,31 @@ def _memory_series(rd: RankData, points: int) -> tuple[dict[int, tuple[np.ndarra
     return out, dev
 
 
+def _outside_steps(rd: RankData) -> tuple[tuple[int, float], dict[int, float]]:
+    """Device events launched before the recording began (count, ms), and per window the time from its last step's
+    end to the last event after it (checkpoints, evaluation, teardown after the loop: outside every step)."""
+    ev = rd.events
+    step = np.asarray(ev["step"])
+    dev = np.asarray(ev["device"])
+    un = (step < 0) & (dev >= 0) & (np.asarray(ev["corr_id"]) != 0) if "corr_id" in ev else np.zeros(step.size, bool)
+    unlaunched = (int(un.sum()), float(np.asarray(ev["dur_ns"])[un].sum()) / NS_PER_MS)
+    after: dict[int, float] = {}
+    st = rd.steps
+    ts = np.asarray(ev["ts_ns"], np.int64)
+    end = ts + np.asarray(ev["dur_ns"], np.int64)
+    for w in np.unique(np.asarray(st["window"])).tolist():
+        last_end = int(np.asarray(st["end_ns"])[st["window"] == w].max())
+        m = (np.asarray(ev["window"]) == w) & (step < 0) & (ts >= last_end) & (dev < 0)
+        if m.any():
+            after[int(w)] = float(end[m].max() - last_end) / NS_PER_MS
+    return unlaunched, after
+
+
 def summarize_rank(rd: RankData, *, steps: tuple[int, int] | None = None, rules: FindingRules | None = None,
                    top_ops: int = TOP_OPS, memory_points: int = MEMORY_POINTS) -> RankSummary:
     """Summarise one rank (see the module docstring); `steps` selects global steps lo..hi (inclusive)."""
     coll, coll_names = collective_rows(rd)  # before the steps selection: the clock model uses every window's
+    unlaunched, after = _outside_steps(rd)
     n_events = int(rd.events["ts_ns"].size)
     if steps is not None:
         rd = replace(rd, **filter_steps({t: rd.table(t) for t in ("events", "comms", "steps", "memory", "threads",
@@ -194,4 +220,5 @@ def summarize_rank(rd: RankData, *, steps: tuple[int, int] | None = None, rules:
         collectives=coll, ops_names=coll_names, op_totals=ops, op_names=op_names, op_kinds=op_kinds,
         annotations=rank_annotations(rd, ix.name_flags), measures=rank_measures(rd, ix, bd, rules),
         gpu_time=rank_gpu_time(rd), used_devices=np.unique(dev[dev >= 0]).tolist(), reserved_peak_bytes=reserved,
-        memory_series=series, memory_device=mem_dev, samples=dict(rd.samples), n_events=n_events, t_min=t_min)
+        memory_series=series, memory_device=mem_dev, samples=dict(rd.samples), n_events=n_events, t_min=t_min,
+        unlaunched=unlaunched, after_last_step=after)

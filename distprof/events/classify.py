@@ -11,9 +11,15 @@ shard means the same whichever way it was made. Documented for users in docs/gpu
 * :func:`comm_args` — collective metadata Kineto writes into ``args`` (``Collective name``, ``In msg nelems``,
   ``dtype``, ``Process Group Name``, ``Group size``, ``Seq``, …).
 
-Communication kernels of libraries other than NCCL/RCCL are recognised by regular expressions searched in the kernel
-name: :data:`DEFAULT_COMM_KERNEL_PATTERNS` plus the user's ``DISTPROF_COMM_KERNELS`` (``;``-separated ``REGEX`` or
-``REGEX=op`` entries).
+Communication kernels of libraries other than NCCL/RCCL are recognised, in this order, by regular expressions searched
+in the kernel name — :data:`DEFAULT_COMM_KERNEL_PATTERNS` plus the user's ``DISTPROF_COMM_KERNELS`` (``;``-separated
+``REGEX`` or ``REGEX=op`` entries) — then by whole words of the name (:func:`comm_kernel_words`): a collective's name
+spelt as words (``all_reduce``, ``AllGather``, ``reduce-scatter``, ``all_to_all``, ``a2a``, ``send_recv``), or an
+expert-parallel ``dispatch``/``combine`` next to an expert-parallel word (``ep``, ``moe``, ``expert``, ``intranode``,
+``internode``, ``nvl``, ``rdma``, ``notify``). Single words that compute kernels also use (``reduce``, ``gather``,
+``scatter``, ``Dispatch`` in ``cub::DispatchReduceByKey``) never count: on the 276 distinct kernel names of the
+shared real traces the words add no false positive. A kernel whose launch lies inside a communication op on the CPU
+(``c10d::*``, ``nccl:*``, ``record_param_comms``) is communication too (``events.tables``).
 """
 
 from __future__ import annotations
@@ -106,10 +112,35 @@ def is_nccl_kernel(name: str) -> bool:
 
 
 def comm_kernel_op(name: str) -> str:
-    """Op of a communication-library kernel matched by a pattern ('' when none matches). NCCL is not included."""
+    """Op of a communication-library kernel matched by a pattern or by its words ('' when neither matches).
+    NCCL/RCCL kernels are not included (``comm_role`` knows them by name)."""
     for pat, op in comm_kernel_patterns():
         if pat.search(name):
             return op
+    return comm_kernel_words(name)
+
+
+_WORD_RE = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+#: Collectives spelt as one or more consecutive words of a kernel name (lower case, joined) -> op.
+_COLLECTIVE_WORDS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+                     "alltoall": "all_to_all", "alltoallv": "all_to_all", "a2a": "all_to_all", "sendrecv": "send_recv"}
+_EP_ACTIONS = frozenset({"dispatch", "combine"})
+_EP_CONTEXT = frozenset({"ep", "moe", "expert", "experts", "intranode", "internode", "nvl", "rdma", "notify", "deepep"})
+
+
+@functools.lru_cache(maxsize=65536)
+def comm_kernel_words(name: str) -> str:
+    """Op of a kernel whose words name communication ('' when they do not): see the module docstring."""
+    words = [w.lower() for w in _WORD_RE.findall(name)]
+    for i in range(len(words)):
+        joined = ""
+        for w in words[i:i + 3]:  # up to three words: all_to_all, reduce_scatter
+            joined += w
+            op = _COLLECTIVE_WORDS.get(joined)
+            if op:
+                return op
+    if _EP_ACTIONS & set(words) and _EP_CONTEXT & set(words):
+        return "all_to_all"  # expert-parallel token exchange
     return ""
 
 

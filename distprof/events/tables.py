@@ -5,8 +5,9 @@ order, memory events excluded) and the collective metadata found in event argume
 (:mod:`distprof.events.classify`), assigns steps, resolves process groups and numbers collectives.
 
 Step of an event: the ``ProfilerStep#N`` span (on the stepping thread) containing its start — except device events
-launched by a runtime call with the same correlation id, which take the step of their launch (a kernel belongs to the
-step that issued it, even when it runs after the step's CPU span ended).
+with a correlation id, which take the step of their launch, the runtime call with the same id (a kernel belongs to
+the step that issued it, even when it runs after the step's CPU span ended); one whose launch is not in the trace
+(launched before the recording began) belongs to no step (−1), as Holistic Trace Analysis has it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ __all__ = ["Columns", "Built", "build_tables", "Strings", "track_keys"]
 
 _LAUNCH_KINDS = tuple(schema.KIND_CODE[k] for k in ("cuda_runtime", "cuda_driver", "privateuse1_runtime",
                                                      "privateuse1_driver"))
+#: Ops a kernel's name gives that several collectives share (NCCL runs all_to_all, gather and scatter as SendRecv):
+#: the collective named by the op that launched it wins.
+GENERIC_KERNEL_OPS = frozenset({"send_recv"})
 
 
 class Strings:
@@ -130,37 +134,37 @@ def _tracks(device: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ds[new].astype(np.int16), ts_[new]
 
 
-def _link_annotations(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_name, is_rpc_name, targets) -> dict[int, int]:
-    """events-row of a device kernel -> events-row of the ``record_param_comms`` around its launch (same corr id)."""
+def _launch_context(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_role, targets) -> dict[int, list[int]]:
+    """events-row of a device kernel -> events-rows of the communication ops (``comms`` role enqueue or annotation:
+    ``c10d::*``, ``nccl:*``, ``record_param_comms``) around its launch (same correlation id, launching thread),
+    innermost first, for the kernels of `targets` launched inside one."""
     launch = np.flatnonzero(np.isin(ev_kind, _LAUNCH_KINDS) & (ev_corr != 0))
-    rpc = np.flatnonzero(is_rpc_name[ev_name])
-    if len(targets) == 0 or len(launch) == 0 or len(rpc) == 0:
+    ops = np.flatnonzero((ev_role == schema.ROLE_ENQUEUE) | (ev_role == schema.ROLE_ANNOTATION))
+    ops = ops[ev_kind[ops] != schema.KIND_CODE["kernel"]]
+    if len(targets) == 0 or len(launch) == 0 or len(ops) == 0:
         return {}
-    # launch row by correlation id (the last launch row of an id, as a dict built over all launches would give) —
-    # sorted arrays searched for the targets only, instead of a dict of every launch
+    # launch row by correlation id (the last launch row of an id), searched for the targets only
     lc = ev_corr[launch]
     o = np.argsort(lc, kind="stable")
     lc, launch = lc[o], launch[o]
-    del o
-    out: dict[int, int] = {}
-    per_tid: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for t in np.unique(ev_tid[rpc]).tolist():
-        r = rpc[ev_tid[rpc] == t]
-        r = r[np.argsort(ev_ts[r], kind="stable")]
-        per_tid[t] = (ev_ts[r], ev_ts[r] + ev_dur[r], r)
-    for k in targets.tolist():
-        c = ev_corr[k]
-        j = int(np.searchsorted(lc, c, side="right")) - 1
-        if j < 0 or lc[j] != c:
-            continue
-        lr = int(launch[j])
-        spans = per_tid.get(int(ev_tid[lr]))
-        if spans is None:
-            continue
-        starts, ends, rows = spans
-        j = int(np.searchsorted(starts, ev_ts[lr], side="right")) - 1
-        if j >= 0 and ev_ts[lr] < ends[j]:
-            out[k] = int(rows[j])
+    j = np.searchsorted(lc, ev_corr[targets], side="right") - 1
+    ok = (j >= 0) & (lc[np.maximum(j, 0)] == ev_corr[targets])
+    kernels, lrows = targets[ok], launch[j[ok]]
+    out: dict[int, list[int]] = {}
+    for t in np.unique(ev_tid[ops]).tolist():
+        mine = ops[ev_tid[ops] == t]
+        mine = mine[np.lexsort((-(ev_ts[mine] + ev_dur[mine]), ev_ts[mine]))]  # by start, the outer one first
+        starts, ends = ev_ts[mine], ev_ts[mine] + ev_dur[mine]
+        reach = np.maximum.accumulate(ends)  # a launch before every later op's start and past `reach` is outside
+        sel = np.flatnonzero(ev_tid[lrows] == t)
+        at = ev_ts[lrows[sel]]
+        k = np.searchsorted(starts, at, side="right") - 1
+        inside = (k >= 0) & (reach[np.maximum(k, 0)] > at)
+        for i, kk in zip(sel[inside].tolist(), k[inside].tolist()):  # few: launches inside communication ops
+            a = int(ev_ts[lrows[i]])
+            chain = [int(mine[x]) for x in range(kk, -1, -1) if starts[x] <= a < ends[x]]  # latest start: innermost
+            if chain:
+                out[int(kernels[i])] = chain
     return out
 
 
@@ -211,6 +215,12 @@ def build_tables(
     role_kernel = np.array([classify.comm_role(s, k_kernel) for s in names], dtype=np.uint8)
     ev_role = np.where(ev_kind == k_kernel, role_kernel[ev_name] if n_names else 0,
                        role_plain[ev_name] if n_names else 0).astype(np.uint8)
+    # a kernel launched inside a communication op executes it, whatever its name (renamed or custom collectives)
+    ctx = _launch_context(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_role,
+                          np.flatnonzero((ev_kind == k_kernel) & (ev_dev >= 0) & (ev_corr != 0)))
+    by_context = np.array([k for k in ctx if ev_role[k] == 0], dtype=np.int64)
+    ev_role[by_context] = schema.ROLE_EXEC
+    context_rows = set(by_context.tolist())
     category = classify.categorize(ev_kind, ev_role)
 
     # ---- steps: ProfilerStep#N annotations on the stepping thread ------------------------------------------------
@@ -239,7 +249,10 @@ def build_tables(
         ok = pos < len(lc)
         ok[ok] = lc[pos[ok]] == ev_corr[on_dev][ok]
         ev_step[on_dev[ok]] = ev_step[lrow[pos[ok]]]
+        ev_step[on_dev[~ok]] = -1  # launched before the recording began: its launch is not in the trace
         del lc, o, lrow, pos, ok
+    elif len(on_dev):
+        ev_step[on_dev] = -1
     del on_dev, launch
 
     events = {
@@ -294,11 +307,19 @@ def build_tables(
         inv[order] = np.arange(len(in_ts))
         meta = {int(inv[i]): a for i, a in cols.comm_meta.items()}
         del inv
-    is_rpc_name = np.array([s == "record_param_comms" for s in names], dtype=bool)
-    kernels = c_rows[(c_role == schema.ROLE_EXEC) & (ev_dev[c_rows] >= 0)]
-    for k, a in _link_annotations(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_name, is_rpc_name, kernels).items():
-        own = meta.get(k)
-        meta[k] = own.merged(meta.get(a)) if own is not None else meta.get(a, CommArgs())
+    for k in c_rows[(c_role == schema.ROLE_EXEC) & (ev_dev[c_rows] >= 0)].tolist():
+        chain = ctx.get(k)
+        if chain is None:
+            continue
+        own = meta.get(k) or CommArgs()
+        for a in chain:  # the kernel's own arguments, then those of the ops around its launch, innermost first
+            own = own.merged(meta.get(a))
+        if own.op is None:  # the collective the launching op names (a SendRecv kernel of an all_to_all is one)
+            outer = next((op for op in (classify.normalize_op(names[ev_name[a]]) for a in chain) if op), None)
+            mine = classify.normalize_op(names[ev_name[k]])
+            if outer and (k in context_rows or mine in GENERIC_KERNEL_OPS):
+                own = own.merged(CommArgs(op=outer))
+        meta[k] = own
     n_c = len(c_rows)
     c_op = np.zeros(n_c, np.uint32)
     track_of = {(d, t): j for j, (d, t) in enumerate(zip(u_dev.tolist(), uniq_tids.tolist()))}
