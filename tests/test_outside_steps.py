@@ -102,3 +102,14 @@ def test_a_kernel_launched_inside_a_collective_is_communication(tmp_path):
     assert cm["role"][j] == schema.ROLE_EXEC and s.names[cm["op_id"][j]] == "all_reduce"
     assert cm["bytes"][j] == 4096 and cm["seq"][j] == 0
     assert e["category"][names == "gemm"].tolist() == [schema.CAT_COMPUTE]
+
+
+def test_a_multi_rank_gpu_trace_without_recognised_communication_is_warned(tmp_path):
+    """An expert-parallel job whose dispatch kernels no rule knows: said, with the variable that fixes it."""
+    ev = _steps(2, 1000.0)
+    for i, t in enumerate((100.0, 1100.0)):
+        ev += [_x("cuda_runtime", "cudaLaunchKernel", t, 5, correlation=10 + i), _kernel("xyz_route_tokens", t + 10,
+                                                                                         600, 10 + i)]
+    rep = build_report(distprof.load(_import(tmp_path, ev, world=64)))
+    (w,) = [w for w in rep["warnings"] if "no communication was recognised" in w]
+    assert "64-rank" in w and "DISTPROF_COMM_KERNELS" in w

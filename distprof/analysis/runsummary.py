@@ -202,6 +202,12 @@ def reduce_run(cat: RunCatalog, summaries: list[RankSummary], *, rules: Any = No
              {k: v for s in summaries for k, v in s.samples.items()}, model=model)
     steps = _aligned_steps(summaries, j.model)
     j.warnings.extend(outside_step_notes(summaries, steps))
+    if cat.world_size > 1 and any(s.device_rank for s in summaries) and len(steps["comm_ms"]) \
+            and not float(np.sum(steps["comm_ms"])) > 0:
+        j.warnings.append(
+            f"no communication was recognised in this {cat.world_size}-rank GPU job: its collectives may run in "
+            "kernels no rule knows (an in-house library); name them with DISTPROF_COMM_KERNELS='REGEX[=op];...' "
+            "(e.g. 'my_ep::.*dispatch=all_to_all') and import or capture again (docs/gpu-semantics.md)")
     return RunSummary(
         run_id=cat.run_id, world_size=cat.world_size, ranks_present=list(cat.ranks),
         ranks_missing=list(cat.ranks_missing), hosts=cat.hosts, attrs=dict(sorted(cat.first_attrs.items())),
