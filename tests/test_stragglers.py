@@ -186,3 +186,48 @@ def test_two_rank_job_names_its_straggler():
     res = find_stragglers(summarize_merged(ddp_run(2, n_steps=5, late_rank=1, late_ms=20)))
     assert res["named"] == [1]
     assert res["rule"]["arrival_jitter_ms"] == 0.0
+
+
+def test_waiting_inside_an_op_is_not_slowness():
+    """FSDP-like: rank 1 computes 20 ms longer before each all-gather; rank 0 reaches it first and waits inside
+    FSDP::pre_forward (an annotation) and inside c10d::_reduce_scatter_base_ nested in a backward cpu_op. Rank 0's
+    root cause must not call those ops slower; rank 1's names its slower compute."""
+    from test_breakdown import ANNOT, COMM, COMPUTE, CPU_OP, RunBuilder
+
+    from distprof.storage import schema
+
+    b = RunBuilder(2)
+    for r in range(2):
+        b.thread(r, 1, schema.THREAD_MAIN)
+        b.thread(r, 2, schema.THREAD_COMM, 0)
+    seq = 0
+    for s in range(3):
+        t = 100.0 * s
+        for r in range(2):
+            b.step(r, 10 + s, t, t + 90)
+        slow = 20.0  # rank 1's extra compute
+        for r in range(2):
+            c = 10 + (slow if r == 1 else 0)
+            b.event(r, "aten::mm", CPU_OP, COMPUTE, 1, t, t + c, step=10 + s)
+            # the all-gather: issued at the end of compute, done when the late rank arrives
+            b.event(r, "FSDP::pre_forward", ANNOT, 0, 1, t + c, t + 32, step=10 + s)
+        for r in range(2):
+            i = b.event(r, "gloo:all_gather", ANNOT, COMM, 2, t + (30 if r == 1 else 10), t + 32, step=10 + s)
+            b.comm(i, role=schema.ROLE_EXEC, seq=seq, op="all_gather")
+        seq += 1
+        for r in range(2):
+            b.event(r, "aten::addmm", CPU_OP, COMPUTE, 1, t + 32, t + 60, step=10 + s)
+            # backward hook: a cpu_op wrapper whose reduce-scatter wait sits in a nested c10d op
+            b.event(r, "RegisterPostBackwardFunctionBackward", CPU_OP, COMPUTE, 1, t + 60, t + 85, step=10 + s)
+            i = b.event(r, "c10d::_reduce_scatter_base_", CPU_OP, COMM, 1, t + 62, t + 84, step=10 + s)
+            b.comm(i, role=schema.ROLE_ENQUEUE)
+            # rank 0's worker starts the reduce-scatter 10 ms late (still busy): its main thread waits in c10d all along
+            j = b.event(r, "gloo:all_reduce", ANNOT, COMM, 2, t + 62 + (10 if r == 0 else 0), t + 84, step=10 + s)
+            b.comm(j, role=schema.ROLE_EXEC, seq=seq, op="all_reduce")
+        seq += 1
+    run = summarize_merged(b.build())
+    (rc0,) = root_cause(run, [0])
+    slower0 = {o["name"] for o in rc0["ops"] if o["excess_ms_per_step"] > 0.5}
+    assert not slower0 & {"FSDP::pre_forward", "RegisterPostBackwardFunctionBackward"}, rc0["ops"]
+    (rc1,) = root_cause(run, [1])
+    assert rc1["ops"][0]["name"] == "aten::mm" and rc1["ops"][0]["excess_ms_per_step"] == pytest.approx(20.0)

@@ -11,9 +11,12 @@ nested or concurrent events count once):
 * **I, idle**: CPU rank: the main thread (``threads.role == 1``) inside no ``cpu_op``/``user_annotation`` other than
   the ``ProfilerStep#N`` annotation itself (``python_function`` events do not count). Device rank: no kernel, memcpy
   or memset on any stream (HTA's GPU idle).
-* **E, exposed-communication candidates**: CPU rank: K while the main thread is inside no non-communication
-  ``cpu_op`` — the main thread's wait for gloo work has no event of its own, so waiting shows as main-thread gaps
-  (or annotation-only time, or time inside ``c10d::*``/``gloo:send``) during gloo work. Device rank: K.
+* **E, exposed-communication candidates** (the main thread waiting for communication): CPU rank: K while the main
+  thread is not working, i.e. not inside a non-communication ``cpu_op`` — or inside one, but also inside a
+  communication op nested in it (``c10d::*``, ``gloo:send``, ``record_param_comms``, functional collectives). The
+  main thread's wait for gloo work has no event of its own, so waiting shows as main-thread gaps, annotation-only
+  time (``FSDP::all_gather``), or time inside a communication op (FSDP's reduce-scatter wait inside
+  ``RegisterPostBackwardFunctionBackward``) during gloo work. Device rank: K.
 
 Columns (ms): ``step_ms = |S|``; ``compute_ms = |S∩C|``; ``memcpy_ms = |S∩M \\ C|``;
 ``exposed_comm_ms = |S∩E \\ (C∪M)|``; ``idle_ms = |S∩I \\ (C∪M∪E)|``; ``other_ms`` = the rest (busy in neither
@@ -37,7 +40,7 @@ from .rankdata import RankData
 logger = logging.getLogger(__name__)
 
 __all__ = ["RankSets", "rank_sets", "rank_breakdown", "BREAKDOWN_COLUMNS", "step_name_mask", "STEP_PREFIX",
-           "empty_breakdown"]
+           "empty_breakdown", "step_span"]
 
 Table = dict[str, np.ndarray]
 NS_PER_MS = 1e6
@@ -76,6 +79,7 @@ class RankSets:
     idle: iv.Intervals
     exposed: iv.Intervals  # E, before removing compute and memcpy
     main_tid: int | None
+    wait: iv.Intervals = iv.empty()  # the main thread blocked on communication: E and its time inside comm ops
 
 
 def rank_sets(rd: RankData, ix: RankIndex, lo: int, hi: int) -> RankSets:
@@ -110,12 +114,20 @@ def rank_sets(rd: RankData, ix: RankIndex, lo: int, hi: int) -> RankSets:
         in_any = main & ((kind == _K_CPU_OP) | (kind == _K_ANNOT))
         idle = iv.subtract(span, iv.union(ts[in_any], end[in_any]))
         in_op = main & (kind == _K_CPU_OP) & (cat != CAT_COMM)
-        exposed = iv.subtract(comm, iv.union(ts[in_op], end[in_op]))
+        in_comm = main & (cat == CAT_COMM) & ((kind == _K_CPU_OP) | (kind == _K_ANNOT))
+        # the main thread works inside a non-communication op, except while inside a communication op nested in it
+        # (FSDP's backward hook waits in c10d::_reduce_scatter_base_ under RegisterPostBackwardFunctionBackward)
+        comm_ops = iv.union(ts[in_comm], end[in_comm])
+        working = iv.subtract(iv.union(ts[in_op], end[in_op]), comm_ops)
+        exposed = iv.subtract(comm, working)
+        wait = iv.union_all(exposed, comm_ops)
     else:
         logger.warning("rank %d: no main thread found; idle and exposed communication are not computed", rd.rank)
         idle = iv.empty()
         exposed = iv.empty()
-    return RankSets(rd.rank, device_rank, compute, comm, memcpy, idle, exposed, main_tid)
+    if device_rank or main_tid is None:
+        wait = iv.empty()
+    return RankSets(rd.rank, device_rank, compute, comm, memcpy, idle, exposed, main_tid, wait)
 
 
 def empty_breakdown() -> Table:
@@ -130,15 +142,26 @@ def empty_breakdown() -> Table:
     return out
 
 
-def rank_breakdown(rd: RankData, ix: RankIndex) -> Table:
-    """The step table of one rank (columns ``BREAKDOWN_COLUMNS``), sorted by start; times on the rank's clock."""
+def step_span(rd: RankData) -> tuple[int, int]:
+    """Start of the rank's first recorded step and end of its last (0, 0 without steps)."""
+    st = rd.steps
+    if st["step"].size == 0:
+        return 0, 0
+    ws = np.asarray(st["start_ns"], np.int64)
+    return int(ws.min()), int(np.maximum(np.asarray(st["end_ns"], np.int64), ws).max())
+
+
+def rank_breakdown(rd: RankData, ix: RankIndex, rs: RankSets | None = None) -> Table:
+    """The step table of one rank (columns ``BREAKDOWN_COLUMNS``), sorted by start; times on the rank's clock.
+    `rs`: its interval sets over ``step_span`` (computed when not given)."""
     st = rd.steps
     if st["step"].size == 0:
         return empty_breakdown()
     idx = np.argsort(np.asarray(st["start_ns"]), kind="stable")
     ws = np.asarray(st["start_ns"][idx], np.int64)
     we = np.maximum(np.asarray(st["end_ns"][idx], np.int64), ws)
-    rs = rank_sets(rd, ix, int(ws.min()), int(we.max()))
+    if rs is None:
+        rs = rank_sets(rd, ix, int(ws.min()), int(we.max()))
     cm = iv.union_all(rs.compute, rs.memcpy)
     ex = iv.subtract(rs.exposed, cm)
     idle = iv.subtract(rs.idle, iv.union_all(cm, ex))

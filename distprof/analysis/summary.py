@@ -13,8 +13,10 @@ Parts (each computed once, in its own module):
 * ``collectives`` — every executed collective of the rank's shards (``comms.role == exec``, numbered: ``seq >= 0``),
   before the steps selection (the clock model uses all of them): window, pg, seq, op (index into ``ops_names``),
   bytes, start/end ns, step.
-* ``op_totals`` — per (op name, step) the inclusive time and calls of the rank's ``TOP_OPS`` heaviest op names
-  (cpu_op, user_annotation, kernel, gpu_memcpy/memset; no communication, no ``ProfilerStep#N``): root cause reads them.
+* ``op_totals`` — per (op name, step) the own work and calls of the rank's ``TOP_OPS`` heaviest op names (cpu_op,
+  user_annotation, kernel, gpu_memcpy/memset; no communication, no ``ProfilerStep#N``): inclusive time minus the
+  main thread's wait for communication inside the op (``breakdown.RankSets.wait``: the exposed-communication
+  candidates E and its time inside communication ops); root cause reads them.
 * ``annotations`` — per user ``record_function`` region: total ms and calls in the rank's steps.
 * ``measures`` — the per-rank numbers the findings rules read (``findings.measures.rank_measures``).
 * ``gpu_time`` — HTA's temporal breakdown of the rank's device timeline (``gpu_time.rank_gpu_time``), device ranks.
@@ -34,7 +36,8 @@ import numpy as np
 
 from ..storage.schema import CAT_COMM, KIND_CODE, KINDS, ROLE_EXEC
 from .annotations import rank_annotations
-from .breakdown import rank_breakdown
+from . import intervals as iv
+from .breakdown import rank_breakdown, rank_sets, step_span
 from .findings.measures import rank_measures
 from .findings.rules import FindingRules
 from .gpu_time import rank_gpu_time
@@ -104,14 +107,25 @@ def collective_rows(rd: RankData) -> tuple[Table, np.ndarray]:
     }, np.asarray(rd.names, dtype=object)[u] if len(u) else np.zeros(0, dtype=object)
 
 
-def _op_totals(rd: RankData, ix: RankIndex, steps: np.ndarray, top: int) -> tuple[Table, np.ndarray, list[str]]:
+def _op_totals(rd: RankData, ix: RankIndex, steps: np.ndarray, top: int,
+               wait: iv.Intervals) -> tuple[Table, np.ndarray, list[str]]:
+    """Per (op name, step): the rank's own work in the op — its inclusive time minus the time its main thread spent
+    waiting for communication inside it (`wait`): a rank that reached a collective first and waited there for a
+    late peer did no more work, although its ``FSDP::pre_forward`` lasted longer."""
     ev = rd.events
     kind = np.asarray(ev["kind"]).astype(np.int64)
     name_id = np.asarray(ev["name_id"]).astype(np.int64)
     step = np.asarray(ev["step"]).astype(np.int64)
     sel = np.isin(kind, _OP_KINDS) & (np.asarray(ev["category"]) != CAT_COMM) & ~ix.is_step & np.isin(step, steps)
     nid = name_id[sel]
-    dur = np.asarray(ev["dur_ns"], np.float64)[sel]
+    ts = np.asarray(ev["ts_ns"], np.int64)[sel]
+    dur = np.asarray(ev["dur_ns"], np.int64)[sel]
+    on_main = (np.asarray(ev["tid"])[sel] == (ix.main_tid if ix.main_tid is not None else -1)) & \
+        (np.asarray(ev["device"])[sel] < 0)
+    waited = np.zeros(dur.size, np.int64)
+    if len(wait) and on_main.any():
+        waited[on_main] = iv.measure_in_windows(wait, ts[on_main], ts[on_main] + dur[on_main])
+    dur = (dur - waited).astype(np.float64)
     u, ni = np.unique(nid, return_inverse=True)
     ni = ni.reshape(-1)
     tot = np.bincount(ni, weights=dur, minlength=u.size)
@@ -202,9 +216,10 @@ def summarize_rank(rd: RankData, *, steps: tuple[int, int] | None = None, rules:
                                                                     "cuda_memory", "cuda_memory_blocks")},
                                         steps[0], steps[1]))
     ix = RankIndex.build(rd)
-    bd = rank_breakdown(rd, ix)
+    rs = rank_sets(rd, ix, *step_span(rd))
+    bd = rank_breakdown(rd, ix, rs)
     st = np.unique(np.asarray(rd.steps["step"], np.int64))
-    ops, op_names, op_kinds = _op_totals(rd, ix, st, top_ops)
+    ops, op_names, op_kinds = _op_totals(rd, ix, st, top_ops, rs.wait)
     dev = np.asarray(rd.events["device"])
     cm = rd.cuda_memory
     reserved = (float(np.asarray(cm["reserved_peak_bytes"], np.float64).max())

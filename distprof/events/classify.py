@@ -4,7 +4,8 @@ Used by capture (``distprof.capture.extract``) and by ``distprof import`` (``dis
 shard means the same whichever way it was made. Documented for users in docs/gpu-semantics.md.
 
 * :func:`comm_role` — exec (does the transfer: ``gloo:*`` on worker threads, NCCL/RCCL kernels, kernels of
-  communication libraries such as DeepEP or NVSHMEM), enqueue (``c10d::*``, ``nccl:*`` on the calling thread), annotation
+  communication libraries such as DeepEP or NVSHMEM), enqueue (``c10d::*``, ``nccl:*`` and the functional collectives
+  ``_c10d_functional::*`` — their ``wait_tensor`` included — on the calling thread), annotation
   (``record_param_comms``), or 0.
 * :func:`normalize_op` — canonical collective name (``all_reduce``, ``all_to_all``, ``send_recv``, …).
 * :func:`categorize` — category column (compute / communication / memcpy / other) from kinds and roles.
@@ -148,12 +149,20 @@ def _camel_to_snake(s: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", s).lower()
 
 
+#: Functional collectives (DTensor, tensor parallel, torch.compile): ``_c10d_functional::all_reduce``, ``wait_tensor``.
+_FUNCTIONAL = ("_c10d_functional::", "c10d_functional::", "_c10d_functional_autograd::")
+
+
 def normalize_op(name: str) -> str:
     """Canonical collective name of a communication event name ('' when not a collective)."""
     if name.startswith(("gloo:", "nccl:")):
         base = name[5:]
     elif name.startswith("c10d::"):
         base = name[6:].rstrip("_")
+    elif name.startswith(_FUNCTIONAL):
+        base = name.split("::", 1)[1].rstrip("_")
+        if base.startswith("wait"):
+            return ""
     else:
         m = _NCCL_RE.match(name)
         if not m:
@@ -171,7 +180,7 @@ def comm_role(name: str, kind: int | None = None) -> int:
     """
     if name.startswith("gloo:") or _NCCL_RE.match(name):
         return schema.ROLE_EXEC
-    if name.startswith(("c10d::", "nccl:")):
+    if name.startswith(("c10d::", "nccl:")) or name.startswith(_FUNCTIONAL):
         return schema.ROLE_ENQUEUE
     if name == "record_param_comms":
         return schema.ROLE_ANNOTATION
