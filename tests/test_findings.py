@@ -712,7 +712,7 @@ def test_verdict_sentences():
     run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20)
     rep = build_report(summarize_merged(run))
     v = rep["verdict"]
-    assert v.startswith("Rank 2 on host host0 is late in 100 % of collectives, costing the others")
+    assert v.startswith("Rank 2 on host host0 is late in 100 % of steps by 20.0 ms, and the steps lose 20.0 ms to it")
     assert "outside any recorded op" in v
     rep = build_report(summarize_merged(ddp_run(4, n_steps=4, allreduce_ms=8.0)))
     assert rep["verdict"].startswith("No straggler: ranks arrive within")
@@ -789,3 +789,18 @@ def test_real_job_input_wait_and_annotations(tmp_path):
         assert set(a["ranks"]) == {"0", "1"}
         assert all(v["count_per_step"] == 1 for v in a["ranks"].values())
     assert "waiting for input" in rep["verdict"]
+
+
+def test_verdict_leads_with_the_most_severe_finding():
+    # a low-severity straggler (1.2 ms of a 40 ms step) and 45 % exposed communication: the latter leads
+    s = {"n_rank_steps": 8, "step_ms_mean": 40.0}
+    strag = {"n_instances": 8, "ranks": [{"rank": 1, "host": "h", "named": True, "late_step_fraction": 1.0,
+                                           "mean_lateness_ms": 1.3, "cost_ms_per_step": 1.2}]}
+    exposed = {"id": "exposed_comm", "severity": "high", "rank": None, "title": "x", "metrics": {"impact_pct": 45.0}}
+    low = {"id": "straggler_rank", "severity": "low", "rank": 1, "title": "y", "metrics": {"impact_pct": 3.0}}
+    v = verdict(s, strag, [], [exposed, low])
+    assert v.startswith("45 % of step time is exposed communication. Also, rank 1 on host h is late in 100 % of")
+    # the straggler leads when it is the most severe
+    high = dict(low, severity="high", metrics={"impact_pct": 50.0})
+    v = verdict(s, strag, [], [high, exposed])
+    assert v.startswith("Rank 1 on host h is late") and v.endswith("Also, 45 % of step time is exposed communication.")

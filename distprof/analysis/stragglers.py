@@ -22,25 +22,43 @@ the first one. Per rank: ``mean_lateness_ms`` (mean over its steps of its step l
 Clock-free cross-check (durations only, no clock alignment): a collective ends at about the same time on all ranks,
 so ``median_{r'≠r} d_r'i − d_ri`` estimates ℓ (``clock_free_lateness_ms``, per step the largest, averaged over steps)
 and ``d_ri − min_r' d_r'i`` is how long r waited (``clock_free_wait_ms``, DeepSpeed's "straggler effect").
-``clock_free.agrees`` says whether both measures pick the same most-late rank.
+Naming rule (:class:`StragglerRule`): lateness that is large, consistent across steps, and seen by both measures.
 
-Naming rule (:class:`StragglerRule`). A rank is named a straggler only if its mean lateness is at least
+* The **floor** ``threshold_ms = max(min_lateness_ms, residual_factor × largest per-host clock residual,
+  step_fraction × median step time)``: below it, lateness cannot be told from clock error and scheduling grain.
+* A rank's **excess** in a step ``e_rs = ℓ_rs − median_{r'≠r} ℓ_r's``: its step lateness beyond the typical other
+  rank's. The latest of a step's many collectives is late by chance on every rank (the maximum of noisy values); the
+  excess takes that bias out, and its sign says who was late. With **two ranks** this is explicit: the excess is one
+  rank's step lateness minus the other's (``e_0s = −e_1s``), so one rank late is the other early and only one of
+  them can be in excess; with one collective per step it is twice the arrival gap.
+* The rank is **named** iff (1) its mean lateness ≥ the floor; (2) its excess ≥ the floor in at least
+  ``min_late_fraction`` of its steps (arrival order consistent across steps); (3) over its steps, either
+  *steadily late*: the lower one-sided confidence bound of its mean excess (Student's t, ``confidence`` for the whole
+  run: the error rate is split over the ranks, Bonferroni) ≥ the floor — lateness that comes and goes with
+  scheduling noise has a wide bound and is not named, however large one step's was — or *often far out*: its excess
+  is ≥ ``outlier_z`` × the run's step-to-step noise (1.4826 × the median absolute deviation of each rank's excess
+  around its own median, pooled over ranks) in ≥ ``min_late_fraction`` of its steps and in at least two (a rank 20 ms
+  late in 4 of 6 steps of a run whose ranks otherwise agree to 0.3 ms); with a single step, its excess ≥
+  ``single_step_factor`` × the floor and ≥ ``jitter_factor`` × the arrival jitter (the ranks' ordinary scatter:
+  1.4826 × the median absolute deviation of arrivals within an instance, the median over instances, taken over the
+  ranks of one host and over all ranks, the smaller; needs three ranks); (4) the clock-free cross-check confirms it:
+  its clock-free lateness ≥ ``clock_free_factor`` × its mean lateness, so a clock error cannot name a rank.
+  ``clock_free.agrees`` says whether the clock-free measure's most-late rank is a named one (or, with nobody named,
+  the same rank as the aligned measure's).
 
-    threshold_ms = max(min_lateness_ms, residual_factor × largest per-host clock residual,
-                       step_fraction × median step time, jitter_factor × arrival jitter)
-
-**and** its step lateness reaches the threshold in at least ``min_late_fraction`` of its steps. The arrival jitter is
-the ranks' ordinary scatter: 1.4826 × the median absolute deviation of arrivals within an instance, the median over
-instances (taken over the ranks of one host, and over all ranks of the instance; the smaller of the two, so that
-neither one slow rank nor a whole slow host inflates it). Below the threshold, lateness cannot be told from clock error
-and scheduling noise and no rank is named. Hosts: a host's arrival is its last rank's; the same rule names slow hosts
+**Cost** (what severity follows): ``cost_ms_per_step`` — per step, the largest lead of the rank over the latest rank
+that is not named (what the step would gain if the named ranks arrived with the others), averaged over its steps.
+For one straggler this is ``lost_ms_per_step``; ranks late together share the cost instead of hiding it in each
+other's leads. Hosts: a host's arrival is its last rank's; the same rule (excess, consistency, bound) names slow hosts
 (only when there are at least two hosts). Every rank of a slow node is late in most steps, so all of them are named
 although each arrives last only part of the time.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,16 +85,60 @@ class StragglerRule:
     min_lateness_ms: float = 1.0
     residual_factor: float = 3.0
     step_fraction: float = 0.02
-    jitter_factor: float = 1.5
     min_late_fraction: float = 0.5
+    confidence: float = 0.99
+    single_step_factor: float = 2.0
+    jitter_factor: float = 1.5
+    clock_free_factor: float = 0.5
+    outlier_z: float = 4.0
 
     def text(self) -> str:
         return (
-            f"a rank is named if its mean lateness (per step: latest arrival at the step's collectives minus the "
-            f"median of the other ranks' arrivals) >= max({self.min_lateness_ms:g} ms, {self.residual_factor:g} x "
-            f"max clock residual, {self.step_fraction:g} x median step time, {self.jitter_factor:g} x arrival "
-            f"jitter) and its lateness reaches that threshold in >= {self.min_late_fraction:.0%} of its steps"
+            f"a rank is named if its lateness (per step: latest arrival at the step's collectives minus the median of "
+            f"the other ranks' arrivals) exceeds the other ranks' by at least the floor max({self.min_lateness_ms:g} "
+            f"ms, {self.residual_factor:g} x max clock residual, {self.step_fraction:g} x median step time) in >= "
+            f"{self.min_late_fraction:.0%} of its steps and, over steps, either the lower confidence bound of that excess "
+            f"({self.confidence:.0%} for the run, Bonferroni over ranks) is above the floor or the excess is an "
+            f"outlier (>= {self.outlier_z:g} x the run's step-to-step noise) in >= {self.min_late_fraction:.0%} of "
+            f"its steps and at least 2 (one step: {self.single_step_factor:g} x the floor and {self.jitter_factor:g} "
+            f"x the arrival jitter), and the clock-free estimate from durations confirms it"
         )
+
+
+def _t_tail(t: float, df: int) -> float:
+    """P(T > t) for Student's t with integer df ≥ 1 and t ≥ 0 (the closed forms in cos θ, θ = atan(t/√df))."""
+    if df > 400:  # normal limit, within 1e-3 relative here
+        return 0.5 * math.erfc(t / math.sqrt(2))
+    th = math.atan(t / math.sqrt(df))
+    c2, term = math.cos(th) ** 2, 1.0
+    if df % 2:
+        acc = 0.0
+        if df > 1:
+            acc = term = 1.0
+            for k in range(3, df - 1, 2):
+                term *= c2 * (k - 1) / k
+                acc += term
+            acc *= math.sin(th) * math.cos(th)
+        inside = 2 / math.pi * (th + acc)
+    else:
+        acc = 1.0
+        for k in range(2, df - 1, 2):
+            term *= c2 * (k - 1) / k
+            acc += term
+        inside = math.sin(th) * acc
+    return max(0.0, (1.0 - inside) / 2)
+
+
+@functools.lru_cache(maxsize=4096)
+def t_quantile(alpha: float, df: int) -> float:
+    """The t with P(T > t) = alpha (one-sided, 0 < alpha < 0.5) for Student's t with df ≥ 1, by bisection."""
+    lo, hi = 0.0, 1.0
+    while _t_tail(hi, df) > alpha:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_tail(mid, df) > alpha else (lo, mid)
+    return hi
 
 
 def _group_median(g: np.ndarray, v: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -209,7 +271,7 @@ def arrival_jitter_ms(run: RunSummary, t: Table) -> float:
 
 
 def threshold_ms(run: RunSummary, rule: StragglerRule, jitter_ms: float = 0.0) -> tuple[float, dict[str, float]]:
-    """The lateness threshold and its parts (ms)."""
+    """The lateness floor and its parts (ms); the arrival jitter is reported with it (it only counts for one step)."""
     residuals = [hc.residual_us for hc in run.clock.values() if hc.residual_us is not None]
     residual_ms = max(residuals) / 1e3 if residuals else 0.0
     st = run.steps
@@ -224,9 +286,69 @@ def threshold_ms(run: RunSummary, rule: StragglerRule, jitter_ms: float = 0.0) -
         "arrival_jitter_ms": jitter_ms,
         "from_jitter_ms": rule.jitter_factor * jitter_ms,
     }
-    thr = max(parts["min_lateness_ms"], parts["from_clock_residual_ms"], parts["from_step_time_ms"],
-              parts["from_jitter_ms"])
+    thr = max(parts["min_lateness_ms"], parts["from_clock_residual_ms"], parts["from_step_time_ms"])
     return thr, parts
+
+
+@dataclass
+class Consistency:
+    """Per group (rank or host) over its steps: excess lateness statistics and the naming test's parts."""
+
+    n_steps: np.ndarray
+    mean_excess: np.ndarray
+    excess_bound: np.ndarray  # lower one-sided confidence bound of the mean excess (NaN with one step)
+    excess_step_fraction: np.ndarray  # share of its steps with excess >= the floor
+    outlier_step_fraction: np.ndarray  # share of its steps with excess >= max(floor, outlier_z × step noise)
+    step_noise_ms: float  # robust σ of a group's excess around its own median, pooled over groups
+    passes: np.ndarray  # (2) and (3) of the rule
+
+
+def excess(cells: "_Cells", c_lat: np.ndarray) -> np.ndarray:
+    """Per (step, group) cell: its lateness minus the median of the other groups' lateness in that step."""
+    o = np.lexsort((c_lat, cells.step))
+    st, v = cells.step[o], c_lat[o]
+    f_of = np.flatnonzero(np.r_[True, st[1:] != st[:-1]])
+    n_of = np.diff(np.r_[f_of, st.size])
+    gi = np.cumsum(np.r_[True, st[1:] != st[:-1]]) - 1
+    first, n = f_of[gi], n_of[gi]
+    pos = np.arange(st.size) - first
+    ref = np.zeros(st.size)
+    many = n >= 2
+    ref[many] = _median_of_others(first[many], n[many], pos[many], v)
+    out = np.empty(st.size)
+    out[o] = v - ref
+    return out
+
+
+def consistency(cells: "_Cells", c_exc: np.ndarray, ng: int, thr: float, rule: StragglerRule,
+                single_step_min_ms: float) -> Consistency:
+    """The consistency parts of the naming rule for each of ng groups, from per-cell excess lateness."""
+    g = cells.group
+    n = np.bincount(g, minlength=ng).astype(np.float64)
+    den = np.maximum(n, 1)
+    mean = np.bincount(g, weights=c_exc, minlength=ng) / den
+    ss = np.bincount(g, weights=(c_exc - mean[g]) ** 2, minlength=ng)
+    sd = np.sqrt(ss / np.maximum(n - 1, 1))
+    alpha = (1 - rule.confidence) / max(int(np.count_nonzero(n)), 1)  # Bonferroni: the run's error rate
+    tq = np.array([t_quantile(alpha, int(k) - 1) if k >= 2 else 0.0 for k in n])
+    bound = np.where(n >= 2, mean - tq * sd / np.sqrt(den), np.nan)
+    frac = np.bincount(g, weights=(c_exc >= thr).astype(float), minlength=ng) / den
+    # the run's step-to-step noise: each group's excess around its own median, robustly pooled
+    med, _ = _group_median(g, c_exc, ng)
+    o = np.lexsort((c_exc, g))
+    rank_in = np.empty(g.size, np.int64)
+    rank_in[o] = np.arange(g.size) - np.r_[0, np.cumsum(n.astype(np.int64))[:-1]][g[o]]
+    n_g = n[g].astype(np.int64)
+    is_median = (n_g % 2 == 1) & (rank_in == n_g // 2)  # its deviation is 0 by construction: not a sample
+    dev = np.abs(c_exc - med[g])[(n_g >= 2) & ~is_median]
+    noise = _MAD_TO_SIGMA * float(np.median(dev)) if dev.size else 0.0
+    big = c_exc >= max(thr, rule.outlier_z * noise)
+    n_big = np.bincount(g, weights=big.astype(float), minlength=ng)
+    big_frac = n_big / den
+    ok_steady = np.where(n >= 2, bound >= thr, mean >= max(rule.single_step_factor * thr, single_step_min_ms))
+    ok_outlier = (n >= 2) & (n_big >= 2) & (big_frac >= rule.min_late_fraction)
+    passes = (n > 0) & (frac >= rule.min_late_fraction) & (ok_steady | ok_outlier)
+    return Consistency(n, mean, bound, frac, big_frac, noise, passes)
 
 
 class _Cells:
@@ -253,13 +375,14 @@ class _Cells:
 def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> dict[str, Any]:
     """Rank and host straggler tables, per-step stragglers and the naming rule (a JSON-ready dict).
 
-    Keys: ``rule`` (text, threshold_ms and its parts), ``n_instances``, ``ranks`` (one dict per rank, ranked by blame),
-    ``named`` (ranks named), ``hosts``, ``per_step``, ``changes`` (steps where the step's straggler differs from the
-    previous step's), ``clock_free``.
+    Keys: ``rule`` (text, threshold_ms and its parts), ``n_instances``, ``ranks`` (one dict per rank, named first,
+    then by cost), ``named`` (ranks named, by cost), ``hosts``, ``per_step``, ``changes`` (steps where the step's
+    straggler differs from the previous step's), ``clock_free``.
     """
     rule = rule or StragglerRule()
     t = collective_instances(run)
-    thr, parts = threshold_ms(run, rule, arrival_jitter_ms(run, t))
+    jitter = arrival_jitter_ms(run, t)
+    thr, parts = threshold_ms(run, rule, jitter)
     n_inst = int(t["inst"].max()) + 1 if t["inst"].size else 0
     out: dict[str, Any] = {
         "rule": {"text": rule.text(), "threshold_ms": thr, **parts, **asdict(rule)},
@@ -293,12 +416,14 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     skey = np.where(t["step"] >= 0, t["step"], -1 - inst)
     cells = _Cells(skey, ridx, nr)
     c_lat = cells.max(lat)
+    c_exc = excess(cells, c_lat)
     c_cf = cells.max(t["clock_free_lateness_ns"] / NS_PER_MS)
     c_lead = cells.max(t["lead_ns"] / NS_PER_MS)
     c_blame = cells.sum(blame_row)
     cr = cells.group
-    n_steps = np.bincount(cr, minlength=nr).astype(np.float64)
-    den = np.maximum(n_steps, 1)
+    cons = consistency(cells, c_exc, nr, thr, rule, rule.jitter_factor * jitter)
+    out["rule"]["step_noise_ms"] = cons.step_noise_ms
+    den = np.maximum(cons.n_steps, 1)
     mean_lat = np.bincount(cr, weights=c_lat, minlength=nr) / den
     late_steps = np.bincount(cr, weights=(c_lat >= thr).astype(float), minlength=nr) / den
     lost = np.bincount(cr, weights=c_lead, minlength=nr) / den
@@ -310,29 +435,37 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     max_behind = np.zeros(nr)
     np.maximum.at(max_behind, ridx, behind)
     cf_wait_mean = np.bincount(ridx, weights=cf_wait, minlength=nr) / np.maximum(cnt, 1)
-    named = (mean_lat >= thr) & (late_steps >= rule.min_late_fraction)
+    confirmed = cf_lat >= rule.clock_free_factor * mean_lat
+    named = (mean_lat >= thr) & cons.passes & confirmed
+    cost = np.bincount(cr, weights=cells.max(_cost_ms(t, named[ridx])), minlength=nr) / den
 
     rows = [
         {
             "rank": int(ranks[i]),
             "host": run.hosts.get(int(ranks[i]), "?"),
             "n_instances": int(cnt[i]),
-            "n_steps": int(n_steps[i]),
+            "n_steps": int(cons.n_steps[i]),
             "blame_ms": float(blame[i]),
             "blame_ms_per_step": float(blame[i] / den[i]),
             "mean_lateness_ms": float(mean_lat[i]),
+            "mean_excess_ms": float(cons.mean_excess[i]),
+            "excess_bound_ms": None if np.isnan(cons.excess_bound[i]) else float(cons.excess_bound[i]),
+            "excess_step_fraction": float(cons.excess_step_fraction[i]),
+            "outlier_step_fraction": float(cons.outlier_step_fraction[i]),
             "mean_instance_lateness_ms": float(inst_lat[i]),
             "max_behind_first_ms": float(max_behind[i]),
             "late_fraction": float(late_frac[i]),
             "late_step_fraction": float(late_steps[i]),
             "lost_ms_per_step": float(lost[i]),
+            "cost_ms_per_step": float(cost[i]),
             "clock_free_lateness_ms": float(cf_lat[i]),
             "clock_free_wait_ms": float(cf_wait_mean[i]),
             "named": bool(named[i]),
         }
         for i in range(nr)
     ]
-    rows.sort(key=lambda d: (-d["blame_ms"], -d["mean_lateness_ms"], d["rank"]))
+    rows.sort(key=lambda d: (not d["named"], -d["cost_ms_per_step"], -d["blame_ms"], -d["mean_lateness_ms"],
+                             d["rank"]))
     out["ranks"] = rows
     out["named"] = [d["rank"] for d in rows if d["named"]]
     top_lat = int(ranks[int(np.argmax(mean_lat))])
@@ -340,35 +473,52 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     out["clock_free"] = {
         "top_rank": cf_top,
         "top_rank_by_lateness": top_lat,
-        "agrees": cf_top == top_lat,
-        "named_confirmed": {
-            str(d["rank"]): bool(d["clock_free_lateness_ms"] >= 0.5 * d["mean_lateness_ms"]) for d in rows if d["named"]
-        },
+        "agrees": (cf_top in out["named"]) if out["named"] else cf_top == top_lat,
+        "named_confirmed": {str(int(ranks[i])): bool(confirmed[i]) for i in range(nr)
+                            if mean_lat[i] >= thr and cons.passes[i]},
     }
-    out["per_step"], out["changes"] = _per_step(cells, c_lat, c_blame, ranks, thr)
-    out["hosts"] = _hosts(run, t, skey, lat, blame_row, thr, rule)
+    out["per_step"], out["changes"] = _per_step(cells, c_lat, c_exc, c_blame, ranks, thr)
+    out["hosts"] = _hosts(run, t, skey, blame_row, thr, rule)
     return out
 
 
-def _per_step(cells: _Cells, c_lat, c_blame, ranks, thr) -> tuple[list[dict], list[dict]]:
-    """Per recorded step: the latest rank, named when its lateness reaches the threshold; and where that changes."""
+def _cost_ms(t: Table, named_row: np.ndarray) -> np.ndarray:
+    """Per instance row: how much later the rank arrived than the latest rank that is neither it nor named (ms)."""
+    inst, a = t["inst"], t["arrival_ns"] - t["arrival_ns"][t["pos"] == 0][t["inst"]]
+    n_inst = int(inst.max()) + 1
+    ok = ~named_row
+    # rows are sorted by (inst, arrival): the latest and second-latest unnamed arrival per instance
+    a_ok = np.where(ok, a, -1)
+    top1 = np.full(n_inst, -1, np.int64)
+    np.maximum.at(top1, inst, a_ok)
+    is_top = ok & (a == top1[inst])
+    first_top = is_top & ~np.r_[False, is_top[1:] & is_top[:-1] & (inst[1:] == inst[:-1])]
+    top2 = np.full(n_inst, -1, np.int64)
+    np.maximum.at(top2, inst, np.where(first_top, -1, a_ok))
+    ref = np.where(first_top, top2[inst], top1[inst])
+    return np.where(ref >= 0, np.maximum(a - ref, 0), 0) / NS_PER_MS
+
+
+def _per_step(cells: _Cells, c_lat, c_exc, c_blame, ranks, thr) -> tuple[list[dict], list[dict]]:
+    """Per recorded step: the rank most in excess, named when its excess reaches the floor; and where that changes."""
     real = cells.step >= 0
-    o = np.lexsort((-c_lat[real], cells.step[real]))
-    st, lat, grp, bl = cells.step[real][o], c_lat[real][o], cells.group[real][o], c_blame[real][o]
+    o = np.lexsort((-c_exc[real], cells.step[real]))
+    st, lat, exc = cells.step[real][o], c_lat[real][o], c_exc[real][o]
+    grp, bl = cells.group[real][o], c_blame[real][o]
     first = np.flatnonzero(np.r_[True, st[1:] != st[:-1]]) if st.size else np.zeros(0, np.int64)
     per_step, changes = [], []
     prev: int | None = None
     for n, k in enumerate(first.tolist()):
-        who = int(ranks[grp[k]]) if lat[k] >= thr else None
-        per_step.append({"step": int(st[k]), "rank": who, "lateness_ms": float(lat[k]), "blame_ms": float(bl[k]),
-                         "latest_rank": int(ranks[grp[k]])})
+        who = int(ranks[grp[k]]) if exc[k] >= thr else None
+        per_step.append({"step": int(st[k]), "rank": who, "lateness_ms": float(lat[k]), "excess_ms": float(exc[k]),
+                         "blame_ms": float(bl[k]), "latest_rank": int(ranks[grp[k]])})
         if n and who != prev:
             changes.append({"step": int(st[k]), "from_rank": prev, "to_rank": who})
         prev = who
     return per_step, changes
 
 
-def _hosts(run: RunSummary, t: Table, skey, lat, blame_row, thr, rule) -> list[dict[str, Any]]:
+def _hosts(run: RunSummary, t: Table, skey, blame_row, thr, rule) -> list[dict[str, Any]]:
     """Host table: per instance a host's lateness is its latest rank's (vs the median of the other hosts' arrivals)."""
     host_of = np.array([str(run.hosts.get(int(r), "?")) for r in t["rank"]], dtype=object).astype(str)
     hosts, hidx = np.unique(host_of, return_inverse=True)
@@ -396,7 +546,8 @@ def _hosts(run: RunSummary, t: Table, skey, lat, blame_row, thr, rule) -> list[d
     inst_first_row = np.unique(t["inst"], return_index=True)[1]
     cells = _Cells(skey[inst_first_row][inst_of], ih.group, nh)
     c_lat = cells.max(h_lat)
-    den = np.maximum(np.bincount(cells.group, minlength=nh), 1)
+    cons = consistency(cells, excess(cells, c_lat), nh, thr, rule, 0.0)
+    den = np.maximum(cons.n_steps, 1)
     mean = np.bincount(cells.group, weights=c_lat, minlength=nh) / den
     late_steps = np.bincount(cells.group, weights=(c_lat >= thr).astype(float), minlength=nh) / den
     n_inst_h = np.maximum(np.bincount(ih.group, minlength=nh), 1)
@@ -407,11 +558,13 @@ def _hosts(run: RunSummary, t: Table, skey, lat, blame_row, thr, rule) -> list[d
             "ranks": sorted(int(r) for r, hn in run.hosts.items() if hn == hosts[h]),
             "blame_ms": float(blame[h]),
             "mean_lateness_ms": float(mean[h]),
+            "mean_excess_ms": float(cons.mean_excess[h]),
+            "excess_bound_ms": None if np.isnan(cons.excess_bound[h]) else float(cons.excess_bound[h]),
             "late_fraction": float(late_frac[h]),
             "late_step_fraction": float(late_steps[h]),
-            "named": bool(nh >= 2 and mean[h] >= thr and late_steps[h] >= rule.min_late_fraction),
+            "named": bool(nh >= 2 and mean[h] >= thr and cons.passes[h]),
         }
         for h in range(nh)
     ]
-    out.sort(key=lambda d: (-d["blame_ms"], d["host"]))
+    out.sort(key=lambda d: (not d["named"], -d["blame_ms"], d["host"]))
     return out

@@ -3,15 +3,16 @@
 Order of precedence:
 
 1. No recorded step: say so and where to look.
-2. A slow host (``straggler_host`` finding) or a named straggler rank (the worst by blame): who is late, how often,
-   what it costs the others per step, and its root cause — the ``[idle]`` pseudo-op as "more time outside any
-   recorded op", else the slowest op as "runs N x slower than its peers".
+2. The most severe finding leads (findings are ordered by severity, then impact). When it is a slow host
+   (``straggler_host``) or a named straggler rank: who is late, in how many steps, what the steps lose to it, and its
+   root cause — the ``[idle]`` pseudo-op as "more time outside any recorded op", else the slowest op as "runs N x
+   slower than its peers"; a second sentence names the top other finding when it is of high severity. When another
+   finding is more severe than any straggler, it leads and the straggler follows as the second sentence.
 3. No straggler but matched collectives: "No straggler: ranks arrive within X ms of each other" (X = the largest mean
    lateness of any rank), then the top finding, else the largest part of the step-time summary.
 4. No collective (one rank, or nothing matched): the mean step time and its largest part, then the top finding.
 
-A second sentence names the top non-straggler finding when it is of high severity and the first sentence is about a
-straggler. A finding is phrased with its own headline number and unit, as in its title (``tiny_ops``: share of
+A finding is phrased with its own headline number and unit, as in its title (``tiny_ops``: share of
 kernel time on a device rank, of op time on a CPU rank; ``device_idle``: share of step time, with the largest cause).
 """
 
@@ -81,6 +82,31 @@ def _cause(rc: dict[str, Any] | None) -> str:
     return ", and ".join(bits)
 
 
+def _straggler_sentence(host_f: dict[str, Any] | None, named: list[dict[str, Any]], rc: dict[int, Any]) -> str:
+    if host_f is not None:
+        m = host_f["metrics"]
+        return (f"host {host_f['host']} is slow: its ranks arrive {m['mean_lateness_ms']:.1f} ms late together in "
+                f"{100 * m['late_fraction']:.0f} % of collectives, and the steps lose "
+                f"{m.get('cost_ms_per_step', m['mean_lateness_ms']):.1f} ms to it")
+    if not named:
+        return ""
+    d = named[0]
+    cost = d.get("cost_ms_per_step", d.get("lost_ms_per_step", 0.0))
+    first = (f"rank {d['rank']} on host {d.get('host')} is late in {100 * d['late_step_fraction']:.0f} % of steps "
+             f"by {d['mean_lateness_ms']:.1f} ms, and the steps lose {cost:.1f} ms to it")
+    cause = _cause(rc.get(d["rank"]))
+    if cause:
+        first += f"; {cause}"
+    if len(named) > 1:
+        first += f" (also late: rank{'s' if len(named) > 2 else ''} " \
+                 f"{', '.join(str(x['rank']) for x in named[1:4])}{', ...' if len(named) > 4 else ''})"
+    return first
+
+
+def _cap(text: str) -> str:
+    return text[0].upper() + text[1:]
+
+
 def verdict(
     summary: dict[str, Any],
     stragglers: dict[str, Any],
@@ -91,29 +117,18 @@ def verdict(
     if not summary.get("n_rank_steps"):
         return ("No recorded steps: nothing to analyse (check the capture schedule --wait/--warmup/--active and that "
                 "the script calls optimizer.step()).")
-    others = [f for f in findings if f["id"] not in ("straggler_rank", "straggler_host")]
+    strag_ids = ("straggler_rank", "straggler_host")
+    others = [f for f in findings if f["id"] not in strag_ids]
     top = others[0] if others else None
     host_f = next((f for f in findings if f["id"] == "straggler_host"), None)
     named = [d for d in stragglers.get("ranks", []) if d.get("named")]
     rc = {d["rank"]: d for d in root_cause}
-    first = ""
-    if host_f is not None:
-        m = host_f["metrics"]
-        first = (f"host {host_f['host']} is slow: its ranks arrive {m['mean_lateness_ms']:.1f} ms late together in "
-                 f"{100 * m['late_fraction']:.0f} % of collectives, costing the others "
-                 f"{m['blame_ms_per_step']:.1f} ms per step")
-    elif named:
-        d = named[0]
-        first = (f"rank {d['rank']} on host {d.get('host')} is late in {100 * d['late_fraction']:.0f} % of "
-                 f"collectives, costing the others {d['blame_ms_per_step']:.1f} ms per step")
-        cause = _cause(rc.get(d["rank"]))
-        if cause:
-            first += f"; {cause}"
-        if len(named) > 1:
-            first += f" (also late: rank{'s' if len(named) > 2 else ''} " \
-                     f"{', '.join(str(x['rank']) for x in named[1:4])}{', ...' if len(named) > 4 else ''})"
+    first = _straggler_sentence(host_f, named, rc)
     if first:
-        text = first[0].upper() + first[1:] + "."
+        lead = findings[0] if findings else None
+        if lead is not None and lead["id"] not in strag_ids:  # a more severe finding than any straggler leads
+            return f"{_cap(_phrase(lead))}. Also, {first}."
+        text = _cap(first) + "."
         if top is not None and top["severity"] == "high":
             text += f" Also, {_phrase(top)}."
         return text

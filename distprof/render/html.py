@@ -56,8 +56,8 @@ def _verdict(report: dict[str, Any]) -> str:
         top = named[0]
         txt = (f"rank {top.get('rank')} on host {top.get('host')} is the straggler: it arrives last in "
                f"{_fmt(100 * (_num(top.get('late_fraction')) or 0), '{:.0f}')} % of collectives, "
-               f"{_fmt(top.get('mean_lateness_ms'), '{:.1f}')} ms late on average, costing the others "
-               f"{_fmt(top.get('blame_ms_per_step'), '{:.1f}')} ms per step.")
+               f"{_fmt(top.get('mean_lateness_ms'), '{:.1f}')} ms late on average, and the steps lose "
+               f"{_fmt(top.get('cost_ms_per_step'), '{:.1f}')} ms per step to it.")
         if len(named) > 1:
             txt += " Also named: " + ", ".join(f"rank {x.get('rank')}" for x in named[1:]) + "."
         return txt
@@ -273,7 +273,7 @@ def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = 
         _chart("fig-breakdown", "Where step time goes, per rank", _fig_breakdown(report), figs, bd_caption),
         _chart("fig-blame", "Straggler blame per rank, grouped by host", _fig_blame(report), figs,
                "Bars: how long the other ranks waited for this rank at collectives, per step (red = named "
-               "straggler). Diamonds: mean lateness against the naming threshold (dashed).",
+               "straggler). Diamonds: mean lateness against the naming floor (dashed).",
                "No collective was matched across ranks: no straggler analysis."),
         "</div>",
         _chart("fig-imbalance", "Work and memory per rank", _fig_imbalance(report), figs,

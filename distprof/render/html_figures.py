@@ -213,7 +213,7 @@ def _fig_blame(report: dict[str, Any]) -> dict[str, Any] | None:
                              "line": {"color": "#444444", "dash": "dash", "width": 1}}]
         layout["annotations"] = [{"xref": "paper", "x": 0, "xanchor": "left", "yref": "y", "y": thr,
                                   "yanchor": "bottom", "showarrow": False,
-                                  "text": f"naming threshold {thr:.2f} ms (lateness)", "font": {"size": 11}}]
+                                  "text": f"naming floor {thr:.2f} ms (lateness)", "font": {"size": 11}}]
     return {"data": data, "layout": layout}
 
 
