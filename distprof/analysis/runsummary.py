@@ -23,6 +23,7 @@ from .clock import ClockModel, estimate_clocks
 from .matching import Collectives, match_collectives, with_times
 from .model import HostClock
 from .names import rank_ranges
+from .p2p import P2PPairs, match_p2p
 from .summary import RankSummary
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class RunSummary:
     steps_selection: tuple[int, int] | None = None
     rules: Any = None  # the FindingRules the measures were taken with (None: defaults)
     catalog: RunCatalog | None = field(default=None, repr=False)
+    p2p: P2PPairs = field(default_factory=lambda: match_p2p({}, {}))  # matched sends/receives, aligned
 
     @property
     def device_rank_set(self) -> set[int]:
@@ -170,6 +172,19 @@ def aligned_collectives(c: Collectives, model: ClockModel) -> Collectives:
     return with_times(c, start, start + (m["end_ns"] - m["start_ns"]))
 
 
+def aligned_p2p(cat: RunCatalog, summaries: list[RankSummary], model: ClockModel) -> P2PPairs:
+    """Every rank's point-to-point rows on the reference clock, matched sender to receiver."""
+    parts = [dict(s.p2p, rank=np.full(s.p2p["start_ns"].size, s.rank, np.int64)) for s in summaries
+             if s.p2p and s.p2p["start_ns"].size]
+    if not parts:
+        return match_p2p({}, {})
+    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    start = model.align(rows["rank"], rows["window"], rows["start_ns"])
+    rows["end_ns"] = start + (rows["end_ns"] - rows["start_ns"])
+    rows["start_ns"] = start
+    return match_p2p(rows, cat.group_ranks())
+
+
 #: Work after a window's last step is named when it takes at least this share of the median step (and 1 ms).
 AFTER_LAST_STEP_MIN = 0.5
 
@@ -202,6 +217,11 @@ def reduce_run(cat: RunCatalog, summaries: list[RankSummary], *, rules: Any = No
              {k: v for s in summaries for k, v in s.samples.items()}, model=model)
     steps = _aligned_steps(summaries, j.model)
     j.warnings.extend(outside_step_notes(summaries, steps))
+    p2p = aligned_p2p(cat, summaries, j.model)
+    if p2p.n_unmatched or p2p.n_unknown_peer:
+        j.warnings.append(f"{p2p.n_unmatched + p2p.n_unknown_peer} point-to-point transfer(s) could not be paired "
+                          f"sender to receiver ({p2p.n_unknown_peer} with an unknown peer)"
+                          + (f"; first: {p2p.examples[0]}" if p2p.examples else ""))
     if cat.world_size > 1 and any(s.device_rank for s in summaries) and len(steps["comm_ms"]) \
             and not float(np.sum(steps["comm_ms"])) > 0:
         j.warnings.append(
@@ -214,4 +234,4 @@ def reduce_run(cat: RunCatalog, summaries: list[RankSummary], *, rules: Any = No
         process_groups=cat.process_groups, ranks={s.rank: s for s in summaries},
         steps=steps, collective_rows=j.rows, names=j.names,
         collectives=aligned_collectives(j.matched, j.model), clock=j.model.hosts, model=j.model,
-        warnings=j.warnings, steps_selection=cat.steps, rules=rules, catalog=cat)
+        warnings=j.warnings, steps_selection=cat.steps, rules=rules, catalog=cat, p2p=p2p)

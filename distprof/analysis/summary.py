@@ -13,6 +13,8 @@ Parts (each computed once, in its own module):
 * ``collectives`` — every executed collective of the rank's shards (``comms.role == exec``, numbered: ``seq >= 0``),
   before the steps selection (the clock model uses all of them): window, pg, seq, op (index into ``ops_names``),
   bytes, start/end ns, step.
+* ``p2p`` — every executed point-to-point transfer (``send``/``recv``: not collectives), before the steps selection:
+  window, pg, peer, is_recv, bytes, start/end ns, step.
 * ``op_totals`` — per (op name, step) the own work and calls of the rank's ``TOP_OPS`` heaviest op names (cpu_op,
   user_annotation, kernel, gpu_memcpy/memset; no communication, no ``ProfilerStep#N``): inclusive time minus the
   main thread's wait for communication inside the op (``breakdown.RankSets.wait``: the exposed-communication
@@ -42,9 +44,11 @@ from .findings.measures import rank_measures
 from .findings.rules import FindingRules
 from .gpu_time import rank_gpu_time
 from .index import RankIndex
+from ..events.p2p import P2P_OPS
 from .rankdata import RankData, filter_steps
 
-__all__ = ["RankSummary", "summarize_rank", "TOP_OPS", "MEMORY_POINTS", "collective_rows", "downsample_minmax"]
+__all__ = ["RankSummary", "summarize_rank", "TOP_OPS", "MEMORY_POINTS", "collective_rows", "p2p_rows",
+           "downsample_minmax"]
 
 Table = dict[str, np.ndarray]
 NS_PER_MS = 1e6
@@ -80,15 +84,25 @@ class RankSummary:
     samples: dict[tuple[int, int], Table] = field(default_factory=dict)
     n_events: int = 0
     t_min: dict[int, int] = field(default_factory=dict)  # window -> earliest event or memory time (recorded clock)
+    p2p: Table = field(default_factory=dict)  # point-to-point transfers (p2p_rows), before the steps selection
     unlaunched: tuple[int, float] = (0, 0.0)  # device events whose launch is not in the trace: count, ms
     after_last_step: dict[int, float] = field(default_factory=dict)  # window -> ms of work after its last step
 
 
+def _p2p_mask(rd: RankData) -> np.ndarray:
+    """Comms rows whose op is a point-to-point transfer (``send``/``recv``; numbered as collectives before 1.2)."""
+    op_ids = np.asarray(rd.comms["op_id"], np.int64)
+    u, inv = np.unique(op_ids, return_inverse=True)
+    names = np.asarray(rd.names, dtype=object)
+    is_p2p = np.array([str(names[i]) in P2P_OPS if i < names.size else False for i in u.tolist()], bool)
+    return is_p2p[inv.reshape(-1)] if u.size else np.zeros(0, bool)
+
+
 def collective_rows(rd: RankData) -> tuple[Table, np.ndarray]:
     """The rank's executed, numbered collectives with their times (raw clock), step and events row (``ev_row``),
-    and the names of their ``op`` indices."""
+    and the names of their ``op`` indices. Point-to-point transfers are not collectives (:func:`p2p_rows`)."""
     cm = rd.comms
-    sel = np.flatnonzero((np.asarray(cm["role"]) == ROLE_EXEC) & (np.asarray(cm["seq"]) >= 0))
+    sel = np.flatnonzero((np.asarray(cm["role"]) == ROLE_EXEC) & (np.asarray(cm["seq"]) >= 0) & ~_p2p_mask(rd))
     row = np.asarray(cm["row"], np.int64)[sel]
     ev = rd.events
     start = np.asarray(ev["ts_ns"], np.int64)[row]
@@ -105,6 +119,27 @@ def collective_rows(rd: RankData) -> tuple[Table, np.ndarray]:
         "step": np.asarray(ev["step"], np.int64)[row],
         "ev_row": row,
     }, np.asarray(rd.names, dtype=object)[u] if len(u) else np.zeros(0, dtype=object)
+
+
+def p2p_rows(rd: RankData) -> Table:
+    """The rank's executed point-to-point transfers (raw clock): window, pg, peer (global rank, −1 unknown),
+    is_recv, bytes, start/end ns, step."""
+    cm = rd.comms
+    sel = np.flatnonzero((np.asarray(cm["role"]) == ROLE_EXEC) & _p2p_mask(rd))
+    row = np.asarray(cm["row"], np.int64)[sel]
+    ev = rd.events
+    start = np.asarray(ev["ts_ns"], np.int64)[row]
+    names = np.asarray(rd.names, dtype=object)
+    return {
+        "window": np.asarray(cm["window"], np.int32)[sel],
+        "pg": np.asarray(cm["pg"], np.int32)[sel],
+        "peer": np.asarray(cm["peer"], np.int32)[sel] if "peer" in cm else np.full(sel.size, -1, np.int32),
+        "is_recv": np.array([names[i] == "recv" for i in np.asarray(cm["op_id"], np.int64)[sel].tolist()], bool),
+        "bytes": np.asarray(cm["bytes"], np.int64)[sel],
+        "start_ns": start,
+        "end_ns": start + np.asarray(ev["dur_ns"], np.int64)[row],
+        "step": np.asarray(ev["step"], np.int64)[row],
+    }
 
 
 def _op_totals(rd: RankData, ix: RankIndex, steps: np.ndarray, top: int,
@@ -209,6 +244,7 @@ def summarize_rank(rd: RankData, *, steps: tuple[int, int] | None = None, rules:
                    top_ops: int = TOP_OPS, memory_points: int = MEMORY_POINTS) -> RankSummary:
     """Summarise one rank (see the module docstring); `steps` selects global steps lo..hi (inclusive)."""
     coll, coll_names = collective_rows(rd)  # before the steps selection: the clock model uses every window's
+    p2p = p2p_rows(rd)
     unlaunched, after = _outside_steps(rd)
     n_events = int(rd.events["ts_ns"].size)
     if steps is not None:
@@ -236,4 +272,4 @@ def summarize_rank(rd: RankData, *, steps: tuple[int, int] | None = None, rules:
         annotations=rank_annotations(rd, ix.name_flags), measures=rank_measures(rd, ix, bd, rules),
         gpu_time=rank_gpu_time(rd), used_devices=np.unique(dev[dev >= 0]).tolist(), reserved_peak_bytes=reserved,
         memory_series=series, memory_device=mem_dev, samples=dict(rd.samples), n_events=n_events, t_min=t_min,
-        unlaunched=unlaunched, after_last_step=after)
+        p2p=p2p, unlaunched=unlaunched, after_last_step=after)

@@ -18,7 +18,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..storage import schema
-from . import classify
+from . import classify, p2p
+from .p2p import P2P_OPS, P2PCalls
 from .classify import CommArgs
 
 __all__ = ["Columns", "Built", "build_tables", "Strings", "track_keys"]
@@ -168,6 +169,29 @@ def _launch_context(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_role, targets) -
     return out
 
 
+def _p2p_peers(calls: P2PCalls | None, c_rows, is_p2p, is_recv, ev_ts, ev_tid, ev_dev, ctx, c_pg,
+               pg_index: Mapping[str, int]) -> np.ndarray:
+    """Peer (global rank, −1 unknown) of each comms row; sets the group of point-to-point rows from their call."""
+    peer = np.full(len(c_rows), -1, np.int32)
+    sel = np.flatnonzero(is_p2p)
+    if calls is None or not len(calls) or not sel.size:
+        return peer
+    rows = c_rows[sel]
+    host = ev_dev[rows] < 0
+    call = np.full(sel.size, -1, np.int64)
+    call[host] = p2p.join(calls, ev_ts[rows[host]], ev_tid[rows[host]], is_recv[sel[host]])
+    by_row = {int(r): int(c) for r, c in zip(rows[host].tolist(), call[host].tolist()) if c >= 0}
+    for i in np.flatnonzero(~host).tolist():  # a send/recv kernel: the call of the op that launched it
+        call[i] = next((by_row[a] for a in ctx.get(int(rows[i]), ()) if a in by_row), -1)
+    ok = call >= 0
+    peer[sel[ok]] = calls.peer[call[ok]]
+    for j, c in zip(sel[ok].tolist(), call[ok].tolist()):
+        g = pg_index.get(str(calls.pg[c]))
+        if g is not None:
+            c_pg[j] = g
+    return peer
+
+
 def build_tables(
     cols: Columns,
     strings: Strings,
@@ -178,6 +202,7 @@ def build_tables(
     gloo_thread_pg: Mapping[int, str] | None = None,
     process_groups: list[dict[str, Any]] | None = None,
     add_process_groups: bool = False,
+    p2p_calls: P2PCalls | None = None,
 ) -> Built:
     """Sort, classify and tabulate one window. Returns the events, threads, comms and steps tables.
 
@@ -186,6 +211,10 @@ def build_tables(
 
     Threads table: one row per OS thread (``device`` −1, `thread_names` by tid) and per device stream (``device`` ≥ 0,
     ``tid`` = stream id, `stream_names` by (device, stream), default ``stream S``).
+
+    Point-to-point (``send``/``recv``) rows take their peer and group from `p2p_calls` (:mod:`.p2p`) and are not
+    numbered into their group's collective sequence (``seq`` −1): they are matched sender to receiver, not as
+    collectives.
     """
     names = strings.list()
     n_names = len(names)
@@ -332,6 +361,8 @@ def build_tables(
     c_gsize = np.full(n_c, -1, np.int32)
     c_nseq = np.full(n_c, -1, np.int64)
     seq_ok = np.ones(n_c, bool)
+    c_is_p2p = np.zeros(n_c, bool)
+    c_recv = np.zeros(n_c, bool)
     op_cache: dict[int, tuple[str, bool]] = {}
     for j, r in enumerate(c_rows.tolist()):
         nid = int(ev_name[r])
@@ -360,6 +391,11 @@ def build_tables(
             if a.nccl_seq is not None:
                 c_nseq[j] = a.nccl_seq
         c_op[j] = strings.id(op)
+        if op in P2P_OPS:
+            seq_ok[j] = False
+            c_is_p2p[j] = True
+            c_recv[j] = op == "recv"
+    c_peer = _p2p_peers(p2p_calls, c_rows, c_is_p2p, c_recv, ev_ts, ev_tid, ev_dev, ctx, c_pg, pg_index)
     if n_c:
         c_pg[c_pg < 0] = default_pg
     size_by_pg = {int(p["index"]): len(p.get("ranks") or []) for p in pgs}
@@ -382,6 +418,7 @@ def build_tables(
         "bytes": c_bytes,
         "group_size": c_gsize,
         "nccl_seq": c_nseq,
+        "peer": c_peer,
     }
 
     # ---- steps table (peak memory filled by the caller) ---------------------------------------------------------

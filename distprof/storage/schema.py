@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 FORMAT_NAME = "distprof-shard"
-SCHEMA_VERSION = "1.1"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties
+SCHEMA_VERSION = "1.2"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties;
+# 1.2: comms.peer
 SCHEMA_MAJOR = 1
 
 #: One file per rank per finished window; a crash loses at most the window in flight.
@@ -57,7 +58,7 @@ THREAD_OTHER, THREAD_MAIN, THREAD_COMM, THREAD_STREAM = range(4)
 PHASES = ("window_start", "window_end")
 
 #: Value a reader gives a column that an older shard lacks (default 0).
-MISSING_DEFAULTS: dict[tuple[str, str], int] = {("threads", "device"): -1}
+MISSING_DEFAULTS: dict[tuple[str, str], int] = {("threads", "device"): -1, ("comms", "peer"): -1}
 
 #: dataset -> column -> dtype. Every column of a table has the same length.
 TABLES: dict[str, dict[str, np.dtype]] = {
@@ -82,6 +83,7 @@ TABLES: dict[str, dict[str, np.dtype]] = {
         "bytes": np.dtype("i8"),
         "group_size": np.dtype("i4"),
         "nccl_seq": np.dtype("i8"),
+        "peer": np.dtype("i4"),  # 1.2: point-to-point partner's global rank, -1 unknown / not p2p (1.1 reads -1)
     },
     "threads": {
         "tid": np.dtype("i8"),
