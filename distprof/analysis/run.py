@@ -16,16 +16,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import IncompleteRunError, ShardFormatError
+from ..errors import BadShardError, IncompleteRunError
 from ..progress import progress_enabled
 from ..storage import schema
-from ..storage.reader import Shard, find_shards, read_shard, read_status
+from ..storage.reader import Shard, find_shards, read_status
+from ..storage.validate import SkippedShard, check_ids, select_shards
 from .clock import ClockModel, RankClockInfo, estimate_clocks
 from .matching import match_collectives
 from .model import MergedRun
@@ -57,6 +57,7 @@ def load_run(
     steps: tuple[int, int] | None = None,
     progress: bool | None = None,
     columns: Mapping[str, Iterable[str] | None] | None = None,
+    strict: bool = False,
 ) -> MergedRun:
     """Read every shard of `run_dir` and merge them into one clock-aligned MergedRun.
 
@@ -66,9 +67,13 @@ def load_run(
     columns: table -> columns to read (None = all). Tables not named are read in full; the columns merging needs
         (see REQUIRED) are always read.
 
-    Raises IncompleteRunError when there is nothing to load, ShardFormatError when a shard is unreadable, newer than
-    this distprof, or belongs to another run (run_id / world_size / schedule differ). Missing ranks or windows are
-    named in ``MergedRun.warnings`` and loading carries on.
+    strict: any bad shard (storage.validate.check_shard), shard of another run, missing rank or missing window is an
+        error (BadShardError / IncompleteRunError) instead of a warning.
+
+    Every shard is checked before use (storage.validate): a bad one, or one of another run (run_id / job /
+    world_size / schedule differ from the majority's), is left out and named in ``MergedRun.warnings`` and
+    ``MergedRun.skipped_shards``; missing ranks or windows are named in the warnings; loading carries on. Raises
+    IncompleteRunError when there is nothing to load.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -84,17 +89,12 @@ def load_run(
             raise ValueError(f"steps=({lo}, {hi}): the first step must not be after the last")
 
     show = progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
-    shards = [read_shard(p) for p in _bar(paths, show, "reading shard attributes")]
-    world_size = _check_same_run(shards)
-    warnings: list[str] = []
-    shards = _dedupe(shards, warnings)
+    sel = select_shards(_bar(paths, show, "checking shards"), strict=strict)
+    shards, skipped = sel.shards, list(sel.skipped)
+    world_size = sel.world_size
+    warnings: list[str] = list(sel.warnings)
 
-    all_ranks = sorted({s.rank for s in shards})
-    ranks_missing = sorted(set(range(world_size)) - set(all_ranks))
-    if ranks_missing:
-        warnings.append(_missing_ranks_message(run_dir, ranks_missing, world_size))
-    _note_shard_problems(shards, warnings)
-
+    listed = shards
     if steps is not None:
         kept = [s for s in shards if _overlaps(s, lo, hi)]
         if not kept:
@@ -103,19 +103,45 @@ def load_run(
                 f"{run_dir}: no window covers steps {lo}..{hi} (recorded: "
                 + ", ".join(f"{a}..{b}" for a, b in spans) + "); pick steps inside a recorded window")
         shards = kept
-    _note_missing_windows(shards, warnings)
 
     want = _columns(columns)
     per_shard: list[dict[str, Table]] = []
     names_list: list[np.ndarray] = []
     samples: dict[tuple[int, int], Table] = {}
+    readable: list[Shard] = []
     for s in _bar(shards, show, "reading shards"):
-        per_shard.append({t: s.table(t, want[t]) for t in TABLES})
-        names_list.append(s.names)
-        if s.attrs.get("clock_role") in ("leader", None) and s.has("clock/samples"):
-            tab = s.table("clock/samples")
-            if len(tab["phase"]):
-                samples[(s.rank, s.window)] = tab
+        try:  # check_shard looked at the attributes and layout; ids are checked on what is read
+            tabs = {t: s.table(t, want[t]) for t in TABLES}
+            names = s.names
+            clock_tab = s.table("clock/samples") if s.attrs.get("clock_role") in ("leader", None) \
+                and s.has("clock/samples") else None
+            check_ids(s.path, s.attrs, {**tabs, "clock/samples": clock_tab or {}}, len(names))
+        except BadShardError as e:
+            if strict:
+                raise
+            skipped.append(SkippedShard(Path(e.path), e.reason))
+            warnings.append(f"skipped {e.path}: {e.reason}")
+            continue
+        readable.append(s)
+        per_shard.append(tabs)
+        names_list.append(names)
+        if clock_tab is not None and len(clock_tab["phase"]):
+            samples[(s.rank, s.window)] = clock_tab
+    if not readable:
+        raise IncompleteRunError(f"{run_dir}: no readable shard ({len(skipped)} skipped, first "
+                                 f"{skipped[0].path}: {skipped[0].reason})")
+    lost = {sk.path for sk in skipped}
+    shards = readable
+
+    all_ranks = sorted({s.rank for s in listed if s.path not in lost})
+    ranks_missing = sorted(set(range(world_size)) - set(all_ranks))
+    if ranks_missing:
+        warnings.append(_missing_ranks_message(run_dir, ranks_missing, world_size))
+        if strict:
+            raise IncompleteRunError(f"{run_dir}: {warnings[-1]} (--strict: every rank needs a shard)")
+    _note_shard_problems([s for s in listed if s.path not in lost], warnings)
+    if _note_missing_windows(shards, warnings) and strict:
+        raise IncompleteRunError(f"{run_dir}: {warnings[-1]} (--strict: every rank needs every window)")
 
     names, remaps = _merge_strings(names_list)
     process_groups, pg_maps = _merge_process_groups(shards)
@@ -168,6 +194,7 @@ def load_run(
         attrs=dict(sorted(first_attrs.items())),
         process_groups=process_groups,
         warnings=warnings,
+        skipped_shards=skipped,
     )
 
 
@@ -180,59 +207,6 @@ def _bar(items: Sequence, show: bool, desc: str):
     from tqdm import tqdm
 
     return tqdm(items, desc=desc, unit="shard", file=sys.stderr, leave=False)
-
-
-def _schedule(attrs: Mapping[str, Any]) -> Any:
-    cfg = attrs.get("config")
-    return cfg.get("schedule") if isinstance(cfg, dict) else None
-
-
-def _check_same_run(shards: list[Shard]) -> int:
-    """Every shard must share run_id, world_size and schedule; the majority value wins, the odd file is named."""
-    checks = (
-        ("run_id", lambda a: str(a["run_id"]),
-         "the directory mixes two runs; move the other run's shards out, or load each run directory on its own"),
-        ("world_size", lambda a: int(a["world_size"]),
-         "shards from jobs of different sizes; keep one job's shards per directory"),
-        ("config.schedule", _schedule,
-         "shards captured with different profiling schedules; keep one run's shards per directory"),
-    )
-    for field_name, get, fix in checks:
-        values = [get(s.attrs) for s in shards]
-        if field_name == "config.schedule":
-            known = [(i, v) for i, v in enumerate(values) if v is not None]
-            if not known:
-                continue
-            keys = [repr(sorted(v.items())) if isinstance(v, dict) else repr(v) for _, v in known]
-            idx = [i for i, _ in known]
-        else:
-            keys = [repr(v) for v in values]
-            idx = list(range(len(values)))
-        counts = Counter(keys)
-        if len(counts) <= 1:
-            continue
-        common = counts.most_common(1)[0][0]
-        good = next(i for i, k in zip(idx, keys) if k == common)
-        bad = next(i for i, k in zip(idx, keys) if k != common)
-        raise ShardFormatError(
-            f"{shards[bad].path}: {field_name} {values[bad]!r} differs from {values[good]!r} in "
-            f"{counts[common]} other shard(s) (e.g. {shards[good].path.name}): {fix}")
-    return int(shards[0].attrs["world_size"])
-
-
-def _dedupe(shards: list[Shard], warnings: list[str]) -> list[Shard]:
-    """One shard per (rank, window); a file whose name disagrees with its attributes is noted."""
-    seen: dict[tuple[int, int], Shard] = {}
-    for s in shards:
-        key = (s.rank, s.window)
-        expect = schema.SHARD_TEMPLATE.format(rank=s.rank, window=s.window)
-        if s.path.name != expect:
-            warnings.append(f"{s.path}: attributes say rank {s.rank} window {s.window} (expected file name {expect})")
-        if key in seen:
-            raise ShardFormatError(
-                f"{s.path}: rank {s.rank} window {s.window} is also in {seen[key].path.name}; remove the copy")
-        seen[key] = s
-    return sorted(seen.values(), key=lambda s: (s.rank, s.window))
 
 
 def _missing_ranks_message(run_dir: Path, missing: list[int], world_size: int) -> str:
@@ -268,15 +242,19 @@ def _note_shard_problems(shards: list[Shard], warnings: list[str]) -> None:
             for r, e in items))
 
 
-def _note_missing_windows(shards: list[Shard], warnings: list[str]) -> None:
+def _note_missing_windows(shards: list[Shard], warnings: list[str]) -> int:
+    """Name each window some ranks lack; returns how many windows do."""
     ranks = sorted({s.rank for s in shards})
     have: dict[int, set[int]] = {}
     for s in shards:
         have.setdefault(s.window, set()).add(s.rank)
+    n = 0
     for w in sorted(have):
         lack = [r for r in ranks if r not in have[w]]
         if lack:
+            n += 1
             warnings.append(f"window {w}: rank(s) {rank_ranges(lack, sep=',')} have no shard for it (lost or still being written)")
+    return n
 
 
 def _overlaps(s: Shard, lo: int, hi: int) -> bool:
@@ -355,17 +333,9 @@ def _concat(shards: list[Shard], per_shard: list[dict[str, Table]], remaps, pg_m
         n_ev = len(tabs["events"]["ts_ns"])
         for t, col in (("events", "name_id"), ("threads", "name_id"), ("comms", "op_id"),
                        ("cuda_memory_blocks", "frame_id"), ("cuda_memory_blocks", "user_frame_id")):
-            if col in tabs[t] and len(tabs[t][col]):
-                ids = tabs[t][col]
-                if int(ids.max()) >= len(remap):
-                    raise ShardFormatError(
-                        f"{s.path}: {t}/{col} {int(ids.max())} is outside the string table ({len(remap)} names); "
-                        "the shard is damaged, re-run the capture")
-                tabs[t][col] = remap[ids]
-        rows = tabs["comms"]["row"]
-        if len(rows) and (rows.min() < 0 or rows.max() >= n_ev):
-            raise ShardFormatError(f"{s.path}: comms/row outside events (0..{n_ev - 1}); the shard is damaged")
-        tabs["comms"]["row"] = rows.astype(np.int64) + ev_offset
+            if col in tabs[t] and len(tabs[t][col]):  # in range: storage.validate.check_ids
+                tabs[t][col] = remap[tabs[t][col]]
+        tabs["comms"]["row"] = tabs["comms"]["row"].astype(np.int64) + ev_offset
         tabs["comms"]["pg"] = _remap_pg(tabs["comms"]["pg"], lut)
         if "pg" in tabs["threads"]:
             tabs["threads"]["pg"] = _remap_pg(tabs["threads"]["pg"], lut)

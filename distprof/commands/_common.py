@@ -54,3 +54,8 @@ def parse_ranks(text: str) -> list[int]:
 
 def add_steps_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", metavar="A:B", type=str, help="only global steps A..B (inclusive)")
+
+
+def add_strict_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a run with any bad or missing shard (exit 2) instead of skipping and naming it")

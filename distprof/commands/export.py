@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ._common import add_steps_arg, parse_ranks, parse_steps
+from ._common import add_steps_arg, add_strict_arg, parse_ranks, parse_steps
 
 FORMATS = ("kineto",)
 
@@ -27,6 +27,7 @@ def register(sub) -> None:
     p.add_argument("--ranks", metavar="LIST", help="only these ranks, e.g. 0-7 or 0,2,5-6 (default: all)")
     add_steps_arg(p)
     p.add_argument("--no-gzip", action="store_true", help="write plain rank-N.json instead of rank-N.json.gz")
+    add_strict_arg(p)
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(func=run)
 
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir) / "kineto"
     progress = False if args.no_progress else None
     t0 = time.perf_counter()
-    merged = load_run(args.run_dir, steps=steps, progress=progress)
+    merged = load_run(args.run_dir, steps=steps, progress=progress, strict=args.strict)
     files = export_kineto(merged, out, ranks=ranks, gzip=not args.no_gzip, progress=progress)
     total = sum(f.bytes for f in files)
     for f in files:

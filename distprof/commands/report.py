@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-from ._common import add_steps_arg, parse_steps
+from ._common import add_steps_arg, add_strict_arg, parse_steps
 
 
 def register(sub) -> None:
@@ -24,6 +24,7 @@ def register(sub) -> None:
     r.add_argument("--peak-tflops", metavar="X", type=float,
                    help="device peak TFLOP/s for MFU (overrides the built-in table; needed on CPU)")
     r.add_argument("--top", metavar="N", type=int, default=3, help="root-cause analysis for up to N stragglers")
+    add_strict_arg(r)
     r.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     r.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the summary")
     r.set_defaults(func=run)
@@ -42,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps) if args.steps else None
     if args.html:
         check_html_path(args.html)  # fail before the (long) merge, not after
-    run_ = load_run(args.run_dir, steps=steps, progress=False if args.no_progress else None)
+    run_ = load_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
+                    strict=args.strict)
     report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top)
     html_path = write_html(report, args.html, run_) if args.html else None
     if args.json == "-":

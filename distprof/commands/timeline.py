@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
-from ._common import add_steps_arg, parse_ranks, parse_steps
+from ._common import add_steps_arg, add_strict_arg, parse_ranks, parse_steps
 
 DEFAULT_OUT = "timeline.json.gz"
 
@@ -38,6 +38,7 @@ def register(sub) -> None:
     p.add_argument("--launch-flows", action="store_true",
                    help="also draw an arrow from every kernel launch (cudaLaunchKernel ...) to its kernel, as Kineto "
                         "does; costs 2 trace events per kernel, counted in --max-events")
+    add_strict_arg(p)
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(func=run)
 
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress else None
 
     load_steps = _window_steps(args.run_dir, windows, steps) if windows else steps
-    run_ = load_run(args.run_dir, steps=load_steps, progress=progress)
+    run_ = load_run(args.run_dir, steps=load_steps, progress=progress, strict=args.strict)
     plan = plan_timeline(run_, ranks=ranks, windows=windows, steps=steps, max_events=max_events,
                          launch_flows=args.launch_flows)
     res = write_timeline(run_, plan, out, progress=progress)
@@ -97,12 +98,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _window_steps(run_dir: str, windows: list[int], steps):
     """The global step range the chosen windows cover (read from shard attributes), so only their shards are read."""
+    from ..errors import BadShardError
     from ..render.timeline import format_ranges
     from ..storage.reader import find_shards, read_shard
 
     spans = {}
     for p in find_shards(run_dir) if Path(run_dir).is_dir() else []:
-        s = read_shard(p)
+        try:
+            s = read_shard(p)
+        except BadShardError:
+            continue  # load_run names it (or refuses it under --strict)
         if s.window in windows:
             spans.setdefault(s.window, (int(s.attrs["first_step"]), int(s.attrs["last_step"])))
     if not spans:
