@@ -35,15 +35,27 @@ def get_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _StderrHandler(logging.Handler):
+    """Log records as ``distprof: LEVEL: message`` lines on whatever ``sys.stderr`` is when they are emitted (so
+    ``main()`` called with a redirected stderr logs there too)."""
+
+    _distprof_cli = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 -- logging must never raise (a closed or broken stderr)
+            self.handleError(record)
+
+
 def _setup_logging(verbose: int) -> None:
     log = logging.getLogger("distprof")
+    log.setLevel(logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG)
     if any(getattr(h, "_distprof_cli", False) for h in log.handlers):
         return
-    h = logging.StreamHandler(sys.stderr)
+    h = _StderrHandler()
     h.setFormatter(logging.Formatter("distprof: %(levelname)s: %(message)s"))
-    h._distprof_cli = True  # type: ignore[attr-defined]
     log.addHandler(h)
-    log.setLevel(logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from ..errors import BadShardError, IncompleteRunError
 from ..progress import progress_enabled
 from ..storage import schema
 from ..storage.reader import Shard, find_shards, read_status
-from ..storage.validate import SkippedShard, check_ids, select_shards
+from ..storage.validate import SkippedShard, check_ids, select_shards, strict_error
 from .clock import ClockModel, RankClockInfo, estimate_clocks
 from .matching import match_collectives
 from .model import MergedRun
@@ -118,7 +118,7 @@ def load_run(
             check_ids(s.path, s.attrs, {**tabs, "clock/samples": clock_tab or {}}, len(names))
         except BadShardError as e:
             if strict:
-                raise
+                raise strict_error(e) from None
             skipped.append(SkippedShard(Path(e.path), e.reason))
             warnings.append(f"skipped {e.path}: {e.reason}")
             continue

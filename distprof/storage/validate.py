@@ -286,27 +286,34 @@ def _check_storage(path, ds: h5py.Dataset, where: str) -> None:
         raise BadShardError(path, f"{where} claims {n:,} rows but the file holds less data; {_FIX}")
 
 
+def _group(path, f: h5py.File, name: str) -> h5py.Group | None:
+    """Group `name` stored in this file; None when absent."""
+    link = f.get(name, getlink=True)
+    if link is None:
+        return None
+    if not isinstance(link, h5py.HardLink):
+        raise BadShardError(path, f"/{name} is a link ({type(link).__name__}), not data in the file; {_FIX}")
+    g = f[name]
+    if not isinstance(g, h5py.Group):
+        raise BadShardError(path, f"/{name} is not a table (a group of columns); {_FIX}")
+    return g
+
+
 def _check_layout(path, f: h5py.File) -> dict[str, int]:
     """Groups, columns, dtypes, lengths and storage; returns each present table's row count (and 'strings')."""
     rows: dict[str, int] = {}
-    link = f.get("strings", getlink=True)
-    names = None
-    if isinstance(link, h5py.HardLink) and isinstance(f["strings"], h5py.Group):
-        names = _dataset(path, f["strings"], "names", "/strings/names")
+    names = _dataset(path, strings, "names", "/strings/names") if (strings := _group(path, f, "strings")) else None
     if names is None:
         raise BadShardError(path, f"no string table /strings/names; {_FIX}")
     if h5py.check_string_dtype(names.dtype) is None:
         raise BadShardError(path, f"/strings/names holds {names.dtype}, not strings; {_FIX}")
     rows["strings"] = int(names.shape[0])
     for table, cols in schema.TABLES.items():
-        link = f.get(table, getlink=True)
-        if link is None:
+        g = _group(path, f, table)
+        if g is None:
             if table in REQUIRED_GROUPS:
                 raise BadShardError(path, f"no table /{table}; {_FIX}")
             continue
-        if not isinstance(link, h5py.HardLink) or not isinstance(f[table], h5py.Group):
-            raise BadShardError(path, f"/{table} is not a table (a group of columns); {_FIX}")
-        g = f[table]
         lengths: dict[str, int] = {}
         for col, want in cols.items():
             ds = _dataset(path, g, col, f"/{table}/{col}")
@@ -491,7 +498,7 @@ def select_shards(paths: Iterable[os.PathLike | str], *, strict: bool = False,
             good.append(check(p))
         except BadShardError as e:
             if strict:
-                raise _strict(e) from None
+                raise strict_error(e) from None
             n_bad += 1
             _skip(sel, Path(e.path), e.reason, name=n_bad <= MAX_NAMED)
     if n_bad > MAX_NAMED:
@@ -515,7 +522,8 @@ def _skip(sel: ShardSelection, path: Path, reason: str, *, name: bool = True) ->
     log.debug("skipped %s: %s", path, reason)
 
 
-def _strict(e: BadShardError) -> BadShardError:
+def strict_error(e: BadShardError) -> BadShardError:
+    """`e` as the one-line error of ``--strict``."""
     return BadShardError(e.path, f"{e.reason} (--strict: any bad shard is an error; without it the shard is "
                                  "skipped and named)")
 
@@ -574,7 +582,7 @@ def _keep_majority(sel: ShardSelection, shards: list, what: str, key: Callable[[
         reason = (f"{field_name} {mine!r} differs from {theirs!r} in {counts[win]} other shard(s) "
                   f"(e.g. {ref.path.name}): {_FIXES[field_name]}")
         if strict:
-            raise _strict(BadShardError(s.path, reason))
+            raise strict_error(BadShardError(s.path, reason))
         _skip(sel, s.path, reason, name=False)
         others[f"{field_name} {mine!r}"] += 1
     field_name, theirs = summary
@@ -601,7 +609,7 @@ def _dedupe(sel: ShardSelection, shards: list, strict: bool) -> list:
         for s in group[1:]:
             reason = f"rank {rank} window {window} is also in {keep.path.name}; remove the copy"
             if strict:
-                raise _strict(BadShardError(s.path, reason))
+                raise strict_error(BadShardError(s.path, reason))
             _skip(sel, s.path, reason)
         out.append(keep)
     return out
