@@ -190,8 +190,10 @@ def _check_json_attrs(path, attrs: Mapping[str, Any], ws: int) -> None:
     if errs is not None and not all(isinstance(e, (dict, str)) for e in errs):
         raise BadShardError(path, f"attribute 'errors' holds an entry that is neither an object nor a string; {_FIX}")
     props = shape("device_properties", (list,), "a JSON list")
-    if props is not None and not all(isinstance(p, dict) for p in props):
-        raise BadShardError(path, f"attribute 'device_properties' holds an entry that is not an object; {_FIX}")
+    if props is not None and not all(isinstance(p, dict) and (p.get("id") is None or _is_int(p["id"]))
+                                     for p in props):
+        raise BadShardError(path, f"attribute 'device_properties' holds an entry that is not an object with an "
+                                  f"integer 'id'; {_FIX}")
     covered = shape("steps_covered", (list,), "a JSON list")
     if covered is not None and not all(_is_int(s) and _I32[0] <= s <= _I32[1] for s in covered):
         raise BadShardError(path, f"attribute 'steps_covered' holds a value that is not a step number; {_FIX}")
