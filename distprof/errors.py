@@ -25,3 +25,7 @@ class BadShardError(ShardFormatError):
 
 class IncompleteRunError(DistprofError):
     """A run directory lacks the shards an operation needs."""
+
+
+class OutputError(DistprofError, OSError):
+    """An output path cannot be written (a directory, a full device, no permission, ...)."""

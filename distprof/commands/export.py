@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import ConfigError
 from ._common import add_steps_arg, add_strict_arg, parse_ranks, parse_steps
 
 FORMATS = ("kineto",)
@@ -39,9 +40,13 @@ def run(args: argparse.Namespace) -> int:
     ranks = parse_ranks(args.ranks) if args.ranks else None
     steps = parse_steps(args.steps) if args.steps else None
     out = Path(args.out) if args.out else Path(args.run_dir) / "kineto"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"-o {out}: exists and is not a directory; name a directory for the rank files")
     progress = False if args.no_progress else None
     t0 = time.perf_counter()
     merged = load_run(args.run_dir, steps=steps, progress=progress, strict=args.strict)
+    if ranks is not None:
+        ranks = ranks.pick(merged.ranks_present, "rank(s)")
     files = export_kineto(merged, out, ranks=ranks, gzip=not args.no_gzip, progress=progress)
     total = sum(f.bytes for f in files)
     for f in files:

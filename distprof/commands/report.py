@@ -4,6 +4,7 @@ self-contained report.html."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ..errors import ConfigError
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from ..render import render_console, render_json, write_html, write_json
     from ..render.html import check_html_path
 
-    if args.peak_tflops is not None and not args.peak_tflops > 0:
+    if args.peak_tflops is not None and not (args.peak_tflops > 0 and math.isfinite(args.peak_tflops)):
         raise ConfigError(f"--peak-tflops {args.peak_tflops}: must be a positive number of TFLOP/s")
     if args.top < 0:
         raise ConfigError(f"--top {args.top}: must be >= 0")
