@@ -7,7 +7,6 @@ import bisect
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..analysis.names import rank_ranges
 from ..errors import ConfigError
 
 _MAX_STEP = 2**31 - 1
@@ -50,6 +49,8 @@ class IdRanges:
         for lo, hi in self.spans:
             out.update(have[bisect.bisect_left(have, lo):bisect.bisect_right(have, hi)])
         if not out:
+            from ..analysis.names import rank_ranges  # here: `distprof --help` stays free of numpy
+
             raise ConfigError(f"{self.flag} {self.text}: covers none of this run's {what} "
                               f"{rank_ranges(have, sep=',') or '(none)'}")
         return sorted(out)

@@ -3,11 +3,17 @@ cause, overlap, imbalance, user annotations, MFU.
 
 Plain text; ANSI bold/colour only when asked (``color=True``) — the CLI asks only when stdout is a TTY. Keys a report
 lacks (older reports) are skipped.
+
+Every string of the report is made safe for a terminal first (:func:`terminal_text`): names come from traces and
+shards, and a name holding ``\x1b]0;TITLE\x07`` or ``\nVerdict: ...`` must print as text, not retitle the terminal or
+forge a line. Control characters are escaped; a run of more than 240 non-blank characters is shortened in the middle;
+hosts, run ids and devices are bounded as names.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import textwrap
 from typing import Any
 
@@ -15,13 +21,59 @@ from ..analysis.names import display_name, rank_ranges
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["render_console"]
+__all__ = ["render_console", "terminal_text"]
 
 _MAX_RANK_ROWS = 8
 _WIDTH = 116
 _MAX_FINDINGS = 8
 _MAX_ANNOTATIONS = 10
 _SEVERITY_TAG = {"high": "HIGH", "medium": "MED ", "low": "LOW "}
+
+
+#: What a terminal would act on rather than print: C0 controls (newline, carriage return, escape, bell, ...), DEL, C1
+#: controls (CSI, OSC, ...), bidirectional overrides/isolates and Unicode line/paragraph separators.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+#: Longest run of non-blank characters printed whole (a path fits; a 10,000-character name does not).
+MAX_TOKEN = 240
+_LONG_TOKEN = re.compile(r"\S{%d,}" % (MAX_TOKEN + 1))
+
+
+def _escape(m: re.Match) -> str:
+    c = m.group(0)
+    return _ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def _shorten(m: re.Match) -> str:
+    t = m.group(0)
+    return t[: MAX_TOKEN // 2 - 1] + "…" + t[-(MAX_TOKEN // 2):]
+
+
+def terminal_text(text: Any) -> str:
+    """`text` safe to print on a terminal as one piece of a line: control characters escaped (``\\x1b``, ``\\n``),
+    runs of more than MAX_TOKEN non-blank characters shortened in the middle."""
+    s = str(text)
+    if _UNSAFE.search(s):
+        s = _UNSAFE.sub(_escape, s)
+    if len(s) > MAX_TOKEN and _LONG_TOKEN.search(s):
+        s = _LONG_TOKEN.sub(_shorten, s)
+    return s
+
+
+def _safe(x: Any) -> Any:
+    """A copy of a report with every string (keys included) made terminal-safe."""
+    if isinstance(x, str):
+        return terminal_text(x)
+    if isinstance(x, dict):
+        return {(terminal_text(k) if isinstance(k, str) else k): _safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_safe(v) for v in x]
+    return x
+
+
+def _name(x: Any, limit: int = 64) -> str:
+    """A host, run id or device as a bounded name."""
+    return display_name(str(x), limit)
 
 
 def _f(x: Any, fmt: str = "{:.1f}", none: str = "-") -> str:
@@ -64,7 +116,8 @@ def _wrap(text: str, first: str, rest: str) -> list[str]:
 
 
 def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3) -> str:
-    """The terminal summary as one string (ends with a newline)."""
+    """The terminal summary as one string (ends with a newline); every string from the report terminal-safe."""
+    report = _safe(report)
     st = _Style(color)
     out: list[str] = []
     run = report.get("run", {})
@@ -75,9 +128,10 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
         else "no steps"
     )
     out.append(
-        st.bold(f"distprof report: run {run.get('id')}")
+        st.bold(f"distprof report: run {_name(run.get('id'), 80)}")
         + f" - {n_present}/{run.get('world_size')} ranks on {run.get('n_hosts')} host(s), {steps_txt}, "
-        f"{'/'.join(run.get('backend', []))}, {'/'.join(run.get('devices', []))}"
+        f"{'/'.join(_name(b, 32) for b in run.get('backend', []))}, "
+        f"{'/'.join(_name(d) for d in run.get('devices', []))}"
     )
     if run.get("ranks_missing"):
         out.append(st.red(f"  missing ranks: {rank_ranges(run['ranks_missing'])}"))
@@ -93,7 +147,7 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
         for host, c in clock.items():
             res = c.get("residual_us")
             out.append(
-                f"  {host}: offset {c.get('offset_ns', 0) / 1e6:+.3f} ms, drift {_f(c.get('drift_ppm'), '{:.2f}')} ppm,"
+                f"  {_name(host)}: offset {c.get('offset_ns', 0) / 1e6:+.3f} ms, drift {_f(c.get('drift_ppm'), '{:.2f}')} ppm,"
                 f" residual {_f(res, '{:.0f}')} us ({c.get('method')})"
             )
 
@@ -109,7 +163,7 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
     if mfu:
         out.append(st.bold("MFU"))
         rows = [
-            [str(m["rank"]), m.get("device", ""), _f(m.get("achieved_tflops"), "{:.2f}"),
+            [str(m["rank"]), _name(m.get("device", "")), _f(m.get("achieved_tflops"), "{:.2f}"),
              _f(m["peak_tflops"], "{:.0f}"), _f(None if m.get("mfu") is None else 100 * m["mfu"], "{:.1f}%"),
              m.get("peak_source", "")]
             for m in mfu
@@ -142,7 +196,7 @@ def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
     rows = []
     for d in ranks[:_MAX_RANK_ROWS]:
         rows.append([
-            str(d["rank"]), str(d["host"]), _f(d["lost_ms_per_step"], "{:.2f}"), _f(d["blame_ms_per_step"], "{:.2f}"),
+            str(d["rank"]), _name(d["host"]), _f(d["lost_ms_per_step"], "{:.2f}"), _f(d["blame_ms_per_step"], "{:.2f}"),
             _f(d["mean_lateness_ms"], "{:.2f}"), _f(100 * d["late_fraction"], "{:.0f}%"),
             _f(d["clock_free_lateness_ms"], "{:.2f}"), "STRAGGLER" if d["named"] else "",
         ])
@@ -153,7 +207,7 @@ def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
         out.append(st.dim(f"  ... {len(ranks) - _MAX_RANK_ROWS} more ranks in report.json"))
     hosts = [h for h in info.get("hosts", []) if h.get("named")]
     for h in hosts:
-        out.append(st.red(f"  slow host {h['host']} (ranks {h['ranks']}): {_f(h['mean_lateness_ms'], '{:.2f}')} ms"
+        out.append(st.red(f"  slow host {_name(h['host'])} (ranks {h['ranks']}): {_f(h['mean_lateness_ms'], '{:.2f}')} ms"
                           f" mean lateness, last in {100 * h['late_fraction']:.0f}% of collectives"))
     cf = info.get("clock_free", {})
     if cf.get("agrees") is False:
@@ -171,7 +225,7 @@ def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
 def _root_cause(report: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for rc in report.get("root_cause", []):
-        out.append(f"Root cause, rank {rc['rank']} ({rc['host']}, {rc['n_steps']} steps vs. the other ranks' median):")
+        out.append(f"Root cause, rank {rc['rank']} ({_name(rc['host'])}, {rc['n_steps']} steps vs. the other ranks' median):")
         if not rc["ops"]:
             out.append("  no op took longer than on the other ranks")
         for op in rc["ops"][:5]:

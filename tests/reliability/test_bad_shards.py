@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import one_error_line, run_cli
+from reliability_helpers import one_error_line, run_cli
 from shard_factory import BAD_NAME, BAD_SHARDS, TOLERATED, WORLD_SIZE, copy_run, good_run, skipped_path
 
 from distprof.analysis.run import load_run

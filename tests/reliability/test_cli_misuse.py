@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import one_error_line, run_cli
+from reliability_helpers import one_error_line, run_cli
 from shard_factory import WORLD_SIZE
 
 #: address-space limit of the processes that get absurd ranges: what the run needs, far below what the ranges ask

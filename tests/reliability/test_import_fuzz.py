@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import one_error_line, run_cli
+from reliability_helpers import one_error_line, run_cli
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 

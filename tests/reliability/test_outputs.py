@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import one_error_line, run_cli
+from reliability_helpers import one_error_line, run_cli
 
 #: (argv before the path, argv after it) per file output
 FILE_OUTPUTS = {
@@ -118,18 +118,24 @@ def test_an_unwritable_place_is_one_line(good_run_dir, tmp_path, kind):
 
 @pytest.mark.timeout(60)
 def test_json_to_dev_stdout_follows_the_summary_in_a_redirected_file(good_run_dir, tmp_path):
-    """``--json /dev/stdout > out.txt``: the report goes through stdout after the summary (not over the file)."""
+    """``--json /dev/stdout > out.txt``: the report goes through stdout after the summary (not over the file).
+
+    The path is a link of our own to /proc/self/fd/1, as /dev/stdout is: a regression replaces that link, never the
+    system's /dev/stdout (the code before this test replaced /dev/stdout itself, as root)."""
+    stdout = tmp_path / "stdout"
+    stdout.symlink_to("/proc/self/fd/1")
     out = tmp_path / "out.txt"
     with open(out, "wb") as fh:
         proc = subprocess.run([sys.executable, "-m", "distprof", "report", str(good_run_dir), "--json",
-                               "/dev/stdout", "--no-progress"], stdout=fh, stderr=subprocess.PIPE, timeout=50)
+                               str(stdout), "--no-progress"], stdout=fh, stderr=subprocess.PIPE, timeout=50)
     assert proc.returncode == 0, proc.stderr
+    assert stdout.is_symlink()
     text = out.read_text()
     assert text.startswith("distprof report: run good")
     start = text.index('{\n "format"')
     end = text.rindex("}") + 1
     assert json.loads(text[start:end])["format"] == "distprof-report"
-    assert text[end:].strip() == "report written to /dev/stdout"
+    assert text[end:].strip() == f"report written to {stdout}"
 
 
 @pytest.mark.timeout(60)
