@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import BadShardError
 from . import schema
-from .validate import H5_ERRORS, h5_message, check_attrs, open_h5, read_attrs
+from .validate import H5_ERRORS, MAX_WORLD_SIZE, check_attrs, h5_message, open_h5, read_attrs
 
 _NAME_RE = re.compile(r"rank(\d+)\.w(\d+)\.h5$")
 
@@ -126,13 +126,25 @@ def find_shards(run_dir: os.PathLike | str) -> list[Path]:
     return [p for _, _, p in sorted(found)]
 
 
+#: Status files larger than this are not read (a capture writes a few kB).
+MAX_STATUS_BYTES = 16 << 20
+
+
 def read_status(run_dir: os.PathLike | str) -> dict[int, dict]:
-    """Per-rank status files (written at close): rank -> status dict."""
+    """Per-rank status files (written at close): rank -> status dict. A file that is not a JSON object with an
+    integer ``rank`` is ignored; ``errors`` is always a list."""
     out = {}
     for p in Path(run_dir).glob("rank*.status.json"):
         try:
-            doc = json.loads(p.read_text())
-            out[int(doc["rank"])] = doc
-        except (OSError, ValueError, KeyError):
+            if p.stat().st_size > MAX_STATUS_BYTES:
+                continue
+            doc = json.loads(p.read_bytes())
+        except (OSError, ValueError, RecursionError):
             continue
+        rank = doc.get("rank") if isinstance(doc, dict) else None
+        if rank.__class__ is not int or not 0 <= rank < MAX_WORLD_SIZE:
+            continue
+        if not isinstance(doc.get("errors"), list):
+            doc["errors"] = []
+        out[rank] = doc
     return out

@@ -124,3 +124,16 @@ def test_bad_utf8_in_the_string_table_is_read_not_rejected(good_run_dir, tmp_pat
     m = load_run(run, progress=False)
     assert m.ranks_present == list(range(WORLD_SIZE)) and not m.skipped_shards
     assert any("\ufffd" in str(n) for n in m.names)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("content", [b"[]", b'{"rank": "x"}', b'{"rank": true, "errors": []}', b"\xff\xfe\x00",
+                                     b'{"rank": 1, "errors": {"stage": "write"}}', b'{"rank": 1, "errors": 5}',
+                                     b'{"rank": 99999999999999}', b"[" * 100_000, b'{"rank": 1, "errors": [7, null]}'])
+def test_bad_status_files_are_ignored(good_run_dir, tmp_path, content):
+    """TypeError before on a status file that is a JSON list; KeyError/TypeError on errors that are not a list."""
+    run = copy_run(good_run_dir, tmp_path / "run")
+    (run / BAD_NAME).unlink()
+    (run / "rank00001.status.json").write_bytes(content)
+    rc, out, err = run_cli(["report", run, "--no-progress"])
+    assert rc == 0 and "rank(s) 1 of 0..2 have no shard" in err
