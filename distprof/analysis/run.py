@@ -25,7 +25,7 @@ from ..errors import BadShardError, IncompleteRunError
 from ..progress import progress_enabled
 from ..storage import schema
 from ..storage.reader import Shard, find_shards, read_status
-from ..storage.validate import SkippedShard, check_ids, select_shards, strict_error
+from ..storage.validate import SkippedShard, check_values, select_shards, strict_error
 from .clock import ClockModel, RankClockInfo, estimate_clocks
 from .matching import match_collectives
 from .model import MergedRun
@@ -115,7 +115,7 @@ def load_run(
             names = s.names
             clock_tab = s.table("clock/samples") if s.attrs.get("clock_role") in ("leader", None) \
                 and s.has("clock/samples") else None
-            check_ids(s.path, s.attrs, {**tabs, "clock/samples": clock_tab or {}}, len(names))
+            check_values(s.path, s.attrs, {**tabs, "clock/samples": clock_tab or {}}, len(names))
         except BadShardError as e:
             if strict:
                 raise strict_error(e) from None
@@ -333,7 +333,7 @@ def _concat(shards: list[Shard], per_shard: list[dict[str, Table]], remaps, pg_m
         n_ev = len(tabs["events"]["ts_ns"])
         for t, col in (("events", "name_id"), ("threads", "name_id"), ("comms", "op_id"),
                        ("cuda_memory_blocks", "frame_id"), ("cuda_memory_blocks", "user_frame_id")):
-            if col in tabs[t] and len(tabs[t][col]):  # in range: storage.validate.check_ids
+            if col in tabs[t] and len(tabs[t][col]):  # in range: storage.validate.check_values
                 tabs[t][col] = remap[tabs[t][col]]
         tabs["comms"]["row"] = tabs["comms"]["row"].astype(np.int64) + ev_offset
         tabs["comms"]["pg"] = _remap_pg(tabs["comms"]["pg"], lut)

@@ -1,7 +1,7 @@
 """Check a shard against the schema before anything uses it, and pick the shards of one run from a directory.
 
     shard = check_shard(path)            # a Shard, or BadShardError(path, reason): one line, never a traceback
-    check_ids(path, shard.attrs, {"events": shard.table("events")}, len(shard.names))
+    check_values(path, shard.attrs, {"events": shard.table("events")}, len(shard.names))
     sel = select_shards(find_shards(run_dir))   # the shards of the majority run; the others in sel.skipped
 
 What :func:`check_shard` guarantees of a shard it returns (so that no later stage can raise on it, or allocate by a
@@ -17,9 +17,10 @@ value it holds):
   its data is physically in the file (so its size is bounded by the file's: no dataset of 10^12 unwritten rows).
   A column missing from a present group is an error, except those a newer minor version added
   (``schema.MISSING_DEFAULTS``: the reader fills them).
-* **ids** (:func:`check_ids`, on the columns as a reader loads them): every column that indexes something is in
-  range: ``name_id``/``op_id``/frame ids below the string table's length, ``comms.row`` inside ``/events``, ``pg``
-  either −1 or an index of ``process_groups``, clock ``peer`` a rank, ``step`` −1 or more.
+* **values** (:func:`check_values`, on the columns as a reader loads them): every column that indexes something is
+  in range: ``name_id``/``op_id``/frame ids below the string table's length, ``comms.row`` inside ``/events``, ``pg``
+  either −1 or an index of ``process_groups``, clock ``peer`` a rank, ``step`` −1 or more; times and durations are
+  in 0..2^62 ns, steps end after they start, clock samples are round trips (0..2^40 ns) with an offset under 2^52 ns.
 
 Activity, category and role codes are not checked: readers tolerate codes they do not know (a newer writer's).
 """
@@ -45,7 +46,7 @@ from . import schema
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_shard", "check_attrs", "check_ids", "select_shards", "ShardSelection", "SkippedShard",
+__all__ = ["check_shard", "check_attrs", "check_values", "select_shards", "ShardSelection", "SkippedShard",
            "MAX_WORLD_SIZE", "MAX_WINDOW", "job_id"]
 
 #: Largest world size a shard may claim (readers size per-rank tables by it).
@@ -349,9 +350,11 @@ ID_COLUMNS = (
 )
 
 
-def check_ids(path: os.PathLike | str, attrs: Mapping[str, Any], tables: Mapping[str, Mapping[str, np.ndarray]],
-              n_names: int) -> None:
-    """Every id column in `tables` (a shard's columns as read) indexes what it should. Raises BadShardError.
+def check_values(path: os.PathLike | str, attrs: Mapping[str, Any], tables: Mapping[str, Mapping[str, np.ndarray]],
+                 n_names: int) -> None:
+    """Every id column in `tables` (a shard's columns as read) indexes what it should; times and durations are in
+    0..2^62 (steps end after they start, clock samples are round trips of a sane length and offset). Raises
+    BadShardError.
 
     Checked on the arrays a reader loaded, so what is used is what was checked, and nothing is read twice.
     """
@@ -389,6 +392,49 @@ def check_ids(path: os.PathLike | str, attrs: Mapping[str, Any], tables: Mapping
         step = tables.get(table, {}).get("step")
         if step is not None and len(step) and int(step.min()) < -1:
             raise BadShardError(path, f"/{table}/step {int(step.min())} is below -1 (outside every step); {_FIX}")
+    _check_times(path, tables)
+
+
+#: (table, column, lowest value): times (ns since the epoch, or of a monotonic clock) and durations, all below
+#: MAX_NS so that every sum the readers form (ts + dur, + a clock offset) stays inside int64.
+TIME_COLUMNS = (
+    ("events", "ts_ns", 0), ("events", "dur_ns", 0), ("steps", "start_ns", 0), ("steps", "end_ns", 0),
+    ("memory", "ts_ns", 0), ("cuda_memory", "peak_ns", 0), ("cuda_memory_blocks", "ts_ns", 0),
+    ("cuda_memory_blocks", "lifetime_ns", -1), ("clock/samples", "t_send_ns", 0),
+    ("clock/samples", "t_remote_ns", 0), ("clock/samples", "t_recv_ns", 0), ("clock/local", "time_ns", 0),
+    ("clock/local", "monotonic_ns", 0), ("clock/local", "perf_counter_ns", 0),
+)
+MAX_NS = 1 << 62
+#: Clock samples: a round trip longer than this (about 18 minutes), or a clock further off the reference than
+#: MAX_OFFSET_NS (about 52 days), is not a measurement.
+MAX_RTT_NS = 1 << 40
+MAX_OFFSET_NS = 1 << 52
+
+
+def _check_times(path, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+    for table, col, lo in TIME_COLUMNS:
+        v = tables.get(table, {}).get(col)
+        if v is None or not len(v):
+            continue
+        vmin, vmax = int(v.min()), int(v.max())
+        if vmin < lo or vmax >= MAX_NS:
+            bad = vmin if vmin < lo else vmax
+            raise BadShardError(path, f"/{table}/{col} {bad} is outside {lo}..2^62 (not a time or duration in ns); "
+                                      f"{_FIX}")
+    st = tables.get("steps", {})
+    if "start_ns" in st and "end_ns" in st and len(st["start_ns"]) and bool((st["end_ns"] < st["start_ns"]).any()):
+        raise BadShardError(path, f"/steps: a step ends before it starts; {_FIX}")
+    cs = tables.get("clock/samples", {})
+    if all(c in cs for c in ("t_send_ns", "t_remote_ns", "t_recv_ns")) and len(cs["t_send_ns"]):
+        send, remote, recv = (np.asarray(cs[c], np.int64) for c in ("t_send_ns", "t_remote_ns", "t_recv_ns"))
+        rtt = recv - send
+        if int(rtt.min()) < 0 or int(rtt.max()) > MAX_RTT_NS:
+            raise BadShardError(path, f"/clock/samples: a round trip of {int(rtt.min() if rtt.min() < 0 else rtt.max())}"
+                                      f" ns (answers before their question, or beyond 2^40 ns); {_FIX}")
+        off = remote - (send + rtt // 2)
+        if int(np.abs(off).max()) > MAX_OFFSET_NS:
+            raise BadShardError(path, f"/clock/samples: a clock offset of {int(np.abs(off).max())} ns (beyond 2^52 ns, "
+                                      f"about 52 days); {_FIX}")
 
 
 def _span(values: set[int]) -> str:
@@ -435,7 +481,7 @@ def h5_message(e: BaseException) -> str:
 def check_shard(path: os.PathLike | str):
     """Open `path` and check its attributes and layout (metadata only: no column is read); return its Shard.
 
-    The ids are checked on the columns as they are read (:func:`check_ids`). Raises BadShardError.
+    The ids are checked on the columns as they are read (:func:`check_values`). Raises BadShardError.
     """
     from .reader import Shard
 

@@ -252,6 +252,15 @@ BAD_SHARDS: dict[str, BadKind] = {
     "clock_peer_not_a_rank": BadKind(_replace("clock/samples/peer", _full(99, "i4")),
                                      L("/clock/samples/peer holds rank 99")),
     "corrupt_data_chunk": BadKind(_corrupt_chunk("events/ts_ns"), L("cannot read /events"), at_read=True),
+    # times (OverflowError / LinAlgError in the clock fit before)
+    "ts_beyond_2_62": BadKind(_replace("events/ts_ns", _full(2**62 + 5, "i8")),
+                              L("/events/ts_ns 4611686018427387909 is outside 0..2^62")),
+    "negative_dur": BadKind(_replace("events/dur_ns", _full(-7, "i8")), L("/events/dur_ns -7 is outside 0..2^62")),
+    "step_ends_before_it_starts": BadKind(_replace("steps/end_ns", _full(1, "i8")), L("a step ends before it starts")),
+    "clock_answer_before_question": BadKind(_replace("clock/samples/t_recv_ns", _full(5, "i8")),
+                                            L("/clock/samples: a round trip of")),
+    "clock_offset_absurd": BadKind(_replace("clock/samples/t_remote_ns", _full(2**61, "i8")),
+                                   L("/clock/samples: a clock offset of")),
     # the directory
     "duplicate_copy": BadKind(_duplicate, r"rank \d+ window 0 is also in rank\d{5}\.w0000\.h5; remove the copy"),
     "other_run": BadKind(_other_run, r"run_id 'some-other-run' differs from 'good' in \d+ other shard\(s\)"),
