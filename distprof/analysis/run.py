@@ -104,34 +104,12 @@ def load_run(
                 + ", ".join(f"{a}..{b}" for a, b in spans) + "); pick steps inside a recorded window")
         shards = kept
 
-    want = _columns(columns)
-    per_shard: list[dict[str, Table]] = []
-    names_list: list[np.ndarray] = []
-    samples: dict[tuple[int, int], Table] = {}
-    readable: list[Shard] = []
-    for s in _bar(shards, show, "reading shards"):
-        try:  # check_shard looked at the attributes and layout; ids are checked on what is read
-            tabs = {t: s.table(t, want[t]) for t in TABLES}
-            names = s.names
-            clock_tab = s.table("clock/samples") if s.attrs.get("clock_role") in ("leader", None) \
-                and s.has("clock/samples") else None
-            check_values(s.path, s.attrs, {**tabs, "clock/samples": clock_tab or {}}, len(names))
-        except BadShardError as e:
-            if strict:
-                raise strict_error(e) from None
-            skipped.append(SkippedShard(Path(e.path), e.reason))
-            warnings.append(f"skipped {e.path}: {e.reason}")
-            continue
-        readable.append(s)
-        per_shard.append(tabs)
-        names_list.append(names)
-        if clock_tab is not None and len(clock_tab["phase"]):
-            samples[(s.rank, s.window)] = clock_tab
-    if not readable:
+    shards, per_shard, names_list, samples = _read(_bar(shards, show, "reading shards"), _columns(columns), strict,
+                                                   skipped, warnings)
+    if not shards:
         raise IncompleteRunError(f"{run_dir}: no readable shard ({len(skipped)} skipped, first "
                                  f"{skipped[0].path}: {skipped[0].reason})")
     lost = {sk.path for sk in skipped}
-    shards = readable
 
     all_ranks = sorted({s.rank for s in listed if s.path not in lost})
     ranks_missing = sorted(set(range(world_size)) - set(all_ranks))
@@ -207,6 +185,36 @@ def _bar(items: Sequence, show: bool, desc: str):
     from tqdm import tqdm
 
     return tqdm(items, desc=desc, unit="shard", file=sys.stderr, leave=False)
+
+
+def _read(shards: Iterable[Shard], want: dict[str, list[str] | None], strict: bool, skipped: list[SkippedShard],
+          warnings: list[str]):
+    """Each shard's tables, string table and clock samples, their values checked (storage.validate.check_values; the
+    attributes and layout were checked when the shard was opened). A shard that fails is left out: named in
+    `skipped` and `warnings`, or (strict) raised. Returns (shards read, their tables, their strings, samples)."""
+    readable: list[Shard] = []
+    per_shard: list[dict[str, Table]] = []
+    names_list: list[np.ndarray] = []
+    samples: dict[tuple[int, int], Table] = {}
+    for s in shards:
+        try:
+            tabs = {t: s.table(t, want[t]) for t in TABLES}
+            names = s.names
+            clock_tab = s.table("clock/samples") if s.attrs.get("clock_role") in ("leader", None) \
+                and s.has("clock/samples") else None
+            check_values(s.path, s.attrs, {**tabs, "clock/samples": clock_tab or {}}, len(names))
+        except BadShardError as e:  # a damaged data chunk, an id or a time out of range
+            if strict:
+                raise strict_error(e) from None
+            skipped.append(SkippedShard(Path(e.path), e.reason))
+            warnings.append(f"skipped {e.path}: {e.reason}")
+            continue
+        readable.append(s)
+        per_shard.append(tabs)
+        names_list.append(names)
+        if clock_tab is not None and len(clock_tab["phase"]):
+            samples[(s.rank, s.window)] = clock_tab
+    return readable, per_shard, names_list, samples
 
 
 def _missing_ranks_message(run_dir: Path, missing: list[int], world_size: int) -> str:

@@ -41,7 +41,7 @@ from ..events import classify
 from ..events.classify import CommArgs
 from ..events.tables import Columns, Strings
 from ..storage import schema
-from ..storage.validate import MAX_WORLD_SIZE
+from ..storage.validate import MAX_NS, MAX_WORLD_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,7 @@ _K_KERNEL = schema.KIND_CODE["kernel"]
 _K_INSTANT = schema.KIND_CODE["cpu_instant_event"]
 _K_TRACE = -1  # cat "Trace": the profiler's own span, skipped
 _FLOAT_EXACT_LIMIT = 2.0 ** 43  # below it a 3-decimal µs value survives float64 (half spacing < 0.5 ns)
-#: Times and durations (ns) must lie in 0 <= t < 2^62 (year 2116): ts + dur and every later sum stay inside int64.
-MAX_NS = 1 << 62
+# Times and durations (ns) must lie in 0 <= t < MAX_NS = 2^62 (year 2116), as storage.validate requires of a shard.
 _I64 = (-(1 << 63), (1 << 63) - 1)
 _MAX_DEVICE = (1 << 15) - 1  # the shard's device column is int16
 _MAX_STEP = (1 << 31) - 1  # the shard's step column is int32
