@@ -1,4 +1,8 @@
-"""Helpers of the reliability suite: run the CLI in this process and capture what a user would see."""
+"""Helpers of the reliability suite: run the CLI in this process and capture what a user would see.
+
+(No conftest.py here: a second module named conftest would shadow tests/conftest.py, which other test modules
+import by name.)
+"""
 
 from __future__ import annotations
 
@@ -23,3 +27,4 @@ def one_error_line(err: str) -> str:
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("distprof: error: "), err
     return lines[0]
+

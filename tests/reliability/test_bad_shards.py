@@ -21,6 +21,12 @@ FAMILIES = ["garbage_after_header_20k", "window_is_a_string", "float_ids", "forg
             "corrupt_data_chunk", "duplicate_copy", "other_run"]
 
 
+@pytest.fixture(scope="module")
+def good_run_dir(tmp_path_factory):
+    """A valid 3-rank run (shard_factory.good_run) for the tests of this module to copy or read."""
+    return good_run(tmp_path_factory.mktemp("good"))
+
+
 def _bad_run(base, tmp_path, kind):
     run = copy_run(base, tmp_path / "run")
     BAD_SHARDS[kind].apply(run / BAD_NAME)

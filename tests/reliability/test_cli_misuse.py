@@ -11,10 +11,16 @@ import time
 
 import pytest
 from reliability_helpers import one_error_line, run_cli
-from shard_factory import WORLD_SIZE
+from shard_factory import WORLD_SIZE, good_run
 
 #: address-space limit of the processes that get absurd ranges: what the run needs, far below what the ranges ask
 MEMORY_LIMIT = 2 << 30
+
+
+@pytest.fixture(scope="module")
+def good_run_dir(tmp_path_factory):
+    """A valid 3-rank run (shard_factory.good_run) for the tests of this module to copy or read."""
+    return good_run(tmp_path_factory.mktemp("good"))
 
 
 def _limited(argv: list, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from reliability_helpers import one_error_line, run_cli
+from shard_factory import good_run
 
 #: (argv before the path, argv after it) per file output
 FILE_OUTPUTS = {
@@ -20,6 +21,12 @@ FILE_OUTPUTS = {
     "report --html": (["report", "{run}", "--html"], []),
     "timeline -o": (["timeline", "{run}", "-o"], []),
 }
+
+
+@pytest.fixture(scope="module")
+def good_run_dir(tmp_path_factory):
+    """A valid 3-rank run (shard_factory.good_run) for the tests of this module to copy or read."""
+    return good_run(tmp_path_factory.mktemp("good"))
 
 
 def _argv(kind: str, run: Path, target: Path) -> list:
