@@ -71,6 +71,10 @@ def _safe(x: Any) -> Any:
     return x
 
 
+#: Report sections of numbers only (one record per rank and step: large), left as they are by _safe.
+_NUMERIC_SECTIONS = frozenset({"steps"})
+
+
 def _name(x: Any, limit: int = 64) -> str:
     """A host, run id or device as a bounded name."""
     return display_name(str(x), limit)
@@ -117,7 +121,7 @@ def _wrap(text: str, first: str, rest: str) -> list[str]:
 
 def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3) -> str:
     """The terminal summary as one string (ends with a newline); every string from the report terminal-safe."""
-    report = _safe(report)
+    report = {k: v if k in _NUMERIC_SECTIONS else _safe(v) for k, v in report.items()}
     st = _Style(color)
     out: list[str] = []
     run = report.get("run", {})
