@@ -374,3 +374,15 @@ def test_real_traces_import_without_malformed_warnings(tmp_path, caplog, sub):
     caplog.set_level("WARNING", logger="distprof")
     import_traces([DATA / sub], tmp_path / "r", rank=0, progress=False)
     assert not [r for r in caplog.records if "malformed" in r.getMessage()]
+
+
+def test_json_without_an_event_boundary_is_refused_not_read_whole(tmp_path, monkeypatch):
+    """A file that never reaches "traceEvents" (or an event that never ends) was read into memory whole."""
+    monkeypatch.setattr(kineto, "MAX_PENDING_BYTES", 1 << 20)
+    for name, text in (("rank-0.json", '{"meta": "' + "x" * (3 << 20) + '", "traceEvents": []}'),
+                       ("rank-1.json", '{"traceEvents": [{"name": "' + "y" * (3 << 20) + '"}]}'),
+                       ("rank-2.json", '{"traceEvents": [], "tail": "' + "z" * (3 << 20) + '"}')):
+        p = tmp_path / name
+        p.write_text(text)
+        with pytest.raises(DistprofError, match=rf"{name}: over 1 MB of JSON without the end of an event"):
+            read_kineto(p)

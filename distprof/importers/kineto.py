@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 __all__ = ["KinetoTrace", "read_kineto", "read_header", "TraceFormatError", "READ_BYTES"]
 
 READ_BYTES = 1 << 17  # 128 KiB: parsed, a slice takes ~20x its size in Python objects
+#: Most JSON held unparsed at once: the part before "traceEvents", one event, the part after the list (a Kineto trace
+#: needs a few kB; a file that needs more is refused instead of read into memory whole).
+MAX_PENDING_BYTES = 64 << 20
 _MAX_TRIES = 4  # candidate cuts tried per slice before reading more
 
 _TE_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -129,6 +132,9 @@ class _Reader:
     def more(self) -> bool:
         if self.eof:
             return False
+        if len(self.buf) > MAX_PENDING_BYTES:
+            raise TraceFormatError(f"{self.path}: over {MAX_PENDING_BYTES >> 20} MB of JSON without the end of an "
+                                   "event (or of the part before \"traceEvents\"); not a Kineto trace distprof reads")
         chunk = self.fh.read(READ_BYTES)
         if not chunk:
             self.eof = True
