@@ -25,7 +25,8 @@ from ..errors import BadShardError, IncompleteRunError
 from ..progress import progress_enabled
 from ..storage import schema
 from ..storage.reader import Shard, find_shards, read_status
-from ..storage.validate import SkippedShard, check_values, select_shards, strict_error
+from ..storage.selection import SkippedShard, select_shards, strict_error
+from ..storage.validate import check_values
 from .clock import ClockModel, RankClockInfo, estimate_clocks
 from .matching import match_collectives
 from .model import MergedRun
