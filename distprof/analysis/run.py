@@ -71,10 +71,10 @@ def load_run(
     strict: any bad shard (storage.validate.check_shard), shard of another run, missing rank or missing window is an
         error (BadShardError / IncompleteRunError) instead of a warning.
 
-    Every shard is checked before use (storage.validate, storage.selection): a bad one, or one of another run (run_id / job /
-    world_size / schedule differ from the majority's), is left out and named in ``MergedRun.warnings`` and
-    ``MergedRun.skipped_shards``; missing ranks or windows are named in the warnings; loading carries on. Raises
-    IncompleteRunError when there is nothing to load.
+    Every shard is checked before use (storage.validate, storage.selection): a bad one, or one of another run
+    (run_id / job / world_size / schedule differ from the majority's), is left out and named in
+    ``MergedRun.warnings`` and ``MergedRun.skipped_shards``; missing ranks or windows are named in the warnings;
+    loading carries on. Raises IncompleteRunError when there is nothing to load.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
