@@ -4,7 +4,8 @@
 
 Each subcommand lives in ``distprof/commands/<name>.py``.
 
-User errors (``DistprofError``) print one line ``distprof: error: ...`` to stderr and exit 2; no traceback.
+User errors (``DistprofError``) print one line ``distprof: error: ...`` to stderr and exit 2; no traceback. Every
+line echoing names from traces or shards (errors, log warnings) is terminal-safe (render.console.terminal_text).
 The analysis side never imports torch.
 """
 
@@ -35,15 +36,37 @@ def get_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _StderrHandler(logging.Handler):
+    """Log records as ``distprof: LEVEL: message`` lines on whatever ``sys.stderr`` is when they are emitted (so
+    ``main()`` called with a redirected stderr logs there too). Messages echo names from traces and shards: they are
+    made terminal-safe (one line, no control characters)."""
+
+    _distprof_cli = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from .render.console import terminal_text  # here: `distprof --help` stays free of numpy/h5py
+
+        try:
+            safe = logging.makeLogRecord({**record.__dict__, "msg": terminal_text(record.getMessage()), "args": None})
+            sys.stderr.write(self.format(safe) + "\n")
+        except Exception:  # noqa: BLE001 -- logging must never raise (a closed or broken stderr)
+            self.handleError(record)
+
+
 def _setup_logging(verbose: int) -> None:
     log = logging.getLogger("distprof")
+    log.setLevel(logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG)
     if any(getattr(h, "_distprof_cli", False) for h in log.handlers):
         return
-    h = logging.StreamHandler(sys.stderr)
+    h = _StderrHandler()
     h.setFormatter(logging.Formatter("distprof: %(levelname)s: %(message)s"))
-    h._distprof_cli = True  # type: ignore[attr-defined]
     log.addHandler(h)
-    log.setLevel(logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG)
+
+
+def _terminal_text(e: BaseException) -> str:
+    from .render.console import terminal_text
+
+    return terminal_text(e)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,14 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except DistprofError as e:
-        print(f"distprof: error: {e}", file=sys.stderr)
+        print(f"distprof: error: {_terminal_text(e)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `distprof report RUN | head`: the reader left; no error, no traceback
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except OSError as e:  # unwritable --json path and the like: a user problem, not a bug
-        print(f"distprof: error: {e}", file=sys.stderr)
+        print(f"distprof: error: {_terminal_text(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("distprof: interrupted", file=sys.stderr)

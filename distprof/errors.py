@@ -13,5 +13,19 @@ class ShardFormatError(DistprofError):
     """A shard file is missing, unreadable, or written by an incompatible distprof."""
 
 
+class BadShardError(ShardFormatError):
+    """One shard fails a check: ``path`` and ``reason`` (the message without the path), for lists of what was
+    skipped."""
+
+    def __init__(self, path, reason: str):
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
 class IncompleteRunError(DistprofError):
     """A run directory lacks the shards an operation needs."""
+
+
+class OutputError(DistprofError, OSError):
+    """An output path cannot be written (a directory, a full device, no permission, ...)."""

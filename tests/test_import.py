@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
+import re
 from decimal import Decimal
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 
 from distprof.analysis.report import build_report
+from distprof.analysis.run import load_run
 from distprof.cli import main
 from distprof.errors import DistprofError
 from distprof.importers import kineto
@@ -128,6 +132,122 @@ def test_malformed_events_are_counted_and_named(tmp_path, caplog):
     assert len(read_shard(find_shards(tmp_path / "r")[0]).table("events", ["ts_ns"])["ts_ns"]) == 1
 
 
+_OK = {"ph": "X", "cat": "cpu_op", "name": "ok", "pid": 1, "tid": 1, "ts": 1_700_000_000_000_000, "dur": 5}
+
+
+def _doc(events, **top) -> str:
+    return json.dumps({"distributedInfo": {"rank": 0, "world_size": 1}, **top,
+                       "traceEvents": [_OK, {**_OK, "name": "ProfilerStep#1", "cat": "user_annotation"}, *events]})
+
+
+@pytest.mark.parametrize("event, why", [
+    ({"ts": 2**63}, "ts or dur out of range"),  # OverflowError before
+    ({"dur": 2**64}, "ts or dur out of range"),
+    ({"dur": -4}, "negative dur"),
+    ({"tid": 2**63}, "tid, flops or correlation out of range"),
+    ({"args": {"flops": 2**63}}, "tid, flops or correlation out of range"),
+    ({"args": {"correlation": 2**64 - 1}}, "tid, flops or correlation out of range"),
+    ({"cat": "kernel", "pid": 0, "args": {"device": 40000, "stream": 7}}, "device id out of range"),
+    ({"cat": "kernel", "args": {"device": -2, "stream": 7}}, "device id out of range"),
+    ({"name": "ProfilerStep#x", "cat": "user_annotation"}, "ProfilerStep# name without a step number"),
+    ({"name": "ProfilerStep#99999999999", "cat": "user_annotation"}, "ProfilerStep# name without a step number"),
+])
+def test_out_of_range_values_skip_their_event_counted_never_wrapped(tmp_path, event, why, caplog):
+    src = tmp_path / "rank-0.json"
+    src.write_text(_doc([{**_OK, "name": "bad", **event}]))
+    caplog.set_level("WARNING", logger="distprof")
+    res = import_traces([src], tmp_path / "run", progress=False)
+    assert any(f"rank-0.json: skipped 1 malformed event(s) (1 {why}" in r.getMessage() for r in caplog.records)
+    m = load_run(res.run_dir)
+    assert "bad" not in set(m.names[m.events["name_id"]]) and not m.skipped_shards
+    assert m.steps["step"].tolist() == [1]
+
+
+def test_scalar_args_of_metadata_events_are_ignored(tmp_path):
+    """AttributeError before: a thread_name metadata event whose args is a number."""
+    src = tmp_path / "rank-0.json"
+    src.write_text(_doc([{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": 5},
+                         {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": ["x"]}]))
+    assert import_traces([src], tmp_path / "run", progress=False).n_events == 4
+
+
+def test_values_out_of_range_in_collective_args_are_left_unknown(tmp_path, caplog):
+    ev = {**_OK, "name": "record_param_comms", "args": {"Collective name": "allreduce", "Group size": 2**40,
+                                                        "In msg nelems": 2**70, "dtype": "Float", "Seq": 2**64,
+                                                        "Process Group Ranks": [0, 2**70]}}
+    src = tmp_path / "rank-0.json"
+    src.write_text(_doc([ev]))
+    caplog.set_level("WARNING", logger="distprof")
+    res = import_traces([src], tmp_path / "run", progress=False)
+    (msg,) = [r.getMessage() for r in caplog.records if "out-of-range" in r.getMessage()]
+    assert "ignored 4 out-of-range value(s)" in msg and "collective group_size out of range" in msg
+    cm = load_run(res.run_dir).comms
+    assert cm["bytes"].tolist() == [-1] and cm["group_size"].tolist() == [-1] and cm["nccl_seq"].tolist() == [-1]
+
+
+def test_times_beyond_int64_after_the_base_time_are_skipped(tmp_path, caplog):
+    base = 2**62 - 10**12
+    src = tmp_path / "rank-0.json"
+    src.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 1}, "baseTimeNanoseconds": base,
+                               "traceEvents": [{**_OK, "ts": 1.0}, {**_OK, "name": "late", "ts": 2 * 10**9}]}))
+    caplog.set_level("WARNING", logger="distprof")
+    res = import_traces([src], tmp_path / "run", progress=False)
+    assert any("1 ts out of range" in r.getMessage() for r in caplog.records)
+    m = load_run(res.run_dir)
+    assert m.events["ts_ns"].tolist() == [base + 1000]
+
+
+@pytest.mark.parametrize("content, match", [
+    # measured: a corrupt gzip body raised zlib.error
+    (lambda: gzip.compress(_doc([]).encode(), mtime=0)[:30] + b"\xff" * 40 + gzip.compress(b"x")[30:],
+     r"rank-0\.json\.gz: cannot read \(corrupt gzip data"),
+    (lambda: gzip.compress(_doc([]).encode(), mtime=0)[:-12], r"rank-0\.json\.gz: cannot read \(the gzip stream ends"),
+    # measured: a second traceEvents key imported 0 events silently
+    (lambda: ('{"traceEvents": [], "x": 1, "traceEvents": ' + json.dumps([_OK]) + "}").encode(),
+     r"rank-0\.json\.gz: a second \"traceEvents\" key"),
+    # measured: rank -3 imported as rank-0003 (then not found); a rank >= world size counted "5/4 ranks"
+    (lambda: _doc([]).replace('"rank": 0', '"rank": -3').encode(), r"distributedInfo\.rank is -3, not a number"),
+    (lambda: _doc([]).replace('"rank": 0', '"rank": 5').replace('"world_size": 1', '"world_size": 4').encode(),
+     r"distributedInfo\.rank 5 is not below its world_size 4"),
+    (lambda: _doc([]).replace('"rank": 0', '"rank": true').encode(), r"distributedInfo\.rank is true"),
+    (lambda: _doc([]).replace('"world_size": 1', '"world_size": 1099511627776').encode(),
+     r"distributedInfo\.world_size is 1099511627776, not a number 1\.\.1048576"),
+    (lambda: _doc([], baseTimeNanoseconds=-5).encode(), r"\"baseTimeNanoseconds\" is -5, not a time"),
+])
+def test_malformed_files_are_one_line_naming_file_and_field(tmp_path, content, match):
+    src = tmp_path / "rank-0.json.gz"
+    src.write_bytes(content())
+    rc, err = _cli_err(["import", str(src), "-o", str(tmp_path / "run"), "--no-progress"])
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("distprof: error: ")
+    assert re.search(match, err), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_world_sizes_that_disagree_and_bad_flags_are_refused(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "rank-0.json").write_text(_doc([]).replace('"world_size": 1', '"world_size": 2'))
+    (d / "rank-1.json").write_text(_doc([]).replace('"rank": 0', '"rank": 1').replace('"world_size": 1', '"world_size": 8'))
+    rc, err = _cli_err(["import", str(d), "-o", str(tmp_path / "run")])
+    assert rc == 2 and "rank-1.json: distributedInfo.world_size 8 differs from 2 in rank-0.json" in err
+    assert import_traces([d], tmp_path / "ok", world_size=8, progress=False).world_size == 8
+    for flags, msg in ((["--world-size", str(2**40)], "--world-size 1099511627776: must be 1..1048576"),
+                       (["--rank", str(2**63)], "--rank 9223372036854775808: must be 0..1048575")):
+        rc, err = _cli_err(["import", str(d / "rank-0.json"), "-o", str(tmp_path / "r2"), *flags])
+        assert rc == 2 and msg in err
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    rc, err = _cli_err(["import", str(d / "rank-0.json"), "-o", str(f)])
+    assert rc == 2 and "exists and is not a directory" in err and f.read_text() == "x"
+
+
+def _cli_err(argv) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(argv)
+    return rc, err.getvalue()
+
+
 def test_cli_import_then_report(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["import", str(TF), "-o", str(out), "--no-progress"]) == 0
@@ -187,7 +307,9 @@ def test_textual_decimal_shift_edge_cases(tmp_path, compact):
     tr = read_kineto(p)
     names = tr.strings.list()
     got = {names[n]: (t, d) for n, t, d in zip(tr.columns.name_id, tr.columns.ts.tolist(), tr.columns.dur.tolist())}
-    assert got == {f"ev{i}": (t, d) for i, (_, _, t, d) in enumerate(cases)}
+    # ev3 parses exactly (-3250, -500) but a negative duration is skipped and counted, never kept
+    assert got == {f"ev{i}": (t, d) for i, (_, _, t, d) in enumerate(cases) if d >= 0}
+    assert tr.skipped == {"negative dur": 1}
     assert tr.n_inexact == 0
 
 
@@ -253,3 +375,15 @@ def test_real_traces_import_without_malformed_warnings(tmp_path, caplog, sub):
     caplog.set_level("WARNING", logger="distprof")
     import_traces([DATA / sub], tmp_path / "r", rank=0, progress=False)
     assert not [r for r in caplog.records if "malformed" in r.getMessage()]
+
+
+def test_json_without_an_event_boundary_is_refused_not_read_whole(tmp_path, monkeypatch):
+    """A file that never reaches "traceEvents" (or an event that never ends) was read into memory whole."""
+    monkeypatch.setattr(kineto, "MAX_PENDING_BYTES", 1 << 20)
+    for name, text in (("rank-0.json", '{"meta": "' + "x" * (3 << 20) + '", "traceEvents": []}'),
+                       ("rank-1.json", '{"traceEvents": [{"name": "' + "y" * (3 << 20) + '"}]}'),
+                       ("rank-2.json", '{"traceEvents": [], "tail": "' + "z" * (3 << 20) + '"}')):
+        p = tmp_path / name
+        p.write_text(text)
+        with pytest.raises(DistprofError, match=rf"{name}: over 1 MB of JSON without the end of an event"):
+            read_kineto(p)

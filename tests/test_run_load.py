@@ -103,32 +103,63 @@ def test_missing_single_shard(tmp_path):
     assert any(w.startswith("window 1: rank(s) 1 have no shard") for w in m.warnings)
 
 
-def test_run_id_mismatch_refused(tmp_path):
+def test_run_id_mismatch_skipped_and_named_or_refused_when_strict(tmp_path):
     run = make_run(tmp_path, world_size=4, attrs_override={2: {"run_id": "other-run"}})
+    m = load_run(run.run_dir)
+    assert m.ranks_present == [0, 1, 3] and m.ranks_missing == [2] and m.run_id == "synth-run"
+    assert [sk.path.name for sk in m.skipped_shards] == ["rank00002.w0000.h5"]
+    assert "run_id 'other-run' differs from 'synth-run'" in m.skipped_shards[0].reason
+    line = next(w for w in m.warnings if "different runs" in w)
+    assert "kept run_id 'synth-run' (3 shard(s))" in line and "1 shard(s) of run_id 'other-run'" in line
     with pytest.raises(ShardFormatError) as e:
-        load_run(run.run_dir)
+        load_run(run.run_dir, strict=True)
     msg = str(e.value)
     assert "rank00002.w0000.h5" in msg and "run_id 'other-run'" in msg and "'synth-run'" in msg
-    assert "mixes two runs" in msg and "\n" not in msg
+    assert "mixes two runs" in msg and "--strict" in msg and "\n" not in msg
 
 
-def test_world_size_and_schedule_mismatch_refused(tmp_path):
+def test_world_size_and_schedule_mismatch_skipped_or_refused_when_strict(tmp_path):
     run = make_run(tmp_path / "a", world_size=3, attrs_override={0: {"world_size": 8}})
+    m = load_run(run.run_dir)
+    assert m.world_size == 3 and m.ranks_present == [1, 2]
+    assert "world_size 8 differs from 3" in m.skipped_shards[0].reason
     with pytest.raises(ShardFormatError, match=r"rank00000\.w0000\.h5: world_size 8 differs from 3"):
-        load_run(run.run_dir)
+        load_run(run.run_dir, strict=True)
 
     def other_schedule(rank, window, tables, strings, attrs):
         if rank == 1:
             attrs["config"] = {**attrs["config"], "schedule": {**attrs["config"]["schedule"], "active": 5}}
 
     run = make_run(tmp_path / "b", world_size=3, mutate=other_schedule)
+    assert load_run(run.run_dir).ranks_present == [0, 2]
     with pytest.raises(ShardFormatError, match=r"rank00001\.w0000\.h5: config\.schedule .* different profiling"):
-        load_run(run.run_dir)
+        load_run(run.run_dir, strict=True)
 
 
-def test_newer_major_schema_refused(tmp_path):
-    run = make_run(tmp_path, world_size=2, attrs_override={1: {"schema_version": "2.0"}})
+def test_shards_of_two_jobs_with_one_run_id_are_not_merged(tmp_path):
+    """A reused run id (two Slurm job steps): shards carry a `job` identity; the majority job is kept, the other
+    named. Shards without `job` (older captures, imports) keep loading as before."""
+    def job(rank, window):
+        return {"job": {"id": "A" if window < 2 else "B", "launch_ns": 1}}
+
+    run = make_run(tmp_path, world_size=2, schedule={"repeat": 3}, attrs_override=job)
+    m = load_run(run.run_dir)
+    assert sorted({int(w) for w in m.steps["window"]}) == [0, 1]
+    assert sorted(sk.path.name for sk in m.skipped_shards) == ["rank00000.w0002.h5", "rank00001.w0002.h5"]
+    assert all("job 'B' differs from 'A'" in sk.reason for sk in m.skipped_shards)
+    with pytest.raises(ShardFormatError, match="job 'B' differs from 'A'.*reused"):
+        load_run(run.run_dir, strict=True)
+
+
+def test_newer_major_schema_skipped_or_refused(tmp_path):
+    run = make_run(tmp_path / "one", world_size=2, attrs_override={1: {"schema_version": "2.0"}})
+    m = load_run(run.run_dir)
+    assert m.ranks_present == [0]
+    assert "schema_version 2.0 is newer" in m.skipped_shards[0].reason and "upgrade distprof" in m.skipped_shards[0].reason
     with pytest.raises(ShardFormatError, match=r"rank00001\.w0000\.h5: schema_version 2\.0 is newer.*upgrade distprof"):
+        load_run(run.run_dir, strict=True)
+    run = make_run(tmp_path / "all", world_size=2, attrs_override=lambda r, w: {"schema_version": "2.0"})
+    with pytest.raises(ShardFormatError, match=r"no usable shard: 2 bad.*schema_version 2\.0 is newer.*upgrade distprof"):
         load_run(run.run_dir)
 
 

@@ -4,8 +4,8 @@ and what is missing. No event is read here. Every reader of a run starts from th
     cat = scan_run("distprof/<run-id>", steps=(10, 19))
     cat.ranks, cat.shards_of(3), cat.process_groups, cat.warnings
 
-Steps: find and open every shard (attributes only) → check they belong together (run_id, world_size, schedule) →
-one shard per (rank, window) → name missing ranks, cut or failed windows → with ``steps``, keep the shards whose
+Steps: find, open and check every shard (attributes and layout; ``storage.selection``: bad shards, shards of
+another run or job, and second copies of a rank's window are left out and listed in ``skipped``) → name missing ranks, cut or failed windows → with ``steps``, keep the shards whose
 windows overlap them → name missing windows → merge the process-group lists (one global index per group name).
 """
 
@@ -14,23 +14,22 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import IncompleteRunError, ShardFormatError
+from ..errors import IncompleteRunError
 from ..progress import progress_enabled
-from ..storage import schema
-from ..storage.reader import Shard, find_shards, read_shard, read_status
+from ..storage.reader import Shard, find_shards, read_status
+from ..storage.selection import SkippedShard, select_shards
 from .clock import RankClockInfo
 from .names import rank_ranges
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunCatalog", "scan_run", "PROGRESS_MIN_SHARDS", "bar"]
+__all__ = ["RunCatalog", "scan_run", "with_read_skips", "PROGRESS_MIN_SHARDS", "bar"]
 
 #: Shards from this many on get a progress bar (when stderr is a terminal).
 PROGRESS_MIN_SHARDS = 16
@@ -52,6 +51,8 @@ class RunCatalog:
     steps: tuple[int, int] | None = None
     warnings: list[str] = field(default_factory=list)
     windows_by_rank: dict[int, list[int]] | None = None  # window -> ranks, when there are no shards (in memory)
+    skipped: list[SkippedShard] = field(default_factory=list)  # shards left out (bad, another run, a copy), and why
+    strict: bool = False  # any bad shard is an error (read_rank raises instead of skipping)
 
     @property
     def hosts(self) -> dict[int, str]:
@@ -97,12 +98,13 @@ def bar(items: Sequence, show: bool, desc: str, unit: str = "shard"):
 
 
 def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None,
-             progress: bool | None = None) -> RunCatalog:
-    """Open every shard of `run_dir` (attributes only) and check that they form one run.
+             progress: bool | None = None, strict: bool = False) -> RunCatalog:
+    """Open and check every shard of `run_dir` (attributes and layout, ``storage.selection``) and keep one run's.
 
-    Raises IncompleteRunError when there is nothing to load, ShardFormatError when a shard is unreadable, newer than
-    this distprof, or belongs to another run (run_id / world_size / schedule differ). Missing ranks or windows are
-    named in ``warnings``.
+    A bad shard, one of another run (run_id / job / world_size / schedule differ from the majority's) or a second copy
+    of a rank's window is left out, listed in ``skipped`` and named in ``warnings``; missing ranks or windows are
+    named in ``warnings``. `strict`: each of those is an error instead (BadShardError / IncompleteRunError). Raises
+    IncompleteRunError when there is nothing to load.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -119,15 +121,16 @@ def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None
         steps = (lo, hi)
 
     show = progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
-    shards = [read_shard(p) for p in bar(paths, show, "reading shard attributes")]
-    world_size = _check_same_run(shards)
-    warnings: list[str] = []
-    shards = _dedupe(shards, warnings)
+    sel = select_shards(bar(paths, show, "checking shards"), strict=strict)  # ShardFormatError: nothing usable
+    shards, world_size = sel.shards, sel.world_size
+    warnings: list[str] = list(sel.warnings)
 
     all_ranks = sorted({s.rank for s in shards})
     ranks_missing = sorted(set(range(world_size)) - set(all_ranks))
     if ranks_missing:
         warnings.append(_missing_ranks_message(run_dir, ranks_missing, world_size))
+        if strict:
+            raise IncompleteRunError(f"{run_dir}: {warnings[-1]} (--strict: every rank needs a shard)")
     _note_shard_problems(shards, warnings)
 
     if steps is not None:
@@ -138,7 +141,8 @@ def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None
                 f"{run_dir}: no window covers steps {steps[0]}..{steps[1]} (recorded: "
                 + ", ".join(f"{a}..{b}" for a, b in spans) + "); pick steps inside a recorded window")
         shards = kept
-    _note_missing_windows(shards, warnings)
+    if _note_missing_windows(shards, warnings) and strict:
+        raise IncompleteRunError(f"{run_dir}: {warnings[-1]} (--strict: every rank needs every window)")
     first_attrs: dict[int, dict[str, Any]] = {}
     for s in shards:
         first_attrs.setdefault(s.rank, s.attrs)
@@ -146,63 +150,29 @@ def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None
     return RunCatalog(run_dir=run_dir, run_id=str(shards[0].attrs["run_id"]), world_size=world_size, shards=shards,
                       ranks=all_ranks, ranks_missing=ranks_missing, first_attrs=first_attrs,
                       process_groups=process_groups, pg_luts={s.path: lut for s, lut in zip(shards, luts)},
-                      steps=steps, warnings=warnings)
+                      steps=steps, warnings=warnings, skipped=list(sel.skipped), strict=strict)
+
+
+def with_read_skips(cat: RunCatalog, skipped: list[SkippedShard], ranks_read: set[int]) -> RunCatalog:
+    """`cat` without the shards that failed when their data was read (``rankdata.read_ranks``): they are listed in
+    ``skipped`` and named in ``warnings``; a rank that lost every shard becomes a missing rank."""
+    if not skipped:
+        return cat
+    lost = {sk.path for sk in skipped}
+    shards = [s for s in cat.shards if s.path not in lost]
+    gone = sorted({s.rank for s in cat.shards if s.path in lost} - set(ranks_read))
+    warnings = list(cat.warnings) + [f"skipped {sk.path}: {sk.reason}" for sk in skipped]
+    if gone:
+        warnings.append(f"rank(s) {rank_ranges(gone, sep=',')}: every shard was skipped; their data is absent from "
+                        "every analysis")
+    ranks = [r for r in cat.ranks if r not in gone]
+    return replace(cat, shards=shards, ranks=ranks, ranks_missing=sorted(set(cat.ranks_missing) | set(gone)),
+                   first_attrs={r: a for r, a in cat.first_attrs.items() if r not in gone},
+                   pg_luts={p: lut for p, lut in cat.pg_luts.items() if p not in lost},
+                   warnings=warnings, skipped=list(cat.skipped) + list(skipped))
 
 
 # ---- consistency and gaps --------------------------------------------------------------------------------------------
-
-
-def _schedule(attrs: Mapping[str, Any]) -> Any:
-    cfg = attrs.get("config")
-    return cfg.get("schedule") if isinstance(cfg, dict) else None
-
-
-def _check_same_run(shards: list[Shard]) -> int:
-    """Every shard must share run_id, world_size and schedule; the majority value wins, the odd file is named."""
-    checks = (
-        ("run_id", lambda a: str(a["run_id"]),
-         "the directory mixes two runs; move the other run's shards out, or load each run directory on its own"),
-        ("world_size", lambda a: int(a["world_size"]),
-         "shards from jobs of different sizes; keep one job's shards per directory"),
-        ("config.schedule", _schedule,
-         "shards captured with different profiling schedules; keep one run's shards per directory"),
-    )
-    for field_name, get, fix in checks:
-        values = [get(s.attrs) for s in shards]
-        if field_name == "config.schedule":
-            known = [(i, v) for i, v in enumerate(values) if v is not None]
-            if not known:
-                continue
-            keys = [repr(sorted(v.items())) if isinstance(v, dict) else repr(v) for _, v in known]
-            idx = [i for i, _ in known]
-        else:
-            keys = [repr(v) for v in values]
-            idx = list(range(len(values)))
-        counts = Counter(keys)
-        if len(counts) <= 1:
-            continue
-        common = counts.most_common(1)[0][0]
-        good = next(i for i, k in zip(idx, keys) if k == common)
-        bad = next(i for i, k in zip(idx, keys) if k != common)
-        raise ShardFormatError(
-            f"{shards[bad].path}: {field_name} {values[bad]!r} differs from {values[good]!r} in "
-            f"{counts[common]} other shard(s) (e.g. {shards[good].path.name}): {fix}")
-    return int(shards[0].attrs["world_size"])
-
-
-def _dedupe(shards: list[Shard], warnings: list[str]) -> list[Shard]:
-    """One shard per (rank, window); a file whose name disagrees with its attributes is noted."""
-    seen: dict[tuple[int, int], Shard] = {}
-    for s in shards:
-        key = (s.rank, s.window)
-        expect = schema.SHARD_TEMPLATE.format(rank=s.rank, window=s.window)
-        if s.path.name != expect:
-            warnings.append(f"{s.path}: attributes say rank {s.rank} window {s.window} (expected file name {expect})")
-        if key in seen:
-            raise ShardFormatError(
-                f"{s.path}: rank {s.rank} window {s.window} is also in {seen[key].path.name}; remove the copy")
-        seen[key] = s
-    return sorted(seen.values(), key=lambda s: (s.rank, s.window))
 
 
 def _missing_ranks_message(run_dir: Path, missing: list[int], world_size: int) -> str:
@@ -239,16 +209,20 @@ def _note_shard_problems(shards: list[Shard], warnings: list[str]) -> None:
             for r, e in items))
 
 
-def _note_missing_windows(shards: list[Shard], warnings: list[str]) -> None:
+def _note_missing_windows(shards: list[Shard], warnings: list[str]) -> int:
+    """Name each window some ranks lack; returns how many windows do."""
     ranks = sorted({s.rank for s in shards})
     have: dict[int, set[int]] = {}
     for s in shards:
         have.setdefault(s.window, set()).add(s.rank)
+    n = 0
     for w in sorted(have):
         lack = [r for r in ranks if r not in have[w]]
         if lack:
+            n += 1
             warnings.append(f"window {w}: rank(s) {rank_ranges(lack, sep=',')} have no shard for it "
                             "(lost or still being written)")
+    return n
 
 
 def _overlaps(s: Shard, lo: int, hi: int) -> bool:

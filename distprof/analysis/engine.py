@@ -20,16 +20,17 @@ import logging
 import os
 from typing import Any
 
-from ..errors import DistprofError
-from ..progress import progress_enabled
 import numpy as np
 
-from .catalog import PROGRESS_MIN_SHARDS, RunCatalog, bar, scan_run
+from ..errors import DistprofError, IncompleteRunError
+from ..progress import progress_enabled
+from ..storage.selection import SkippedShard
+from .catalog import PROGRESS_MIN_SHARDS, RunCatalog, bar, scan_run, with_read_skips
 from .clock import ClockModel
 from .findings.rules import FindingRules
 from .model import MergedRun
 from .names import rank_ranges
-from .rankdata import TABLES, RankData, read_rank
+from .rankdata import TABLES, RankData, RankUnreadable, read_rank
 from .runsummary import RunSummary, reduce_run
 from .summary import RankSummary, summarize_rank
 
@@ -76,27 +77,44 @@ def assign_ranks(cat: RunCatalog, n_procs: int) -> list[list[int]]:
     return [sorted(s) for s in shares]
 
 
-def _summarize_ranks(cat: RunCatalog, ranks: list[int], *, show: bool, rules: FindingRules | None) -> list[RankSummary]:
-    out = []
+def _summarize_ranks(cat: RunCatalog, ranks: list[int], *, show: bool, rules: FindingRules | None
+                     ) -> tuple[list[RankSummary], list[SkippedShard]]:
+    """Each rank read (bad shards left out and returned) and summarised."""
+    out: list[RankSummary] = []
+    skipped: list[SkippedShard] = []
     for r in bar(ranks, show, "summarising ranks", unit="rank"):
-        out.append(summarize_rank(read_rank(cat, r), steps=cat.steps, rules=rules))
-    return out
+        try:
+            rd = read_rank(cat, r, skipped=skipped)
+        except RankUnreadable:
+            continue
+        out.append(summarize_rank(rd, steps=cat.steps, rules=rules))
+    return out, skipped
+
+
+def _reduce(cat: RunCatalog, summaries: list[RankSummary], skipped: list[SkippedShard], *,
+            rules: FindingRules | None) -> RunSummary:
+    if not summaries:
+        raise IncompleteRunError(f"{cat.run_dir}: no readable shard ({len(skipped)} skipped, first "
+                                 f"{skipped[0].path}: {skipped[0].reason})")
+    return reduce_run(with_read_skips(cat, skipped, {s.rank for s in summaries}), summaries, rules=rules)
 
 
 def summarize_catalog(cat: RunCatalog, *, progress: bool | None = None,
                       rules: FindingRules | None = None) -> RunSummary:
     """Serial map + reduce over a scanned run."""
     show = progress_enabled(progress, len(cat.shards), PROGRESS_MIN_SHARDS)
-    return reduce_run(cat, _summarize_ranks(cat, cat.ranks_read, show=show, rules=rules), rules=rules)
+    summaries, skipped = _summarize_ranks(cat, cat.ranks_read, show=show, rules=rules)
+    return _reduce(cat, summaries, skipped, rules=rules)
 
 
 def summarize(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None, progress: bool | None = None,
-              rules: FindingRules | None = None, comm: Any = None) -> RunSummary | None:
+              rules: FindingRules | None = None, comm: Any = None, strict: bool = False) -> RunSummary | None:
     """Summarise a run directory (see the module docstring). With `comm` (an mpi4py communicator of more than one
     process), the work is split over its processes and only its rank 0 gets the RunSummary (others get None)."""
     if comm is None or comm.Get_size() <= 1:
-        return summarize_catalog(scan_run(run_dir, steps=steps, progress=progress), progress=progress, rules=rules)
-    return _summarize_mpi(comm, run_dir, steps=steps, progress=progress, rules=rules)
+        return summarize_catalog(scan_run(run_dir, steps=steps, progress=progress, strict=strict), progress=progress,
+                                 rules=rules)
+    return _summarize_mpi(comm, run_dir, steps=steps, progress=progress, rules=rules, strict=strict)
 
 
 def summarize_merged(run: MergedRun, *, rules: FindingRules | None = None) -> RunSummary:
@@ -140,13 +158,13 @@ def summarize_merged(run: MergedRun, *, rules: FindingRules | None = None) -> Ru
     return out
 
 
-def _summarize_mpi(comm, run_dir, *, steps, progress, rules) -> RunSummary | None:
+def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False) -> RunSummary | None:
     me, size = comm.Get_rank(), comm.Get_size()
     cat: RunCatalog | None = None
     failure: Exception | None = None
     if me == 0:
         try:
-            cat = scan_run(run_dir, steps=steps, progress=progress)
+            cat = scan_run(run_dir, steps=steps, progress=progress, strict=strict)
         except Exception as e:  # noqa: BLE001 -- every process must hear about it, or they would wait forever
             failure = e
     cat, failed = comm.bcast((cat, failure is not None) if me == 0 else None, root=0)
@@ -170,6 +188,7 @@ def _summarize_mpi(comm, run_dir, *, steps, progress, rules) -> RunSummary | Non
     if errors:
         raise DistprofError(errors[0] + (f" (and {len(errors) - 1} more process(es) failed)" if len(errors) > 1
                                          else ""))
-    summaries = [s for _, part in gathered for s in part]
-    return reduce_run(cat, summaries, rules=rules)
+    summaries = [s for _, (part, _) in gathered for s in part]
+    skipped = [sk for _, (_, sks) in gathered for sk in sks]
+    return _reduce(cat, summaries, skipped, rules=rules)
 

@@ -73,6 +73,7 @@ class MergedRun:
     device_peak_tflops: dict[int, float] = field(default_factory=dict)  # rank -> peak, where known
     cuda_memory: Table = field(default_factory=lambda: _empty("cuda_memory"))
     cuda_memory_blocks: Table = field(default_factory=lambda: _empty("cuda_memory_blocks"))
+    skipped_shards: list = field(default_factory=list)  # storage.validate.SkippedShard: left out, and why
 
     @property
     def has_memory_history(self) -> bool:

@@ -13,12 +13,15 @@ string table is the rank's own (its windows' tables merged, sorted); process-gro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ..errors import ShardFormatError
+from ..errors import BadShardError, ShardFormatError
 from ..storage import schema
+from ..storage.selection import SkippedShard, strict_error
+from ..storage.validate import check_values
 from .catalog import RunCatalog, remap_pg
 
 __all__ = ["RankData", "read_rank", "TABLES", "REQUIRED", "columns_wanted", "merge_strings", "filter_steps"]
@@ -96,27 +99,62 @@ def merge_strings(names_list: list[np.ndarray]) -> tuple[np.ndarray, list[np.nda
     return uniq.astype(object), remaps
 
 
-def read_rank(cat: RunCatalog, rank: int, *, columns: Mapping[str, Iterable[str] | None] | None = None) -> RankData:
-    """Read every selected shard of `rank` (only the columns asked for, see ``columns_wanted``) into one RankData."""
+def read_rank(cat: RunCatalog, rank: int, *, columns: Mapping[str, Iterable[str] | None] | None = None,
+              skipped: list[SkippedShard] | None = None) -> RankData:
+    """Read every selected shard of `rank` (only the columns asked for, see ``columns_wanted``) into one RankData,
+    each shard's values checked as read (``storage.validate.check_values``).
+
+    A shard that fails (a damaged chunk, an id or a time out of range) raises BadShardError — or, given a `skipped`
+    list and a catalog that is not strict, is appended to it and left out; when every shard of the rank fails,
+    RankUnreadable (a BadShardError) is raised."""
     shards = cat.shards_of(rank)
     if not shards:
         raise KeyError(f"rank {rank} has no shard in {cat.run_dir}")
     want = columns_wanted(columns)
+    kept: list = []
     per_shard: list[dict[str, Table]] = []
     names_list: list[np.ndarray] = []
     samples: dict[tuple[int, int], Table] = {}
     for s in shards:
         leader = s.attrs.get("clock_role") in ("leader", None)
-        tabs, names = s.tables({**want, **({"clock/samples": None} if leader else {})}, names=True)
+        try:
+            tabs, names = s.tables({**want, **({"clock/samples": None} if leader else {})}, names=True)
+            check_values(s.path, s.attrs, {"clock/samples": {}, **tabs}, len(names))
+        except BadShardError as e:
+            if cat.strict:
+                raise strict_error(e) from None
+            if skipped is None:
+                raise
+            skipped.append(SkippedShard(Path(e.path), e.reason))
+            continue
         sm = tabs.pop("clock/samples", None)
+        kept.append(s)
         per_shard.append(tabs)
         names_list.append(names)
         if sm is not None and len(sm["phase"]):
             samples[(s.rank, s.window)] = sm
+    if not kept:
+        raise RankUnreadable(shards[0].path, f"every shard of rank {rank} failed its checks")
     names, remaps = merge_strings(names_list)
-    tables = _concat(shards, per_shard, remaps, [cat.pg_luts.get(s.path) for s in shards])
-    return RankData(rank=rank, names=names, attrs=shards[0].attrs, windows=[s.window for s in shards],
+    tables = _concat(kept, per_shard, remaps, [cat.pg_luts.get(s.path) for s in kept])
+    return RankData(rank=rank, names=names, attrs=kept[0].attrs, windows=[s.window for s in kept],
                     samples=samples, **tables)
+
+
+def read_ranks(cat: RunCatalog, ranks: Iterable[int], *, columns: Mapping[str, Iterable[str] | None] | None = None
+               ) -> tuple[list[RankData], list[SkippedShard]]:
+    """read_rank for each rank, bad shards left out and returned (``catalog.with_read_skips`` records them)."""
+    out, skipped = [], []
+    for r in ranks:
+        try:
+            out.append(read_rank(cat, r, columns=columns, skipped=skipped))
+        except RankUnreadable:
+            continue
+    return out, skipped
+
+
+class RankUnreadable(BadShardError):
+    """Every shard of a rank failed its checks (each is in the caller's ``skipped`` list)."""
 
 
 def _concat(shards, per_shard: list[dict[str, Table]], remaps, pg_luts) -> dict[str, Table]:

@@ -156,6 +156,7 @@ def build_report(
         "gpu_time": gpu_time(run),
         "annotations": annotations(run),
         "warnings": warnings,
+        "skipped_shards": [sk.to_dict() for sk in run.skipped_shards],
     }
     if not mfu_rows:
         report["mfu_note"] = "device peak unknown (CPU or unlisted device): pass --peak-tflops to compute MFU"

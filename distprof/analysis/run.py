@@ -19,10 +19,11 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .catalog import scan_run
+from ..errors import IncompleteRunError
+from .catalog import scan_run, with_read_skips
 from .matching import Collectives, match_collectives
 from .model import MergedRun
-from .rankdata import REQUIRED, TABLES, filter_steps, merge_strings, read_rank
+from .rankdata import REQUIRED, TABLES, filter_steps, merge_strings, read_rank, read_ranks
 from .runsummary import join
 from .summary import collective_rows
 
@@ -39,6 +40,7 @@ def load_run(
     steps: tuple[int, int] | None = None,
     progress: bool | None = None,
     columns: Mapping[str, Iterable[str] | None] | None = None,
+    strict: bool = False,
 ) -> MergedRun:
     """Read every shard of `run_dir` and merge them into one clock-aligned MergedRun.
 
@@ -48,12 +50,19 @@ def load_run(
     columns: table -> columns to read (None = all). Tables not named are read in full; the columns merging needs
         (see REQUIRED) are always read.
 
-    Raises IncompleteRunError when there is nothing to load, ShardFormatError when a shard is unreadable, newer than
-    this distprof, or belongs to another run (run_id / world_size / schedule differ). Missing ranks or windows are
-    named in ``MergedRun.warnings`` and loading carries on.
+    strict: any bad shard (storage.validate), shard of another run, missing rank or missing window is an error
+        (BadShardError / IncompleteRunError) instead of a warning.
+
+    Every shard is checked before use (``catalog.scan_run``, ``rankdata.read_rank``): a bad one, or one of another
+    run, is left out and named in ``MergedRun.warnings`` and ``MergedRun.skipped_shards``; missing ranks or windows are
+    named in the warnings; loading carries on. Raises IncompleteRunError when there is nothing to load.
     """
-    cat = scan_run(run_dir, steps=steps, progress=progress)
-    rds = [read_rank(cat, r, columns=columns) for r in cat.ranks_read]
+    cat = scan_run(run_dir, steps=steps, progress=progress, strict=strict)
+    rds, skipped = read_ranks(cat, cat.ranks_read, columns=columns)
+    if not rds:
+        raise IncompleteRunError(f"{run_dir}: no readable shard ({len(skipped)} skipped, first "
+                                 f"{skipped[0].path}: {skipped[0].reason})")
+    cat = with_read_skips(cat, skipped, {rd.rank for rd in rds})
     parts = []
     for rd in rds:
         rows, ops = collective_rows(rd)
@@ -96,6 +105,7 @@ def load_run(
         attrs=dict(sorted(cat.first_attrs.items())),
         process_groups=cat.process_groups,
         warnings=j.warnings,
+        skipped_shards=list(cat.skipped),
     )
 
 

@@ -64,6 +64,11 @@ class RunSummary:
         return {r for r, s in self.ranks.items() if s.device_rank}
 
     @property
+    def skipped_shards(self) -> list:
+        """storage.selection.SkippedShard of every shard left out (bad, another run's, a copy), and why."""
+        return list(self.catalog.skipped) if self.catalog is not None else []
+
+    @property
     def has_memory_history(self) -> bool:
         return any((s.measures or {}).get("memory_history") is not None for s in self.ranks.values())
 

@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from ._common import add_steps_arg, parse_ranks, parse_steps, summarize_run
+from ..errors import ConfigError
+from ._common import add_steps_arg, add_strict_arg, parse_ranks, parse_steps, summarize_run
 
 FORMATS = ("kineto",)
 
@@ -27,6 +28,7 @@ def register(sub) -> None:
     p.add_argument("--ranks", metavar="LIST", help="only these ranks, e.g. 0-7 or 0,2,5-6 (default: all)")
     add_steps_arg(p)
     p.add_argument("--no-gzip", action="store_true", help="write plain rank-N.json instead of rank-N.json.gz")
+    add_strict_arg(p)
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(func=run)
 
@@ -37,11 +39,15 @@ def run(args: argparse.Namespace) -> int:
     ranks = parse_ranks(args.ranks) if args.ranks else None
     steps = parse_steps(args.steps) if args.steps else None
     out = Path(args.out) if args.out else Path(args.run_dir) / "kineto"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"-o {out}: exists and is not a directory; name a directory for the rank files")
     progress = False if args.no_progress else None
     t0 = time.perf_counter()
-    run_ = summarize_run(args.run_dir, steps=steps, progress=progress)
+    run_ = summarize_run(args.run_dir, steps=steps, progress=progress, strict=args.strict)
     if run_ is None:  # an MPI process other than rank 0
         return 0
+    if ranks is not None:
+        ranks = ranks.pick(run_.ranks_present, "rank(s)")
     files = export_kineto(run_, out, ranks=ranks, gzip=not args.no_gzip, progress=progress)
     total = sum(f.bytes for f in files)
     for f in files:

@@ -4,10 +4,11 @@ self-contained report.html."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ..errors import ConfigError
-from ._common import add_steps_arg, parse_steps, summarize_run
+from ._common import add_steps_arg, add_strict_arg, parse_steps, summarize_run
 
 
 def register(sub) -> None:
@@ -24,6 +25,7 @@ def register(sub) -> None:
     r.add_argument("--peak-tflops", metavar="X", type=float,
                    help="device peak TFLOP/s for MFU (overrides the built-in table; needed on CPU)")
     r.add_argument("--top", metavar="N", type=int, default=3, help="root-cause analysis for up to N stragglers")
+    add_strict_arg(r)
     r.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     r.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the summary")
     r.set_defaults(func=run)
@@ -34,14 +36,15 @@ def run(args: argparse.Namespace) -> int:
     from ..render import render_console, render_json, write_html, write_json
     from ..render.html import check_html_path
 
-    if args.peak_tflops is not None and not args.peak_tflops > 0:
+    if args.peak_tflops is not None and not (args.peak_tflops > 0 and math.isfinite(args.peak_tflops)):
         raise ConfigError(f"--peak-tflops {args.peak_tflops}: must be a positive number of TFLOP/s")
     if args.top < 0:
         raise ConfigError(f"--top {args.top}: must be >= 0")
     steps = parse_steps(args.steps) if args.steps else None
     if args.html:
         check_html_path(args.html)  # fail before the (long) merge, not after
-    run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None)
+    run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
+                         strict=args.strict)
     if run_ is None:  # an MPI process other than rank 0: its share is summarised, rank 0 reports
         return 0
     report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top)

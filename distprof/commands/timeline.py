@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
-from ._common import add_steps_arg, parse_ranks, parse_steps, summarize_run
+from ._common import IdRanges, add_steps_arg, add_strict_arg, parse_ranks, parse_steps, summarize_run
 
 DEFAULT_OUT = "timeline.json.gz"
 
@@ -38,16 +38,14 @@ def register(sub) -> None:
     p.add_argument("--launch-flows", action="store_true",
                    help="also draw an arrow from every kernel launch (cudaLaunchKernel ...) to its kernel, as Kineto "
                         "does; costs 2 trace events per kernel, counted in --max-events")
+    add_strict_arg(p)
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(func=run)
 
 
-def parse_windows(text: str) -> list[int]:
-    """``1``, ``0,2``, ``0-1`` -> sorted window indices."""
-    try:
-        return parse_ranks(text)
-    except ConfigError:
-        raise ConfigError(f"--window {text!r}: expected window indices like 1, 0,2 or 0-1") from None
+def parse_windows(text: str) -> IdRanges:
+    """``1``, ``0,2``, ``0-1`` -> window ranges (clipped to the run's windows by IdRanges.pick)."""
+    return parse_ranks(text, flag="--window", example="1, 0,2 or 0-1")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,10 +64,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"-o {out}: is a directory; name a file such as {out / DEFAULT_OUT}")
     progress = False if args.no_progress else None
 
-    load_steps = _window_steps(args.run_dir, windows, steps) if windows else steps
-    run_ = summarize_run(args.run_dir, steps=load_steps, progress=progress)
+    if windows is not None:
+        windows, load_steps = _window_steps(args.run_dir, windows, steps)
+    else:
+        load_steps = steps
+    run_ = summarize_run(args.run_dir, steps=load_steps, progress=progress, strict=args.strict)
     if run_ is None:  # an MPI process other than rank 0: rank 0 writes the one file
         return 0
+    if ranks is not None:
+        ranks = ranks.pick(run_.ranks_present, "rank(s)")
     plan = plan_timeline(run_, ranks=ranks, windows=windows, steps=steps, max_events=max_events,
                          launch_flows=args.launch_flows, progress=progress)
     res = write_timeline(run_, plan, out, progress=progress)
@@ -96,18 +99,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _window_steps(run_dir: str, windows: list[int], steps):
-    """The global step range the chosen windows cover (read from shard attributes), so only their shards are read."""
+def _window_steps(run_dir: str, spec: IdRanges, steps) -> tuple[list[int] | None, tuple[int, int] | None]:
+    """The run's windows `spec` picks, and the global step range they cover (read from shard attributes), so that
+    only their shards are read."""
+    from ..errors import BadShardError
     from ..render.timeline import format_ranges
     from ..storage.reader import find_shards, read_shard
 
-    spans = {}
+    all_spans = {}
     for p in find_shards(run_dir) if Path(run_dir).is_dir() else []:
-        s = read_shard(p)
-        if s.window in windows:
-            spans.setdefault(s.window, (int(s.attrs["first_step"]), int(s.attrs["last_step"])))
-    if not spans:
-        return steps  # load_run names the problem (no shards), or plan_timeline (no such window)
+        try:
+            s = read_shard(p)
+        except BadShardError:
+            continue  # load_run names it (or refuses it under --strict)
+        all_spans.setdefault(s.window, (int(s.attrs["first_step"]), int(s.attrs["last_step"])))
+    if not all_spans:
+        return None, steps  # load_run names the problem (no shards)
+    windows = spec.pick(all_spans, "window(s)")
+    spans = {w: all_spans[w] for w in windows if w in all_spans}
+    if len(spans) < len(windows):
+        return windows, steps  # plan_timeline names the window the run lacks
     lo = min(a for a, _ in spans.values())
     hi = max(b for _, b in spans.values())
     if steps is not None:
@@ -115,7 +126,7 @@ def _window_steps(run_dir: str, windows: list[int], steps):
         if lo > hi:
             raise ConfigError(f"--steps {steps[0]}:{steps[1]} lies outside --window {format_ranges(windows)} "
                               f"(steps {min(a for a, _ in spans.values())}..{max(b for _, b in spans.values())})")
-    return lo, hi
+    return windows, (lo, hi)
 
 
 def _part_name(out: Path, part: int) -> Path:

@@ -18,11 +18,15 @@ Numbers in exponent form (never written by Kineto) are read as floats and counte
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import gzip
+import json
 import logging
+import math
 import os
 import re
+import zlib
 from array import array
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -37,12 +41,16 @@ from ..events import classify
 from ..events.classify import CommArgs
 from ..events.tables import Columns, Strings
 from ..storage import schema
+from ..storage.validate import MAX_NS, MAX_WORLD_SIZE
 
 log = logging.getLogger(__name__)
 
 __all__ = ["KinetoTrace", "read_kineto", "read_header", "TraceFormatError", "READ_BYTES"]
 
 READ_BYTES = 1 << 17  # 128 KiB: parsed, a slice takes ~20x its size in Python objects
+#: Most JSON held unparsed at once: the part before "traceEvents", one event, the part after the list (a Kineto trace
+#: needs a few kB; a file that needs more is refused instead of read into memory whole).
+MAX_PENDING_BYTES = 64 << 20
 _MAX_TRIES = 4  # candidate cuts tried per slice before reading more
 
 _TE_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -64,6 +72,12 @@ _K_KERNEL = schema.KIND_CODE["kernel"]
 _K_INSTANT = schema.KIND_CODE["cpu_instant_event"]
 _K_TRACE = -1  # cat "Trace": the profiler's own span, skipped
 _FLOAT_EXACT_LIMIT = 2.0 ** 43  # below it a 3-decimal µs value survives float64 (half spacing < 0.5 ns)
+# Times and durations (ns) must lie in 0 <= t < MAX_NS = 2^62 (year 2116), as storage.validate requires of a shard.
+_I64 = (-(1 << 63), (1 << 63) - 1)
+_MAX_DEVICE = (1 << 15) - 1  # the shard's device column is int16
+_MAX_STEP = (1 << 31) - 1  # the shard's step column is int32
+#: Errors reading a file can raise: the OS, a corrupt or truncated gzip stream.
+_READ_ERRORS = (OSError, EOFError, zlib.error)
 
 
 class TraceFormatError(DistprofError):
@@ -118,6 +132,9 @@ class _Reader:
     def more(self) -> bool:
         if self.eof:
             return False
+        if len(self.buf) > MAX_PENDING_BYTES:
+            raise TraceFormatError(f"{self.path}: over {MAX_PENDING_BYTES >> 20} MB of JSON without the end of an "
+                                   "event (or of the part before \"traceEvents\"); not a Kineto trace distprof reads")
         chunk = self.fh.read(READ_BYTES)
         if not chunk:
             self.eof = True
@@ -204,11 +221,20 @@ def _last_cuts(buf: bytes, n: int) -> list[int]:
 def read_header(path: str | os.PathLike) -> dict[str, Any]:
     """Top-level keys before ``traceEvents`` (``distributedInfo``, ``deviceProperties``, …) without reading events."""
     path = Path(path)
-    with _open(path) as fh:
-        try:
+    try:
+        with _open(path) as fh:
             return _Reader(path, fh).header()
-        except (OSError, EOFError) as e:
-            raise TraceFormatError(f"{path}: cannot read ({e})") from None
+    except _READ_ERRORS as e:
+        raise TraceFormatError(f"{path}: cannot read ({_read_error(e)}); is it a complete .json or .json.gz file?") \
+            from None
+
+
+def _read_error(e: BaseException) -> str:
+    if isinstance(e, zlib.error) or isinstance(e, gzip.BadGzipFile):
+        return f"corrupt gzip data: {e}"
+    if isinstance(e, EOFError):
+        return "the gzip stream ends early: truncated"
+    return e.strerror or str(e) if isinstance(e, OSError) else str(e)
 
 
 @dataclass
@@ -224,7 +250,8 @@ class KinetoTrace:
     n_events_raw: int
     raw_bytes: int
     n_inexact: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)  # why -> events left out (malformed)
+    ignored: dict[str, int] = field(default_factory=dict)  # why -> values ignored (out of range), their events kept
     stream_names: dict[tuple[int, int], str] = field(default_factory=dict)  # (device, stream) -> name
 
     @property
@@ -234,14 +261,30 @@ class KinetoTrace:
 
 
 def _int(v: Any) -> int | None:
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str):
+    """An integer id (int or numeric string) inside int64, else None."""
+    if v.__class__ is not int:
+        if not isinstance(v, str):
+            return None
         try:
-            return int(v, 0)
+            v = int(v, 0)
         except ValueError:
             return None
-    return None
+    return v if _I64[0] <= v <= _I64[1] else None
+
+
+def shown(v: Any) -> str:
+    """A value as the trace wrote it (JSON), shortened for a one-line message."""
+    t = json.dumps(v, default=str)
+    return t if len(t) <= 40 else t[:39] + "…"
+
+
+def step_number(name: str) -> int | None:
+    """N of a ``ProfilerStep#N`` name when N is a step number (0 <= N < 2^31), else None."""
+    try:
+        n = int(name[len("ProfilerStep#"):])
+    except ValueError:
+        return None
+    return n if 0 <= n <= _MAX_STEP else None
 
 
 def read_kineto(path: str | os.PathLike) -> KinetoTrace:
@@ -251,11 +294,10 @@ def read_kineto(path: str | os.PathLike) -> KinetoTrace:
     gc.disable()  # millions of small dicts, no cycles: the collector would only rescan them
     try:
         with _open(path) as fh:
-            try:
-                return _read(path, _Reader(path, fh))
-            except (OSError, EOFError) as e:
-                raise TraceFormatError(f"{path}: cannot read ({e}); is it a complete .json or .json.gz file?") \
-                    from None
+            return _read(path, _Reader(path, fh))
+    except _READ_ERRORS as e:
+        raise TraceFormatError(f"{path}: cannot read ({_read_error(e)}); is it a complete .json or .json.gz file?") \
+            from None
     finally:
         if gc_was:
             gc.enable()
@@ -284,6 +326,7 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
     cat_kinds: dict[str, int] = {}  # cat -> kind code (or _K_TRACE)
     step_tids: dict[int, int] = {}
     skipped: dict[str, int] = {}
+    ignored: dict[str, int] = {}
     empty: dict = {}
     n_raw = 0
     n_inexact = 0
@@ -301,6 +344,8 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
         if v.__class__ is int:
             return v * 1000
         if v.__class__ is float:
+            if not math.isfinite(v):
+                return None
             if abs(v) >= _FLOAT_EXACT_LIMIT:
                 n_inexact += 1
             return int(round(v * 1000))
@@ -328,7 +373,8 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
             elif ph == "M":
                 if e.get("name") == "thread_name":
                     t = _int(e.get("tid"))
-                    nm = (e.get("args") or {}).get("name")
+                    a = e.get("args")
+                    nm = a.get("name") if a.__class__ is dict else None
                     if t is not None and isinstance(nm, str):
                         track_names.setdefault((_int(e.get("pid")), t), nm)
                 continue
@@ -352,8 +398,11 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
                     t = _int(t)
                 if p.__class__ is not int:
                     p = _int(p)
-                if p is not None:
+                if p is not None and 0 <= p <= _MAX_DEVICE:
                     dev_pids.add(p)
+                if d is not None and not 0 <= d <= _MAX_DEVICE:
+                    skip("device id out of range")
+                    continue
             else:
                 d = -1
                 t = e.get("tid")
@@ -374,48 +423,81 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
                     d0 = slow_ns(e, "dur") or 0
             else:
                 d0 = 0
+            if not (-MAX_NS < t0 < MAX_NS and 0 <= d0 < MAX_NS):  # base time added later, checked again then
+                skip("negative dur" if d0 < 0 else "ts or dur out of range")
+                continue
             name = e.get("name", "")
             info = name_info.get(name) if name.__class__ is str else None
             if info is None:
                 name = name if name.__class__ is str else str(name)
                 info = name_info.get(name)
                 if info is None:
-                    nid = ids.get(name)
-                    if nid is None:
-                        nid = ids[name] = len(ids)
-                    info = name_info[name] = (nid, name.startswith("ProfilerStep#"), classify.comm_role(name),
-                                              classify.comm_role(name, _K_KERNEL))
+                    is_step = name.startswith("ProfilerStep#")
+                    if is_step and step_number(name) is None:
+                        info = name_info[name] = _BAD_STEP
+                    else:
+                        nid = ids.get(name)
+                        if nid is None:
+                            nid = ids[name] = len(ids)
+                        info = name_info[name] = (nid, is_step, classify.comm_role(name),
+                                                  classify.comm_role(name, _K_KERNEL))
+            if info is _BAD_STEP:
+                skip("ProfilerStep# name without a step number 0..2^31-1")
+                continue
+            f = args.get("flops")
+            c = args.get("correlation")
             i = len(ts)
+            try:  # the typed arrays refuse what their column cannot hold: the whole event is skipped, never wrapped
+                a_tid(t)
+                a_flops(f if f.__class__ is int else 0)
+                a_corr(c if c.__class__ is int else 0)
+            except OverflowError:
+                del tid[i:], flops[i:], corr[i:]
+                skip("tid, flops or correlation out of range")
+                continue
             a_name(info[0])
             a_kind(k)
-            a_tid(t)
             a_dev(d)
             a_ts(t0)
             a_dur(d0)
-            f = args.get("flops")
-            a_flops(f if f.__class__ is int else 0)
-            c = args.get("correlation")
-            a_corr(c if c.__class__ is int else 0)
             if info[1] and d < 0:
                 step_tids[t] = step_tids.get(t, 0) + 1
             if info[3] if k == _K_KERNEL else info[2]:
                 a = classify.comm_args(args)
                 if a is not None:
-                    comm_meta[i] = a
+                    comm_meta[i] = _in_range(a, ignored)
     trailer = rd.trailer()
+    if "traceEvents" in trailer:
+        raise TraceFormatError(f"{path}: a second \"traceEvents\" key after the first list; one trace per file "
+                               "(split the file, or keep the list that holds the events)")
     meta = {**header, **trailer}
 
-    base = _int(meta.get("baseTimeNanoseconds")) or 0
+    base = meta.get("baseTimeNanoseconds")
+    if base is None or base == "":
+        base = 0
+    elif _int(base) is None or not 0 <= _int(base) < MAX_NS:
+        raise TraceFormatError(f"{path}: \"baseTimeNanoseconds\" is {shown(base)}, not a time in ns since "
+                               "the epoch (0 <= t < 2^62); fix or remove the key")
+    else:
+        base = _int(base)
 
     def col(a: array, dtype: type) -> np.ndarray:  # a view of the array's buffer: no second copy of the column
         return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype)
 
     ts_arr = col(ts, np.int64)
-    if base:
-        ts_arr += base
     cols = Columns(name_id=col(name_id, np.uint32), kind=col(kind, np.uint8), tid=col(tid, np.int64),
                    device=col(device, np.int16), ts=ts_arr, dur=col(dur, np.int64), flops=col(flops, np.int64),
                    corr=col(corr, np.int64), comm_meta=comm_meta)
+    if len(ts_arr):
+        # events outside 0 <= ts + base and ts + base + dur < 2^62 are skipped (each |value| < 2^62: no overflow)
+        lo, hi = int(ts_arr.min()) + base, int((ts_arr + cols.dur).max()) + base
+        if lo < 0 or hi >= MAX_NS:
+            keep = (ts_arr >= -base) & (ts_arr + cols.dur < MAX_NS - base)
+            skipped["ts out of range"] = skipped.get("ts out of range", 0) + int((~keep).sum())
+            cols = _keep_rows(cols, keep)
+            ts_arr = cols.ts
+        if base:
+            ts_arr += base
     _sort_in_place(cols)
     main_tid = max(step_tids, key=step_tids.get) if step_tids else _busiest_cpu_thread(cols)
     # names: a device pid's tracks are its streams (pid = device, tid = stream); every other pid's are OS threads
@@ -431,7 +513,39 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
                     "(may be off by < 1 µs)", path, n_inexact)
     return KinetoTrace(path=path, meta=meta, strings=strings, columns=cols, thread_names=thread_names,
                        stream_names=stream_names, main_tid=main_tid, n_events_raw=n_raw, raw_bytes=rd.raw_bytes, n_inexact=n_inexact,
-                       skipped=skipped)
+                       skipped=skipped, ignored=ignored)
+
+
+_BAD_STEP = (-1, False, 0, 0)  # name_info of a "ProfilerStep#..." name whose events are skipped
+
+
+def _in_range(a: CommArgs, ignored: dict[str, int]) -> CommArgs:
+    """`a` with each value its column cannot hold set to unknown (None), counted in `ignored`."""
+    bad = {}
+    if a.bytes is not None and not 0 <= a.bytes <= _I64[1]:
+        bad["bytes"] = None
+    if a.group_size is not None and not 1 <= a.group_size <= MAX_WORLD_SIZE:
+        bad["group_size"] = None
+    if a.nccl_seq is not None and not _I64[0] <= a.nccl_seq <= _I64[1]:
+        bad["nccl_seq"] = None
+    if a.pg_ranks is not None and (len(a.pg_ranks) > MAX_WORLD_SIZE
+                                   or not all(0 <= r < MAX_WORLD_SIZE for r in a.pg_ranks)):
+        bad["pg_ranks"] = None
+    if not bad:
+        return a
+    for k in bad:
+        why = f"collective {k} out of range"
+        ignored[why] = ignored.get(why, 0) + 1
+    return dataclasses.replace(a, **bad)
+
+
+def _keep_rows(cols: Columns, keep: np.ndarray) -> Columns:
+    """Columns of the rows where `keep` is true (comm_meta re-keyed)."""
+    new_pos = np.cumsum(keep) - 1
+    meta = {int(new_pos[i]): a for i, a in cols.comm_meta.items() if keep[i]}
+    return Columns(name_id=cols.name_id[keep], kind=cols.kind[keep], tid=cols.tid[keep], device=cols.device[keep],
+                   ts=cols.ts[keep], dur=cols.dur[keep], flops=cols.flops[keep], corr=cols.corr[keep],
+                   msg_bytes=None if cols.msg_bytes is None else cols.msg_bytes[keep], comm_meta=meta)
 
 
 _SORT_CHUNK = 1 << 18

@@ -34,7 +34,8 @@ from ..events.tables import build_tables
 from ..progress import progress_enabled
 from ..storage import schema
 from ..storage.writer import write_shard
-from .kineto import KinetoTrace, TraceFormatError, read_header, read_kineto
+from ..storage.validate import MAX_WORLD_SIZE
+from .kineto import KinetoTrace, read_header, read_kineto, shown
 
 log = logging.getLogger(__name__)
 
@@ -67,30 +68,61 @@ def find_trace_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
             out.extend(found)
         elif p.is_file():
             out.append(p)
+        elif p.exists():
+            raise ConfigError(f"{p}: not a regular file or a directory; pass trace files (.json, .json.gz)")
         else:
             raise ConfigError(f"{p}: no such file or directory")
     seen: set[Path] = set()
     return [f for f in out if not (f.resolve() in seen or seen.add(f.resolve()))]
 
 
-def _rank_of(path: Path, header: dict[str, Any], explicit: int | None, n_files: int) -> int:
+def _info_int(path: Path, di: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
+    """distributedInfo[key] as an int in lo..hi, None when absent; a ConfigError naming the file and field else."""
+    v = di.get(key)
+    if v is None:
+        return None
+    if v.__class__ is not int or not lo <= v <= hi:
+        raise ConfigError(f"{path}: distributedInfo.{key} is {shown(v)}, not a number {lo}..{hi}; fix the "
+                          f"trace" + (" or pass --rank N (one file)" if key == "rank" else " or pass --world-size N"))
+    return v
+
+
+def _distributed_info(header: dict[str, Any]) -> dict[str, Any]:
     di = header.get("distributedInfo")
-    if isinstance(di, dict) and isinstance(di.get("rank"), int):
-        return int(di["rank"])
+    return di if isinstance(di, dict) else {}
+
+
+def _rank_of(path: Path, header: dict[str, Any], explicit: int | None, n_files: int) -> int:
+    di = _distributed_info(header)
+    r = _info_int(path, di, "rank", 0, MAX_WORLD_SIZE - 1)
+    if r is not None:
+        ws = _info_int(path, di, "world_size", 1, MAX_WORLD_SIZE)
+        if ws is not None and r >= ws:
+            raise ConfigError(f"{path}: distributedInfo.rank {r} is not below its world_size {ws}; fix the trace")
+        return r
     m = None
     for m in _RANK_RE.finditer(path.name):
         pass
     if m is not None:
-        return int(m.group(1))
+        r = int(m.group(1))
+        if r >= MAX_WORLD_SIZE:
+            raise ConfigError(f"{path}: rank {r} in the file name is beyond {MAX_WORLD_SIZE - 1}; rename the file")
+        return r
     if explicit is not None and n_files == 1:
         return explicit
     raise ConfigError(f"{path}: no rank in the trace (distributedInfo) nor in the file name; rename it "
                       "rank-N.json.gz" + (" or pass --rank N" if n_files == 1 else ""))
 
 
-def _process_groups(di: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for g in di.get("pg_config") or []:
+def _process_groups(di: dict[str, Any], world_size: int, warnings: list[str], path: Path) -> list[dict[str, Any]]:
+    """distributedInfo.pg_config as process groups; ranks that are not ranks of the job are dropped (warned)."""
+    cfg = di.get("pg_config")
+    out: list[dict[str, Any]] = []
+    if not isinstance(cfg, list):
+        if cfg is not None:
+            warnings.append(f"{path}: distributedInfo.pg_config is not a list; ignored")
+        return out
+    for g in cfg:
         if not isinstance(g, dict):
             continue
         ranks = g.get("ranks")
@@ -98,10 +130,25 @@ def _process_groups(di: dict[str, Any]) -> list[dict[str, Any]]:
             try:
                 ranks = [int(x) for x in ranks.strip("[]").split(",") if x.strip()]
             except ValueError:
-                ranks = []
+                ranks = None
+        if ranks is not None and not (isinstance(ranks, list) and all(
+                r.__class__ is int and 0 <= r < world_size for r in ranks)):
+            warnings.append(f"{path}: distributedInfo.pg_config entry {len(out)}: 'ranks' is not a list of ranks "
+                            f"0..{world_size - 1}; its ranks are left unknown")
+            ranks = None
         out.append({"index": len(out), "name": str(g.get("pg_name", len(out))), "desc": str(g.get("pg_desc", "")),
                     "backend": str(g.get("backend_config", di.get("backend", ""))), "ranks": list(ranks or [])})
     return out
+
+
+def _ranks_in_job(pgs: list[dict[str, Any]], world_size: int, warnings: list[str], path: Path) -> None:
+    """Process groups named by events (Process Group Ranks) may list ranks beyond the job: those lists are dropped."""
+    for g in pgs:
+        ranks = g.get("ranks") or []
+        if any(not 0 <= int(r) < world_size for r in ranks):
+            warnings.append(f"{path}: process group {g.get('name')!r} lists ranks beyond the world size "
+                            f"{world_size}; its ranks are left unknown")
+            g["ranks"] = []
 
 
 def _device_name(meta: dict[str, Any], devices: np.ndarray) -> tuple[str, str]:
@@ -117,20 +164,22 @@ def _device_name(meta: dict[str, Any], devices: np.ndarray) -> tuple[str, str]:
 
 
 def _device_properties(meta: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The trace's ``deviceProperties`` (one dict per device Kineto saw), kept as written; None when absent."""
+    """The trace's ``deviceProperties`` (one dict per device Kineto saw), kept as written; None when absent.
+    Entries that are not objects with an integer ``id`` (or none) are left out."""
     props = meta.get("deviceProperties")
     if not isinstance(props, list):
         return None
-    return [dict(p) for p in props if isinstance(p, dict)]
+    return [dict(p) for p in props if isinstance(p, dict) and (p.get("id") is None or p["id"].__class__ is int)]
 
 
 def _shard_for(tr: KinetoTrace, rank: int, world_size: int, run_id: str, ref_rank: int, one_host: bool,
-               out: Path, codec: str) -> Path:
+               out: Path, codec: str, warnings: list[str]) -> Path:
     di = tr.distributed_info
-    pgs = _process_groups(di)
+    pgs = _process_groups(di, world_size, warnings, tr.path)
     t0 = time.perf_counter()
     built = build_tables(tr.columns, tr.strings, main_tid=tr.main_tid, thread_names=tr.thread_names,
                          stream_names=tr.stream_names, process_groups=pgs, add_process_groups=True)
+    _ranks_in_job(built.process_groups, world_size, warnings, tr.path)
     tabs = built.tables
     tabs["memory"] = schema.empty_table("memory")
     steps = tabs["steps"]
@@ -201,6 +250,12 @@ def import_traces(
     if not files:
         raise ConfigError("no trace files given")
     run_dir = Path(run_dir)
+    if world_size is not None and not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ConfigError(f"--world-size {world_size}: must be 1..{MAX_WORLD_SIZE}")
+    if rank is not None and not 0 <= rank < MAX_WORLD_SIZE:
+        raise ConfigError(f"--rank {rank}: must be 0..{MAX_WORLD_SIZE - 1}")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"-o {run_dir}: exists and is not a directory; name a new directory for the run")
     if run_dir.exists() and any(run_dir.glob(schema.SHARD_GLOB)):
         if not force:
             raise ConfigError(f"{run_dir}: already holds shards; choose a new directory or pass --force to replace them")
@@ -210,19 +265,21 @@ def import_traces(
     ranks: dict[int, Path] = {}
     file_rank: list[tuple[Path, int, dict]] = []
     for f in files:
-        try:
-            hdr = read_header(f)
-        except TraceFormatError:
-            raise
+        hdr = read_header(f)
         r = _rank_of(f, hdr, rank, len(files))
         if r in ranks:
             raise ConfigError(f"{f}: claims rank {r} like {ranks[r]}; import one trace per rank (put other "
                               "profiling cycles into another run directory)")
         ranks[r] = f
         file_rank.append((f, r, hdr))
-    sizes = [int(h["distributedInfo"]["world_size"]) for _, _, h in file_rank
-             if isinstance(h.get("distributedInfo"), dict) and isinstance(h["distributedInfo"].get("world_size"), int)]
-    ws = world_size if world_size is not None else (max(sizes) if sizes else max(ranks) + 1)
+    sizes = {f: n for f, _, h in file_rank
+             if (n := _info_int(f, _distributed_info(h), "world_size", 1, MAX_WORLD_SIZE)) is not None}
+    if world_size is None and len(set(sizes.values())) > 1:
+        first = next(iter(sizes))
+        other = next(f for f, n in sizes.items() if n != sizes[first])
+        raise ConfigError(f"{other}: distributedInfo.world_size {sizes[other]} differs from {sizes[first]} in "
+                          f"{first.name}; import one job's traces together (or pass --world-size N)")
+    ws = world_size if world_size is not None else (max(sizes.values()) if sizes else max(ranks) + 1)
     if ws <= max(ranks):
         raise ConfigError(f"world size {ws} but rank {max(ranks)} present ({ranks[max(ranks)]}); "
                           "pass --world-size larger than every rank")
@@ -230,8 +287,12 @@ def import_traces(
     run_id = run_id or run_dir.resolve().name
     warnings: list[str] = []
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".import-", dir=run_dir))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".import-", dir=run_dir))
+    except OSError as e:
+        raise ConfigError(f"-o {run_dir}: cannot write there ({e.strerror or e}); pick a writable directory") \
+            from None
     t0 = time.perf_counter()
     n_events = raw = 0
     shards: list[Path] = []
@@ -252,7 +313,10 @@ def import_traces(
             if bad:
                 warnings.append(f"{f}: skipped {sum(bad.values()):,} malformed event(s) ("
                                 + ", ".join(f"{v:,} {k}" for k, v in sorted(bad.items())) + ")")
-            shards.append(_shard_for(tr, r, ws, run_id, ref, one_host, tmp, codec))
+            if tr.ignored:
+                warnings.append(f"{f}: ignored {sum(tr.ignored.values()):,} out-of-range value(s) (left unknown: "
+                                + ", ".join(f"{v:,} {k}" for k, v in sorted(tr.ignored.items())) + ")")
+            shards.append(_shard_for(tr, r, ws, run_id, ref, one_host, tmp, codec, warnings))
             del tr
         final = []
         for p in shards:

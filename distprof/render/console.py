@@ -8,11 +8,17 @@ Bounded whatever the rank count (about 80 lines at 1,024 ranks): tables of one r
 ``_MAX_RANK_ROWS``; beyond, a distribution (min, median, p90, max, with the extreme ranks named) and the outliers
 that matter; hosts are summarised the same way; at most ``_MAX_WARNINGS`` warnings. Every per-rank figure stays in
 report.json.
+
+Every string of the report is made safe for a terminal first (:func:`terminal_text`): names come from traces and
+shards, and a name holding ``\x1b]0;TITLE\x07`` or ``\nVerdict: ...`` must print as text, not retitle the terminal or
+forge a line. Control characters are escaped; a run of more than 240 non-blank characters is shortened in the middle;
+hosts, run ids and devices are bounded as names.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import textwrap
 from typing import Any
 
@@ -20,7 +26,7 @@ from ..analysis.names import display_name, rank_ranges
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["render_console"]
+__all__ = ["render_console", "terminal_text"]
 
 _MAX_RANK_ROWS = 8
 _MAX_OUTLIERS = 3
@@ -30,6 +36,56 @@ _WIDTH = 116
 _MAX_FINDINGS = 8
 _MAX_ANNOTATIONS = 10
 _SEVERITY_TAG = {"high": "HIGH", "medium": "MED ", "low": "LOW "}
+
+
+#: What a terminal would act on rather than print: C0 controls (newline, carriage return, escape, bell, ...), DEL, C1
+#: controls (CSI, OSC, ...), bidirectional overrides/isolates and Unicode line/paragraph separators.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+#: Longest run of non-blank characters printed whole (a path fits; a 10,000-character name does not).
+MAX_TOKEN = 240
+_LONG_TOKEN = re.compile(r"\S{%d,}" % (MAX_TOKEN + 1))
+
+
+def _escape(m: re.Match) -> str:
+    c = m.group(0)
+    return _ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def _shorten(m: re.Match) -> str:
+    t = m.group(0)
+    return t[: MAX_TOKEN // 2 - 1] + "…" + t[-(MAX_TOKEN // 2):]
+
+
+def terminal_text(text: Any) -> str:
+    """`text` safe to print on a terminal as one piece of a line: control characters escaped (``\\x1b``, ``\\n``),
+    runs of more than MAX_TOKEN non-blank characters shortened in the middle."""
+    s = str(text)
+    if _UNSAFE.search(s):
+        s = _UNSAFE.sub(_escape, s)
+    if len(s) > MAX_TOKEN and _LONG_TOKEN.search(s):
+        s = _LONG_TOKEN.sub(_shorten, s)
+    return s
+
+
+def _safe(x: Any) -> Any:
+    """A copy of a report with every string (keys included) made terminal-safe."""
+    if isinstance(x, str):
+        return terminal_text(x)
+    if isinstance(x, dict):
+        return {(terminal_text(k) if isinstance(k, str) else k): _safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_safe(v) for v in x]
+    return x
+
+
+#: Report sections of numbers only (one record per rank and step: large), left as they are by _safe.
+_NUMERIC_SECTIONS = frozenset({"steps"})
+
+
+def _name(x: Any, limit: int = 64) -> str:
+    """A host, run id or device as a bounded name."""
+    return display_name(str(x), limit)
 
 
 def _f(x: Any, fmt: str = "{:.1f}", none: str = "-") -> str:
@@ -72,7 +128,8 @@ def _wrap(text: str, first: str, rest: str) -> list[str]:
 
 
 def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3) -> str:
-    """The terminal summary as one string (ends with a newline)."""
+    """The terminal summary as one string (ends with a newline); every string from the report terminal-safe."""
+    report = {k: v if k in _NUMERIC_SECTIONS else _safe(v) for k, v in report.items()}
     st = _Style(color)
     out: list[str] = []
     run = report.get("run", {})
@@ -83,9 +140,10 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
         else "no steps"
     )
     out.append(
-        st.bold(f"distprof report: run {run.get('id')}")
+        st.bold(f"distprof report: run {_name(run.get('id'), 80)}")
         + f" - {n_present}/{run.get('world_size')} ranks on {run.get('n_hosts')} host(s), {steps_txt}, "
-        f"{'/'.join(run.get('backend', []))}, {'/'.join(run.get('devices', []))}"
+        f"{'/'.join(_name(b, 32) for b in run.get('backend', []))}, "
+        f"{'/'.join(_name(d) for d in run.get('devices', []))}"
     )
     if run.get("ranks_missing"):
         out.append(st.red(f"  missing ranks: {rank_ranges(run['ranks_missing'])}"))
@@ -109,7 +167,7 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
     if mfu:
         out += _per_rank(
             st.bold("MFU"), ["rank", "device", "TFLOP/s", "peak", "MFU", "peak from"], mfu,
-            lambda m: [str(m["rank"]), m.get("device", ""), _f(m.get("achieved_tflops"), "{:.2f}"),
+            lambda m: [str(m["rank"]), _name(m.get("device", "")), _f(m.get("achieved_tflops"), "{:.2f}"),
                        _f(m["peak_tflops"], "{:.0f}"), _f(None if m.get("mfu") is None else 100 * m["mfu"],
                                                           "{:.1f}%"), m.get("peak_source", "")],
             key=lambda m: m.get("mfu"), label="MFU", fmt="{:.1%}", worst="low")
@@ -146,7 +204,7 @@ def _clock(clock: dict[str, Any], st: _Style) -> list[str]:
     out = [st.bold("Clock alignment")]
 
     def line(host: str, c: dict[str, Any]) -> str:
-        return (f"  {host}: offset {c.get('offset_ns', 0) / 1e6:+.3f} ms, drift {_f(c.get('drift_ppm'), '{:.2f}')}"
+        return (f"  {_name(host)}: offset {c.get('offset_ns', 0) / 1e6:+.3f} ms, drift {_f(c.get('drift_ppm'), '{:.2f}')}"
                 f" ppm, residual {_f(c.get('residual_us'), '{:.0f}')} us ({c.get('method')})")
 
     if len(clock) <= _MAX_HOST_ROWS:
@@ -156,17 +214,18 @@ def _clock(clock: dict[str, Any], st: _Style) -> list[str]:
         by_method.setdefault(str(c.get("method")), []).append(h)
     for method, hosts in sorted(by_method.items(), key=lambda kv: -len(kv[1])):
         if method == "reference":
-            out.append(f"  reference: {', '.join(hosts)}")
+            out.append(f"  reference: {', '.join(_name(h) for h in hosts[:_MAX_OUTLIERS])}"
+                       + (f" and {len(hosts) - _MAX_OUTLIERS} more" if len(hosts) > _MAX_OUTLIERS else ""))
             continue
         cs = [clock[h] for h in hosts]
         offs = [c.get("offset_ns", 0) / 1e6 for c in cs]
         drifts = [c.get("drift_ppm") or 0.0 for c in cs]
         out.append(f"  {len(hosts)} host(s) by {method}: offsets {min(offs):+.3f} .. {max(offs):+.3f} ms, drift "
-                   f"{min(drifts):.2f} .. {max(drifts):.2f} ppm" + (f" ({hosts[0]})" if len(hosts) == 1 else ""))
+                   f"{min(drifts):.2f} .. {max(drifts):.2f} ppm" + (f" ({_name(hosts[0])})" if len(hosts) == 1 else ""))
     res = sorted(((c.get("residual_us") or 0.0, h) for h, c in clock.items()), reverse=True)
     worst = [(r, h) for r, h in res[:_MAX_OUTLIERS] if r > 0]
-    out.append(f"  residual: max {res[0][0]:.0f} us ({res[0][1]}), median {res[len(res) // 2][0]:.0f} us"
-               + (" — worst: " + ", ".join(f"{h} {r:.0f} us" for r, h in worst) if worst else ""))
+    out.append(f"  residual: max {res[0][0]:.0f} us ({_name(res[0][1])}), median {res[len(res) // 2][0]:.0f} us"
+               + (" — worst: " + ", ".join(f"{_name(h)} {r:.0f} us" for r, h in worst) if worst else ""))
     return out
 
 
@@ -190,7 +249,7 @@ def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
     rows = []
     for d in ranks[:_MAX_RANK_ROWS]:
         rows.append([
-            str(d["rank"]), str(d["host"]), _f(d.get("cost_ms_per_step"), "{:.2f}"),
+            str(d["rank"]), _name(d["host"]), _f(d.get("cost_ms_per_step"), "{:.2f}"),
             _f(d["mean_lateness_ms"], "{:.2f}"), _f(d.get("mean_excess_ms"), "{:.2f}"),
             _f(100 * (d.get("excess_step_fraction") or 0), "{:.0f}%"), _f(100 * d["late_fraction"], "{:.0f}%"),
             _f(d["clock_free_lateness_ms"], "{:.2f}"), "STRAGGLER" if d["named"] else "",
@@ -203,7 +262,7 @@ def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
     slow = {f.get("host") for f in report.get("findings") or [] if f.get("id") == "straggler_host"}
     hosts = [h for h in info.get("hosts", []) if h.get("named") and h.get("host") in slow]
     for h in hosts[:_MAX_OUTLIERS]:
-        out.append(st.red(f"  late host {h['host']} (ranks {rank_ranges(h['ranks'])}): "
+        out.append(st.red(f"  late host {_name(h['host'])} (ranks {rank_ranges(h['ranks'])}): "
                           f"{_f(h['mean_lateness_ms'], '{:.2f}')} ms mean lateness, last in "
                           f"{100 * h['late_fraction']:.0f}% of collectives"))
     if len(hosts) > _MAX_OUTLIERS:
@@ -224,7 +283,7 @@ def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
 def _root_cause(report: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for rc in report.get("root_cause", []):
-        out.append(f"Root cause, rank {rc['rank']} ({rc['host']}, {rc['n_steps']} steps vs. the other ranks' median):")
+        out.append(f"Root cause, rank {rc['rank']} ({_name(rc['host'])}, {rc['n_steps']} steps vs. the other ranks' median):")
         if not rc["ops"]:
             out.append("  no op took longer than on the other ranks")
         for op in rc["ops"][:5]:

@@ -1,7 +1,10 @@
 """Read distprof shards without torch: lazily, only the columns asked for.
 
-    shard = read_shard("run/rank00000.w0000.h5")
+    shard = read_shard("run/rank00000.w0000.h5")       # attributes checked (types, ranges, JSON shapes)
+    shard = check_shard("run/rank00000.w0000.h5")      # (storage.validate) and its layout and ids too
     shard.attrs["rank"], shard.names[shard.table("events", ["name_id"])["name_id"]]
+
+Every problem with a file is a BadShardError (a ShardFormatError) naming the file: never a traceback.
 """
 
 from __future__ import annotations
@@ -18,41 +21,11 @@ import h5py
 import hdf5plugin  # noqa: F401  -- registers the Zstd filter; every reader must import it
 import numpy as np
 
-from ..errors import ShardFormatError
+from ..errors import BadShardError
 from . import schema
+from .validate import H5_ERRORS, MAX_WORLD_SIZE, check_attrs, h5_message, open_h5, read_attrs
 
 _NAME_RE = re.compile(r"rank(\d+)\.w(\d+)\.h5$")
-
-
-def _decode_attr(key: str, value: Any) -> Any:
-    if isinstance(value, bytes):
-        value = value.decode("utf-8")
-    if isinstance(value, np.generic):
-        value = value.item()
-    if key in schema.JSON_ATTRS and isinstance(value, str):
-        try:
-            return json.loads(value) if value else None
-        except json.JSONDecodeError as e:
-            raise ShardFormatError(f"attribute {key!r} is not valid JSON ({e})") from None
-    return value
-
-
-def check_version(path: os.PathLike | str, version: str, fmt: str | None) -> None:
-    """Refuse shards we cannot read, with one line naming the file, the field and the fix."""
-    if fmt != schema.FORMAT_NAME:
-        raise ShardFormatError(
-            f"{path}: attribute 'format' is {fmt!r}, not {schema.FORMAT_NAME!r}: not a distprof shard "
-            "(import Kineto JSON traces first)"
-        )
-    try:
-        major = int(str(version).split(".")[0])
-    except ValueError:
-        raise ShardFormatError(f"{path}: attribute 'schema_version' is {version!r}, expected 'MAJOR.MINOR'") from None
-    if major > schema.SCHEMA_MAJOR:
-        raise ShardFormatError(
-            f"{path}: schema_version {version} is newer than this distprof reads "
-            f"({schema.SCHEMA_VERSION}); upgrade distprof (pip install -U distprof)"
-        )
 
 
 @dataclass
@@ -77,15 +50,16 @@ class Shard:
         return self.read_names()
 
     def read_names(self) -> np.ndarray:
-        """The string table, read now and not kept (a run's catalog holds every Shard: it must stay small)."""
+        """The string table, read now and not kept (a run's catalog holds every Shard: it must stay small).
+        Invalid UTF-8 reads as U+FFFD."""
         with self._open() as f:
-            return _names(f)
+            try:
+                return _names(f)
+            except H5_ERRORS as e:
+                raise BadShardError(self.path, f"cannot read /strings/names ({h5_message(e)})") from None
 
     def _open(self) -> h5py.File:
-        try:
-            return h5py.File(self.path, "r")
-        except OSError as e:
-            raise ShardFormatError(f"{self.path}: cannot open ({e})") from None
+        return open_h5(self.path)
 
     def memory_snapshot_path(self) -> Path | None:
         """The raw CUDA allocator snapshot beside this shard (``--memory-history``), or None when there is none."""
@@ -95,10 +69,13 @@ class Shard:
 
     def has(self, table: str) -> bool:
         with self._open() as f:
-            return table in f
+            try:
+                return table in f
+            except H5_ERRORS as e:
+                raise BadShardError(self.path, f"cannot read /{table} ({h5_message(e)})") from None
 
     def table(self, name: str, columns: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-        """Columns of table `name` (all known columns when `columns` is None)."""
+        """Columns of table `name` (all known columns when `columns` is None), in the schema's dtypes."""
         with self._open() as f:
             return self._table(f, name, columns)
 
@@ -107,7 +84,12 @@ class Shard:
         """Several tables (table -> columns, None = all) and, with `names`, the string table — the file opened once."""
         with self._open() as f:
             out = {t: self._table(f, t, cols) for t, cols in wanted.items()}
-            return out, (_names(f) if names else None)
+            if not names:
+                return out, None
+            try:
+                return out, _names(f)
+            except H5_ERRORS as e:
+                raise BadShardError(self.path, f"cannot read /strings/names ({h5_message(e)})") from None
 
     def _table(self, f: h5py.File, name: str, columns: Iterable[str] | None) -> dict[str, np.ndarray]:
         known = schema.TABLES.get(name)
@@ -115,26 +97,28 @@ class Shard:
             raise KeyError(f"unknown table {name!r}; known: {', '.join(schema.TABLES)}")
         cols = list(known) if columns is None else list(columns)
         out: dict[str, np.ndarray] = {}
-        grp = f.get(name)
-        for col in cols:
-            if grp is None or col not in grp:
-                if col not in known:
-                    raise KeyError(f"{self.path}: table {name!r} has no column {col!r}")
-                n = _table_len(grp)
-                out[col] = np.full(n, schema.MISSING_DEFAULTS.get((name, col), 0), dtype=known[col])
-                continue
-            try:
-                out[col] = grp[col][()]
-            except OSError as e:
-                raise ShardFormatError(f"{self.path}: cannot read {name}/{col} ({e})") from None
+        unknown = [c for c in cols if c not in known]
+        if unknown:
+            raise KeyError(f"{self.path}: table {name!r} has no column {unknown[0]!r}")
+        try:
+            grp = f.get(name)
+            for col in cols:
+                if grp is None or col not in grp:
+                    n = _table_len(grp)
+                    out[col] = np.full(n, schema.MISSING_DEFAULTS.get((name, col), 0), dtype=known[col])
+                    continue
+                out[col] = np.asarray(grp[col][()]).astype(known[col], copy=False)
+        except H5_ERRORS as e:
+            raise BadShardError(self.path, f"cannot read /{name} ({h5_message(e)}); the shard is damaged") \
+                from None
         return out
 
 
 def _names(f: h5py.File) -> np.ndarray:
     raw = f["strings/names"]
     if h5py.check_string_dtype(raw.dtype) is not None:
-        return np.asarray(raw.asstr()[()], dtype=object)
-    return np.array([s.decode("utf-8") if isinstance(s, bytes) else s for s in raw[()]], dtype=object)
+        return np.asarray(raw.asstr(errors="replace")[()], dtype=object)
+    return np.array([s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s) for s in raw[()]], dtype=object)
 
 
 def _table_len(grp: h5py.Group | None) -> int:
@@ -146,20 +130,14 @@ def _table_len(grp: h5py.Group | None) -> int:
 
 
 def read_shard(path: os.PathLike | str) -> Shard:
-    """Open a shard, check its format and version, and read its attributes."""
+    """Open a shard and read its attributes, checked (format, version, types, ranges; storage.validate.check_attrs).
+
+    Tables are not looked at: ``storage.validate.check_shard`` checks them too (what ``load_run`` uses).
+    """
     path = Path(path)
-    if not path.exists():
-        raise ShardFormatError(f"{path}: no such shard file")
-    try:
-        with h5py.File(path, "r") as f:
-            raw = dict(f.attrs)
-    except OSError as e:
-        raise ShardFormatError(f"{path}: not a readable HDF5 file ({e}); delete it or re-run the capture") from None
-    attrs = {k: _decode_attr(k, v) for k, v in raw.items()}
-    check_version(path, attrs.get("schema_version", "?"), attrs.get("format"))
-    missing = [k for k in schema.REQUIRED_ATTRS if k not in attrs]
-    if missing:
-        raise ShardFormatError(f"{path}: missing attribute(s) {', '.join(missing)}; the shard is damaged")
+    with open_h5(path) as f:
+        attrs = read_attrs(path, f)
+    check_attrs(path, attrs)
     return Shard(path=path, attrs=attrs)
 
 
@@ -174,13 +152,25 @@ def find_shards(run_dir: os.PathLike | str) -> list[Path]:
     return [p for _, _, p in sorted(found)]
 
 
+#: Status files larger than this are not read (a capture writes a few kB).
+MAX_STATUS_BYTES = 16 << 20
+
+
 def read_status(run_dir: os.PathLike | str) -> dict[int, dict]:
-    """Per-rank status files (written at close): rank -> status dict."""
+    """Per-rank status files (written at close): rank -> status dict. A file that is not a JSON object with an
+    integer ``rank`` is ignored; ``errors`` is always a list."""
     out = {}
     for p in Path(run_dir).glob("rank*.status.json"):
         try:
-            doc = json.loads(p.read_text())
-            out[int(doc["rank"])] = doc
-        except (OSError, ValueError, KeyError):
+            if p.stat().st_size > MAX_STATUS_BYTES:
+                continue
+            doc = json.loads(p.read_bytes())
+        except (OSError, ValueError, RecursionError):
             continue
+        rank = doc.get("rank") if isinstance(doc, dict) else None
+        if rank.__class__ is not int or not 0 <= rank < MAX_WORLD_SIZE:
+            continue
+        if not isinstance(doc.get("errors"), list):
+            doc["errors"] = []
+        out[rank] = doc
     return out

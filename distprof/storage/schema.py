@@ -57,7 +57,8 @@ THREAD_OTHER, THREAD_MAIN, THREAD_COMM, THREAD_STREAM = range(4)
 # Clock-sync phases.
 PHASES = ("window_start", "window_end")
 
-#: Value a reader gives a column that an older shard lacks (default 0).
+#: Value a reader gives a column that an older shard lacks. Every column added in a minor version needs an entry
+#: here (0 when nothing better): storage.validate rejects a shard that lacks any other column of a table it has.
 MISSING_DEFAULTS: dict[tuple[str, str], int] = {("threads", "device"): -1, ("comms", "peer"): -1}
 
 #: dataset -> column -> dtype. Every column of a table has the same length.
