@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node=2 examples/fsdp2.py
     torchrun --standalone --nproc_per_node=2 -m distprof.launch --out prof examples/fsdp2.py --slow-rank 1 --slow-ms 30
-    torchrun --standalone --nproc_per_node=2 -m distprof.launch --out prof examples/fsdp2.py --steps 10 --checkpoint ck.pt
+    torchrun --standalone --nproc_per_node=2 -m distprof.launch --out prof examples/fsdp2.py --checkpoint ck.pt
 
 A small pre-norm transformer-style stack (token embedding, `--layers` blocks of self-attention + MLP, a head) whose
 parameters are sharded over all ranks: each block all-gathers its parameters before its forward and backward and

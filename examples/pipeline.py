@@ -9,8 +9,9 @@ the loss. Each step splits the batch into `--microbatches` micro-batches:
   --schedule sendrecv   the loop written by hand as in PyTorch's point-to-point examples: rank 0 runs every forward
                         and `dist.send`s each activation, rank 1 `dist.recv`s it, runs its half and the loss, and
                         sends the input gradient back; backwards follow the forwards (GPipe order)
-  --schedule gpipe      the pipelining tutorial's way: `PipelineStage` per rank and `ScheduleGPipe(stage, n_microbatches,
-                        loss_fn)`; `schedule.step(x)` on the first stage, `schedule.step(target=y)` on the last
+  --schedule gpipe      the pipelining tutorial's way: `PipelineStage` per rank and
+                        `ScheduleGPipe(stage, n_microbatches, loss_fn)`; `schedule.step(x)` on the first stage,
+                        `schedule.step(target=y)` on the last
 
 Each rank steps its own optimizer. `--slow-rank R --slow-ms X` makes stage R's forward X ms slower per step (spread
 over its micro-batches), so the other stage waits on it: a real pipeline straggler.
@@ -19,7 +20,6 @@ over its micro-batches), so the other stage waits on it: a real pipeline straggl
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch

@@ -183,7 +183,7 @@ def fsdp_ckpt(tmp_path_factory):
 def test_checkpoint_after_the_loop_is_in_no_step(fsdp_ckpt):
     run, proc, d = fsdp_ckpt
     assert (d / "ck.pt").is_file() and "saved ck.pt" in proc.stdout
-    for r, s in landed(run, 2).items():
+    for s in landed(run, 2).values():
         assert s.attrs["steps_covered"] == DEFAULT_STEPS and s.attrs["complete"]
         steps = s.table("steps")
         ev = s.table("events", ["name_id", "ts_ns", "dur_ns", "step"])

@@ -18,7 +18,8 @@ def window(step_spans, ops):
     ts = [a for _, a, _ in step_spans] + [t for t, _ in ops]
     dur = [b - a for _, a, b in step_spans] + [d for _, d in ops]
     n = len(ts)
-    cols = Columns(name_id=np.array(name, np.uint32), kind=np.array([ann] * len(step_spans) + [op] * len(ops), np.uint8),
+    kind = np.array([ann] * len(step_spans) + [op] * len(ops), np.uint8)
+    cols = Columns(name_id=np.array(name, np.uint32), kind=kind,
                    tid=np.full(n, MAIN, np.int64), device=np.full(n, -1, np.int16), ts=np.array(ts, np.int64),
                    dur=np.array(dur, np.int64), flops=np.zeros(n, np.int64), corr=np.zeros(n, np.int64))
     return cols, strings

@@ -10,23 +10,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ..config import ProfileConfig
 from ..errors import ConfigError
 from ..storage import schema
-from ..storage.writer import write_shard
 from . import clock, dist_info, groups
-from .extract import extract
-from .memhistory import SNAPSHOT_TEMPLATE, MemoryHistory, dump_snapshot, summarize_snapshot
+from .memhistory import MemoryHistory
 from .schedule import Action, action_at, window_of
 from .setup import RunSetup
 from .stepper import OptimizerStepper
+from .windows import ShardWriter, WindowJob
 
 log = logging.getLogger(__name__)
 
@@ -39,58 +36,6 @@ def active() -> "RankProfiler | None":
     return _active
 
 
-class _Writer:
-    """One background thread that extracts and writes windows in order."""
-
-    def __init__(self, on_error: Callable[[str, BaseException], None]) -> None:
-        self._q: queue.Queue = queue.Queue()
-        self._on_error = on_error
-        self._thread = threading.Thread(target=self._run, name="distprof-writer", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        self._q.put(job)
-
-    def _run(self) -> None:
-        try:  # Linux: a per-thread nice value, so extraction yields the CPU to training
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        except (AttributeError, OSError):
-            pass
-        while True:
-            job = self._q.get()
-            if job is None:
-                return
-            try:
-                job()
-            except BaseException as e:  # noqa: BLE001 -- reported, never raised into training
-                self._on_error("write", e)
-
-    def close(self, timeout: float | None = 120.0) -> bool:
-        self._q.put(None)
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-
-@dataclass
-class _WindowJob:
-    """What the training thread hands the writer when a window ends: a snapshot, nothing shared."""
-
-    results: Any  # torch's kineto results for the window
-    window: int
-    complete: bool
-    stop_s: float  # torch's own stop, on the training thread
-    ready_s: float  # distprof's window-end work on the training thread
-    cuda_peaks: dict[int, int]
-    cuda_baseline: dict[int, int]
-    gloo_thread_pg: dict[int, str]
-    process_groups: list[dict[str, Any]]
-    backend: str
-    backend_config: str
-    step_end_ns: dict[int, int]  # steps the window's close ended -> when their iteration finished
-    memsnap: dict | None = None  # torch.cuda.memory._snapshot() at the window end (--memory-history)
-    t_queued: float = field(default_factory=time.perf_counter)
-
-
 class RankProfiler:
     """Nothing here waits for another rank at a step or window boundary: the run id and host roles are agreed once
     where every rank is (``setup.py``), clock ping-pongs run on a side thread (``clock.py``), and shards are written
@@ -100,10 +45,9 @@ class RankProfiler:
         self.config = config
         self.step_num = 0
         self.errors: list[dict[str, str]] = []
-        self.windows_written: list[dict[str, Any]] = []
         self._prof = None
         self._stepper: OptimizerStepper | None = None
-        self._writer: _Writer | None = None
+        self._writer: ShardWriter | None = None
         self._disabled = False
         self._closed = False
         self._started = False
@@ -131,6 +75,11 @@ class RankProfiler:
     @property
     def run_dir(self) -> Path | None:
         return self._setup.run_dir
+
+    @property
+    def windows_written(self) -> list[dict[str, Any]]:
+        """One entry per shard written: window, path, bytes, steps, complete, timings."""
+        return self._writer.written if self._writer is not None else []
 
     @property
     def iterations(self) -> int:
@@ -164,7 +113,8 @@ class RankProfiler:
             with_flops=cfg.flops,
             with_stack=cfg.stack,
         )
-        self._writer = _Writer(self._fail)
+        self._writer = ShardWriter(cfg, self._setup, self._clock, main_tid=self._main_tid,
+                                   errors=lambda: list(self.errors), on_error=self._fail)
         if cfg.step_on == "optimizer":
             self._stepper = OptimizerStepper(self._advance)
             self._stepper.install()
@@ -324,78 +274,12 @@ class RankProfiler:
                 memsnap: dict | None = None) -> None:
         self._ensure_info()
         peaks, self._cuda_peaks = self._cuda_peaks, {}
-        job = _WindowJob(results, window, complete, stop_s, ready_s, peaks, dict(self._cuda_baseline),
-                         groups.gloo_thread_pg(), groups.process_groups(),
-                         groups.backend_name(self._info.device_type), groups.backend_config(),
-                         dict(self._step_end_ns), memsnap=memsnap)
-        self._writer.submit(lambda: self._write_window(job))
-
-    def _write_window(self, job: _WindowJob) -> None:
-        """Writer thread: extract the window's events and write its shard."""
-        t0 = time.perf_counter()
-        info = self._info
-        run_dir = self._setup.ensure_run_dir(info.rank, wait=True)
-        ex = extract(
-            job.results.events(),
-            main_tid=self._main_tid,
-            sim=info.sim_clock,
-            thread_names=groups.thread_names(),
-            gloo_thread_pg=job.gloo_thread_pg,
-            process_groups=job.process_groups,
-            cuda_step_peaks=job.cuda_peaks or None,
-            cuda_baseline=job.cuda_baseline,
-            step_end_ns=job.step_end_ns or None,
-        )
-        t1 = time.perf_counter()
-        samples, local = self._clock.take(job.window)
-        s_tab, l_tab = clock.samples_table(samples, local)
-        tables = {**ex.tables, "clock/samples": s_tab, "clock/local": l_tab}
-        strings = list(ex.strings)
-        mem_attr = None
-        if job.memsnap is not None:
-            snap, job.memsnap = job.memsnap, None  # the job may outlive this call (windows_written); free it now
-            try:
-                mem_tables, mem_attr = self._memory_tables(snap, job.window, ex.tables["steps"], strings)
-                tables.update(mem_tables)
-            except Exception as e:  # noqa: BLE001 -- keep the window without the history
-                strings = list(ex.strings)
-                self._fail("memory history", e, disable=False)
-        roles = self._setup.roles()
-        steps = ex.steps_covered
-        timings = {"stop_s": round(job.stop_s, 6), "ready_s": round(job.ready_s, 6),
-                   "queued_s": round(t0 - job.t_queued, 6), "extract_s": round(t1 - t0, 6),
-                   "n_events": ex.stats["n_events"]}
-        attrs: dict[str, Any] = {
-            **info.attrs(),
-            "run_id": self.run_id,
-            "backend": job.backend,
-            "backend_config": job.backend_config,
-            "process_groups": job.process_groups,
-            "config": self.config.to_dict(),
-            "window": job.window,
-            "first_step": steps[0] if steps else -1,
-            "last_step": steps[-1] if steps else -1,
-            "steps_covered": steps,
-            "complete": job.complete,
-            "window_start_ns": ex.window_start_ns,
-            "window_end_ns": ex.window_end_ns,
-            "memory_total_relative": info.device_type == "cpu",
-            "errors": list(self.errors),
-            "clock_role": roles.role if roles else "",
-            "clock_leader": roles.leader_of_me if roles else info.rank,
-            "clock_reference": roles.reference if roles else 0,
-            "created_ns": time.time_ns(),
-            "timings": timings,  # write_shard adds write_s
-        }
-        if mem_attr is not None:
-            attrs["memory_history"] = mem_attr
-            timings["memhist_s"] = mem_attr.pop("summary_s")
-        path = run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=job.window)
-        size = write_shard(path, tables, strings, attrs, codec=self.config.codec)
-        durable = time.perf_counter() - job.t_queued
-        self.windows_written.append({"window": job.window, "path": str(path), "bytes": size, "steps": steps,
-                                     "complete": job.complete, **timings, "durable_after_s": round(durable, 6)})
-        log.info("distprof: rank %d wrote %s (%d events, %.1f KB)", info.rank, path, ex.stats["n_events"], size / 1e3)
+        memhist = ({"max_entries": self._memhist.max_entries, "stacks": self._memhist.stacks}
+                   if self._memhist is not None else None)
+        self._writer.submit(WindowJob(
+            results, window, complete, self._info, stop_s, ready_s, peaks, dict(self._cuda_baseline),
+            groups.gloo_thread_pg(), groups.process_groups(), groups.backend_name(self._info.device_type),
+            groups.backend_config(), dict(self._step_end_ns), memsnap=memsnap, memhist=memhist))
 
     # -- CUDA memory --------------------------------------------------------------------------------------------
     def _cuda_window_begin(self) -> None:
@@ -440,19 +324,6 @@ class RankProfiler:
                 self._memhist.stop()
             except Exception as e:  # noqa: BLE001
                 self._fail("memory history", e, disable=False)
-
-    def _memory_tables(self, snap: dict, window: int, steps: dict, strings: list[str]) -> tuple[dict, dict]:
-        """Writer thread: summarise the snapshot per step, pickle it beside the shard; `strings` is extended."""
-        t0 = time.perf_counter()
-        sim = self._info.sim_clock
-        summary = summarize_snapshot(snap, steps, max_entries=self._memhist.max_entries,
-                                     to_recorded=sim.apply if sim is not None and not sim.is_identity else None)
-        tables = summary.with_strings(strings)
-        name = SNAPSHOT_TEMPLATE.format(rank=self._info.rank, window=window)
-        size = dump_snapshot(snap, self.run_dir / name)
-        attr = {"snapshot": name, "snapshot_bytes": size, "max_entries": self._memhist.max_entries,
-                "stacks": self._memhist.stacks, **summary.stats, "summary_s": round(time.perf_counter() - t0, 6)}
-        return tables, attr
 
     def _cuda_step_end(self, step: int) -> None:
         import torch
