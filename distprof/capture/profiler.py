@@ -355,8 +355,10 @@ class RankProfiler:
         if self.config.strict:
             self._strict_error = exc
         elif first:
-            log.warning("distprof: rank %s: %s failed (%s: %s); profiling stops, training goes on "
-                        "(--strict raises instead)", self._rank_label(), stage, type(exc).__name__, exc)
+            stops = disable and stage != "write"
+            log.warning("distprof: rank %s: %s failed (%s: %s); %s, training goes on (--strict raises instead)",
+                        self._rank_label(), stage, type(exc).__name__, exc,
+                        "profiling stops" if stops else "capture goes on without it")
         if disable and stage != "write":
             self._disable()
 
