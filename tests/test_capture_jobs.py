@@ -229,3 +229,28 @@ def test_grad_accum_with_workers(tmp_path_factory):
         per_step = [int(((step == k) & (s.names[ex["op_id"]] == "all_reduce")).sum()) for k in DEFAULT_STEPS]
         assert len(set(per_step)) == 1 and per_step[0] >= 1, per_step
         assert (ex["pg"] == 0).all()
+
+
+# ---- groups made before the profiler started (explicit API) -----------------------------------------------------------
+def test_groups_made_before_the_profiler_are_adopted(tmp_path):
+    """distprof.profile() entered after init_process_group and a new_group: their gloo workers are tied to them."""
+    script = tmp_path / "adopt.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, distprof\n"
+        "dist.init_process_group('gloo')\n"
+        "sub = dist.new_group([0, 1], group_desc='my_sub')\n"
+        "with distprof.profile(out='prof', wait=1, warmup=1, active=2) as p:\n"
+        "    for _ in range(5):\n"
+        "        x = torch.ones(8)\n"
+        "        dist.all_reduce(x)\n"
+        "        dist.broadcast(x, src=0, group=sub)\n"
+        "        p.step()\n"
+        "dist.destroy_process_group()\n"
+    )
+    torchrun(2, [str(script)], cwd=tmp_path)
+    for s in landed(only_run_dir(tmp_path / "prof"), 2).values():
+        descs = {g["index"]: g["desc"] for g in s.attrs["process_groups"]}
+        ex = exec_comms(s)
+        ops = s.names[ex["op_id"]]
+        assert {descs[int(p)] for p in ex["pg"][ops == "all_reduce"]} == {"default_pg"}
+        assert {descs[int(p)] for p in ex["pg"][ops == "broadcast"]} == {"my_sub"}

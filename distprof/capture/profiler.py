@@ -121,6 +121,9 @@ class RankProfiler:
         _active = self
         # a job whose process group already exists: agree now (every rank enters the profiler there)
         self._guard("setup", self._setup.agree_with_existing_group)
+        if self._disabled:  # the agreement failed: warned once, training goes on unprofiled
+            self._raise_strict()
+            return self
         self._step_began_ns = time.time_ns()  # just before torch opens ProfilerStep#0
         self._prof.start()
         if action_at(cfg.schedule, 0) in RECORDING:  # wait = warmup = 0: the first window begins with the profiler
