@@ -208,10 +208,11 @@ class ClockSync:
         if self.roles is not None and self.roles.role == "leader":
             self._queue.put(None)
         th.join(self.timeout_s if timeout_s is None else timeout_s)
-        if th.is_alive():
+        if th.is_alive():  # keep the channel: the thread still uses it (a daemon; it ends with the process)
             log.debug("distprof: clock side thread still waiting at close (a peer did not finish)")
         else:
-            self._thread = None
+            # destroyed now, while the interpreter is whole, rather than during its finalisation
+            self._thread = self._channel = None
 
     # -- side thread ------------------------------------------------------------------------------------------------
     def _window(self, window: int) -> _Window:

@@ -60,6 +60,7 @@ class RankProfiler:
         self._step_end_ns: dict[int, int] = {}  # this window: steps ended by its close -> their iteration's end
         self._main_tid = threading.get_native_id()
         self._info: dist_info.RankInfo | None = None
+        self._info_final = False  # read while the process group existed (else from the launcher's environment)
         self._clock = clock.ClockSync(config.sync_rounds, config.sync_timeout_s, None,
                                       lambda stage, e: self._fail(stage, e, disable=False))
         self._setup = RunSetup(config, self._clock)
@@ -221,8 +222,6 @@ class RankProfiler:
             self._info_final = dist.is_available() and dist.is_initialized()
             if self._clock.sim is None:
                 self._clock.sim = self._info.sim_clock
-
-    _info_final = False
 
     # -- window end ---------------------------------------------------------------------------------------------
     def _on_trace_ready(self, prof) -> None:
