@@ -67,7 +67,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--sync-rounds", type=int, default=None,
                    help=f"clock-sync ping-pongs per host leader at each window start and end [{d.sync_rounds}]")
     g.add_argument("--sync-timeout", dest="sync_timeout_s", type=float, default=None,
-                   help=f"seconds a clock-sync exchange may wait for peers [{d.sync_timeout_s:g}]")
+                   help="seconds a clock-sync message may wait for its peer (on a side thread; training never "
+                        f"waits for it), and the reference rank for the host leaders at close [{d.sync_timeout_s:g}]")
     p.add_argument("script", help="the training script, run unchanged as __main__")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return p

@@ -64,27 +64,32 @@ class RunSetup:
         self._local_id: str | None = None
 
     # -- the agreement (a point every rank reaches; blocking) ------------------------------------------------------
-    def agree(self, store, rank: int, world_size: int) -> None:
-        """Agree the run id and host roles with every rank, open the leaders' side channel, start clock sync."""
+    def agree(self, store, rank: int, world_size: int, timeout: timedelta | None = None) -> None:
+        """Agree the run id and host roles with every rank, open the leaders' side channel, start clock sync.
+
+        `timeout`: how long to wait for the other ranks (default: the store's own, what torch waits for peers).
+        """
         if self.agreement is not None:
             return
         self.clock.sim = sim_clock(sim_host_index(rank))
         explicit = self.config.run_id or env_run_id()
-        agreement = clock.agree(store, rank, world_size, dist_info.host_of(rank), explicit)
+        agreement = clock.agree(store, rank, world_size, dist_info.host_of(rank), explicit, timeout)
         channel = clock.open_side_channel(store, agreement, timedelta(seconds=self.config.sync_timeout_s))
         self.agreement = agreement
         self.clock.start(agreement.roles, channel)
         self._agreed.set()
 
     def agree_with_existing_group(self) -> bool:
-        """The profiler starts on a job whose default group exists: agree now (every rank enters the profiler)."""
+        """The profiler starts on a job whose default group exists: agree now (every rank enters the profiler),
+        waiting at most the sync timeout for the others."""
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
             return False
         from torch.distributed import distributed_c10d as c10d
 
-        self.agree(c10d._get_default_store(), dist.get_rank(), dist.get_world_size())
+        self.agree(c10d._get_default_store(), dist.get_rank(), dist.get_world_size(),
+                   timedelta(seconds=self.config.sync_timeout_s))
         return True
 
     def roles(self) -> clock.ClockRoles | None:
