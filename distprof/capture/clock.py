@@ -222,10 +222,8 @@ class ClockSync:
         return w
 
     def _ping_loop(self) -> None:
-        import torch
-
         ok = True
-        buf = torch.zeros(4, dtype=torch.int64)
+        msg, buf = _message()
         wait = timedelta(seconds=self.timeout_s)
         ref = 0  # the reference is the first host leader
         while True:
@@ -233,7 +231,7 @@ class ClockSync:
             if item is None:
                 if ok:
                     try:
-                        buf[0] = BYE
+                        msg[0] = BYE
                         self._channel.send([buf], ref, TAG_PING).wait(wait)
                     except Exception as e:  # noqa: BLE001 -- the reference is gone; nothing left to say
                         log.debug("distprof: clock goodbye not delivered: %s", e)
@@ -243,13 +241,12 @@ class ClockSync:
             try:
                 if ok:
                     for _ in range(self.rounds):
-                        buf[0], buf[1], buf[2] = PING, window, phase
-                        t_send = self.now()
-                        buf[3] = t_send
+                        msg[0], msg[1], msg[2] = PING, window, phase
+                        t_send = msg[3] = self.now()  # nothing but the send between the two timestamps and it
                         self._channel.send([buf], ref, TAG_PING).wait(wait)
                         self._channel.recv([buf], ref, TAG_PONG).wait(wait)
                         t_recv = self.now()
-                        got.append((phase, self.roles.reference, t_send, int(buf[3]), t_recv))
+                        got.append((phase, self.roles.reference, t_send, int(msg[3]), t_recv))
             except Exception as e:  # noqa: BLE001 -- a failed channel stays failed (gloo closes it)
                 ok = False
                 self._on_error("clock sync", e)
@@ -261,23 +258,29 @@ class ClockSync:
                 self._cond.notify_all()
 
     def _serve(self) -> None:
-        import torch
-
-        buf = torch.zeros(4, dtype=torch.int64)
+        msg, buf = _message()
         wait = timedelta(seconds=self.timeout_s)
         remaining = len(self.roles.leaders) - 1
         try:
             while remaining > 0:
                 work = self._channel.recv_anysource([buf], TAG_PING)
                 work.wait(_SERVE_WAIT)
-                src = work._source_rank()
-                if int(buf[0]) == BYE:
+                t_remote = self.now()  # first thing once the ping is in
+                if msg[0] == BYE:
                     remaining -= 1
                     continue
-                buf[3] = self.now()
-                self._channel.send([buf], src, TAG_PONG).wait(wait)
+                msg[3] = t_remote
+                self._channel.send([buf], work._source_rank(), TAG_PONG).wait(wait)
         except Exception as e:  # noqa: BLE001 -- a leader vanished: its samples are its loss; stop serving
             log.debug("distprof: clock reference stops serving: %s", e)
+
+
+def _message():
+    """A side-channel message: int64[4] as numpy (cheap to fill) and the tensor sharing its memory (to send)."""
+    import torch
+
+    msg = np.zeros(4, dtype=np.int64)
+    return msg, torch.from_numpy(msg)
 
 
 def samples_table(samples: list, local: list) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
