@@ -58,6 +58,7 @@ class Agreement:
     rank: int
     world_size: int
     roles: ClockRoles
+    key_prefix: str = ""  # this agreement's keys in the store (its side channel's are under it)
 
 
 def new_run_id() -> str:
@@ -102,7 +103,7 @@ def agree(store, rank: int, world_size: int, host: str, run_id: str | None,
         store.wait(keys + [f"{prefix}run_id"], timeout)
     hosts = [v.decode() for v in store.multi_get(keys)]
     agreed = store.get(f"{prefix}run_id").decode()
-    return Agreement(agreed, rank, world_size, roles_of(hosts, rank))
+    return Agreement(agreed, rank, world_size, roles_of(hosts, rank), prefix)
 
 
 def open_side_channel(store, agreement: Agreement, timeout: timedelta):
@@ -121,7 +122,7 @@ def open_side_channel(store, agreement: Agreement, timeout: timedelta):
     opts._timeout = timeout
     opts._threads = 1
     opts._devices = [dist.ProcessGroupGloo.create_default_device()]
-    prefix = dist.PrefixStore(f"distprof/{_agreements}/clock/", store)
+    prefix = dist.PrefixStore(f"{agreement.key_prefix}clock/", store)
     channel = dist.ProcessGroupGloo(prefix, roles.leaders.index(agreement.rank), len(roles.leaders), opts)
     groups.claim_own_threads(opts._threads)
     return channel
