@@ -2,10 +2,12 @@
 
     python benchmarks/stall.py [--steps 200] [--rounds 3] [--sim-hosts] [--jobs sendrecv,gpipe,ddp]
 
-Runs each job (2 ranks, gloo, CPU) under torchrun plain and under `distprof.launch` with the default schedule (one
-window of 5 recorded steps), interleaved `--rounds` times, and prints the median training-loop time of each (as the
-script itself reports it, so process start-up is left out), their ratio, and the ratio of the fastest runs (less
-sensitive to other load on the machine). Jobs:
+Runs each job (2 ranks, gloo, CPU) three ways — plain torchrun, under `distprof.launch` with no window within the
+job's steps (what distprof costs outside windows: hooks, the agreement, the side thread), and under `distprof.launch`
+with the default schedule (one window of 5 recorded steps) — interleaved `--rounds` times, and prints the median
+training-loop time of each (as the script itself reports it, so process start-up is left out), its ratio to the
+plain run, the ratio of the fastest runs (less sensitive to other load on the machine), and the window's own costs
+from the status files (torch's stop on the training thread, the background extraction). Jobs:
 
   sendrecv   examples/pipeline.py --schedule sendrecv   (2 stages, plain dist.send / dist.recv)
   gpipe      examples/pipeline.py --schedule gpipe      (torch.distributed.pipelining ScheduleGPipe)
@@ -18,6 +20,7 @@ ping-pongs. A profiler step that waited for a peer showed up here as a ratio of 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -35,12 +38,18 @@ JOBS = {
 }
 
 
-def loop_seconds(tmp: Path, job: str, steps: int, profiled: bool, sim_hosts: bool) -> float:
+MODES = ("unprofiled", "no window", "profiled")
+
+
+def run_job(tmp: Path, job: str, steps: int, mode: str, sim_hosts: bool) -> float:
+    """The job's training-loop seconds in `mode`: plain torchrun, the launcher with no window in reach, or profiled."""
     script, *args = JOBS[job]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    if profiled:
+    if mode != "unprofiled":
         cmd += ["-m", "distprof.launch", "--out", str(tmp / "runs")]
+        if mode == "no window":
+            cmd += ["--wait", str(steps + 10)]
         if sim_hosts:
             env.update(DISTPROF_SIM_HOSTS="0,1", DISTPROF_SIM_CLOCKS="0,2.5@30")
     cmd += [str(ROOT / "examples" / script), *args, "--steps", str(steps)]
@@ -49,6 +58,17 @@ def loop_seconds(tmp: Path, job: str, steps: int, profiled: bool, sim_hosts: boo
     if not m:
         raise SystemExit(f"{job}: no loop time in its output:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return float(m.group(1))
+
+
+def window_costs(runs: Path) -> dict[str, list[float]]:
+    """Per rank and window: torch's stop on the training thread and the background extraction (status files)."""
+    out: dict[str, list[float]] = {"stop_s": [], "extract_s": []}
+    for st in runs.glob("*/rank*.status.json"):
+        for w in json.loads(st.read_text())["windows"]:
+            for k in out:
+                if w.get(k):
+                    out[k].append(float(w[k]))
+    return out
 
 
 def main() -> None:
@@ -62,22 +82,31 @@ def main() -> None:
     unknown = sorted(set(jobs) - set(JOBS))
     if unknown:
         ap.error(f"unknown job(s) {', '.join(unknown)}; choose from {', '.join(JOBS)}")
-    times: dict[tuple[str, bool], list[float]] = {(j, p): [] for j in jobs for p in (False, True)}
+    times: dict[tuple[str, str], list[float]] = {(j, m): [] for j in jobs for m in MODES}
+    costs: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as d:
         for r in range(args.rounds):
             for j in jobs:
-                order = (False, True) if r % 2 == 0 else (True, False)  # alternate to cancel drift in load
-                for profiled in order:
-                    times[(j, profiled)].append(loop_seconds(Path(d), j, args.steps, profiled, args.sim_hosts))
+                order = MODES if r % 2 == 0 else MODES[::-1]  # alternate to cancel drift in load
+                for mode in order:
+                    times[(j, mode)].append(run_job(Path(d) / j, j, args.steps, mode, args.sim_hosts))
+        for j in jobs:
+            costs[j] = window_costs(Path(d) / j / "runs")
     med = statistics.median
     hosts = "2 simulated hosts" if args.sim_hosts else "1 host"
-    print(f"loop wall time, median of {args.rounds} interleaved rounds, {args.steps} steps, 2 ranks, {hosts}:")
+    print(f"training-loop wall time, median of {args.rounds} interleaved rounds, {args.steps} steps, 2 ranks, {hosts}; "
+          "profiled = one window of 5 recorded steps (the default schedule)")
     for j in jobs:
-        plain, prof = med(times[(j, False)]), med(times[(j, True)])
-        best = min(times[(j, True)]) / min(times[(j, False)])
-        runs = "; ".join(", ".join(f"{t:.2f}" for t in times[(j, p)]) for p in (False, True))
-        print(f"  {j:9s} unprofiled {plain:7.3f} s   profiled {prof:7.3f} s   ratio {prof / plain:.3f}   "
-              f"(fastest runs: {best:.3f}; runs unprofiled; profiled: {runs})")
+        base = med(times[(j, "unprofiled")])
+        cells = [f"{m} {med(times[(j, m)]):6.3f} s" + ("" if m == "unprofiled" else
+                                                       f" ({med(times[(j, m)]) / base:.3f}x)") for m in MODES]
+        best = min(times[(j, "profiled")]) / min(times[(j, "unprofiled")])
+        c = costs[j]
+        print(f"  {j:9s} " + "   ".join(cells) + f"   fastest runs profiled/unprofiled {best:.3f}x")
+        if c["stop_s"]:
+            print(f"            per window and rank: torch's stop {med(c['stop_s']) * 1e3:.0f} ms (training thread), "
+                  f"extraction {med(c['extract_s']) * 1e3:.0f} ms (background)")
+        print("            runs: " + "; ".join(f"{m} " + ", ".join(f"{t:.2f}" for t in times[(j, m)]) for m in MODES))
 
 
 if __name__ == "__main__":
