@@ -72,7 +72,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--sync-rounds", type=int, default=None,
                    help=f"clock-sync ping-pongs per host leader at each window start and end [{d.sync_rounds}]")
     g.add_argument("--sync-timeout", dest="sync_timeout_s", type=float, default=None,
-                   help=f"seconds a clock-sync exchange may wait for peers [{d.sync_timeout_s:g}]")
+                   help="seconds a clock-sync message may wait for its peer (on a side thread; training never "
+                        f"waits for it), and the reference rank for the host leaders at close [{d.sync_timeout_s:g}]")
     p.add_argument("script", help="the training script, run unchanged as __main__")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return p
@@ -107,10 +108,19 @@ def _summary(prof) -> None:
     """One line per rank on stderr: where the shards went (rank 0 names the run directory)."""
     n = len(prof.windows_written)
     rank = os.environ.get("RANK", "0")
-    if prof.run_dir is None:
-        if rank == "0":
+    if n == 0 and not prof.errors:
+        if rank != "0":
+            return
+        if prof.config.step_on == "optimizer" and prof.iterations == 0:
+            print("distprof: no optimizer step was seen, so no step was recorded: a loop without torch.optim needs "
+                  "--step-on manual and a distprof.step() call at the end of each iteration", file=sys.stderr)
+        else:
             print("distprof: no window was recorded (the job ran fewer steps than the schedule needs: "
-                  f"see --wait/--warmup/--active; steps seen: {prof.step_num})", file=sys.stderr)
+                  f"see --wait/--warmup/--active; steps seen: {prof.iterations})", file=sys.stderr)
+        return
+    if prof.run_dir is None:
+        errs = f": {prof.errors[0]['message']}" if prof.errors else ""
+        print(f"distprof: rank {rank} wrote no shard{errs}", file=sys.stderr)
         return
     if rank == "0" or prof.errors:
         errs = f", {len(prof.errors)} error(s): {prof.errors[0]['message']}" if prof.errors else ""

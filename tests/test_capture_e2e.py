@@ -198,7 +198,8 @@ def test_explicit_api_two_ranks(tmp_path):
 @pytest.mark.parametrize("steps", [5, 0])
 def test_schedule_recording_from_step_zero(tmp_path, steps):
     """wait = warmup = 0: the first window starts with the profiler, before any step(); it must still be set up and
-    written (also when the job closes inside it before its first step)."""
+    written (also when the job closes inside it before its first step: then that window holds no step — the work
+    after the last step() is no iteration's — but its events are there, in no step)."""
     script = tmp_path / "loop.py"
     script.write_text(
         "import torch, distprof\n"
@@ -212,4 +213,8 @@ def test_schedule_recording_from_step_zero(tmp_path, steps):
     proc = python([str(script)], cwd=tmp_path)
     assert "errors []" in proc.stdout, proc.stdout + proc.stderr
     (shard,) = [read_shard(p) for p in find_shards(tmp_path / "prof" / "z")]
-    assert shard.attrs["steps_covered"] == ([0, 1, 2] if steps else [0])
+    assert shard.attrs["steps_covered"] == ([0, 1, 2] if steps else [])
+    if not steps:
+        ev = shard.table("events", ["name_id", "step"])
+        mm = shard.names[ev["name_id"]] == "aten::mm"
+        assert mm.any() and (ev["step"][mm] == -1).all()

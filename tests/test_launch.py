@@ -86,6 +86,21 @@ def test_too_few_steps_says_so(tmp_path):
     assert "no window was recorded" in proc.stderr
 
 
+def test_no_optimizer_is_told_to_step_manually(tmp_path):
+    """step_on=optimizer on a loop without torch.optim: one line saying what to do, not "too few steps"."""
+    script = write(tmp_path, "infer.py", """
+        import torch
+        w = torch.randn(32, 32)
+        for i in range(12):
+            (w @ w).sum()
+    """)
+    proc = python(["-m", "distprof.launch", "--out", "o", *SCHED, str(script)], cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("distprof:")]
+    assert len(lines) == 1, proc.stderr
+    assert "no optimizer step" in lines[0] and "--step-on manual" in lines[0] and "distprof.step()" in lines[0]
+    assert "fewer steps" not in proc.stderr
+
+
 def test_profiler_failure_does_not_hurt_training(tmp_path):
     # the output path is a file: creating the run directory fails once the first window starts
     (tmp_path / "blocked").write_text("not a directory")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import torch
@@ -35,6 +36,20 @@ def test_one_step_per_iteration_deferred_to_next_forward(stepper):
     assert stepper.fired == [1, 2]  # iterations 0 and 1 fired at the next forward
     stepper.fire()
     assert stepper.fired == [1, 2, 3] and not stepper.pending
+
+
+def test_iteration_end_time_is_the_optimizer_step_end(stepper):
+    """last_end_ns: when the primary optimizer's step returned (a step still pending at close ends there)."""
+    m, loss = model_and_loss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(2):
+        loss().backward()
+        before = time.time_ns()
+        opt.step()
+        after = time.time_ns()
+        assert before <= stepper.last_end_ns <= after
+        time.sleep(0.002)  # work after the step (a checkpoint) does not move it
+        assert stepper.last_end_ns <= after
 
 
 def test_several_optimizers_count_the_primary(stepper):

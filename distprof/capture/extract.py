@@ -8,7 +8,7 @@ re-parsing chrome JSON (≈64k events/s and no FLOPs). One Python pass fills pre
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from ..storage import schema
 from .sim import SimClock
 from ..events.classify import DTYPE_BYTES, comm_args, comm_role, normalize_op  # noqa: F401  (re-exported)
+from ..events.p2p import P2PCalls
 from ..events.tables import Columns, Strings, build_tables
 
 #: Names whose Kineto metadata (the trace's ``args``) carries collective arguments worth parsing.
@@ -72,8 +73,14 @@ def extract(
     process_groups: list[dict[str, Any]] | None = None,
     cuda_step_peaks: dict[int, int] | None = None,
     cuda_baseline: dict[int, int] | None = None,
+    step_end_ns: dict[int, int] | None = None,
+    p2p_calls: P2PCalls | None = None,
 ) -> Extracted:
-    """Turn one window's Kineto events into the shard tables."""
+    """Turn one window's Kineto events into the shard tables.
+
+    `step_end_ns`: step -> ``time.time_ns()`` when its iteration finished, for steps the window's close ended (see
+    :func:`distprof.events.tables.build_tables`); the simulated clock is applied to them as to the events.
+    """
     evs = list(events)
     n = len(evs)
     strings = Strings()
@@ -136,8 +143,12 @@ def extract(
         dur=dur[ev_idx], flops=flops[ev_idx], corr=corr[ev_idx], msg_bytes=msg_bytes[ev_idx],
         comm_meta={int(pos[i]): m for i, m in comm_meta.items()},
     )
+    if step_end_ns and sim is not None and not sim.is_identity:
+        step_end_ns = {k: int(sim.apply(int(t))) for k, t in step_end_ns.items()}
+    if p2p_calls is not None and len(p2p_calls) and sim is not None and not sim.is_identity:
+        p2p_calls = replace(p2p_calls, t_ns=np.asarray(sim.apply(p2p_calls.t_ns), np.int64))
     built = build_tables(cols, strings, main_tid=main_tid, thread_names=thread_names, gloo_thread_pg=gloo_thread_pg,
-                         process_groups=process_groups)
+                         process_groups=process_groups, step_end_ns=step_end_ns, p2p_calls=p2p_calls)
     events = built.tables["events"]
     comms = built.tables["comms"]
     threads = built.tables["threads"]
@@ -175,11 +186,14 @@ def extract(
             level = m_total[before - 1] if before > 0 else 0
             peak[i] = max(level, int(m_total[lo:hi].max()) if hi > lo else level)
 
+    # the window ends where the trace does (the last ProfilerStep span included), even when its last step ended
+    # earlier: what ran after the last step stays visible as such
+    trace_end = int((ev_ts + events["dur_ns"]).max()) if len(ev_ts) else 0
     return Extracted(
         tables={"events": events, "comms": comms, "threads": threads, "memory": memory, "steps": steps},
         strings=strings.list(),
         window_start_ns=int(s_start[0]) if n_steps else int(ev_ts[0]) if len(ev_ts) else 0,
-        window_end_ns=int(s_end[-1]) if n_steps else int((ev_ts + events["dur_ns"]).max()) if len(ev_ts) else 0,
+        window_end_ns=max(trace_end, int(s_end[-1])) if n_steps else trace_end,
         steps_covered=step_ids.tolist(),
         stats={"n_events": int(len(order)), "n_memory": int(len(mem_order)), "n_comms": int(len(comms["row"]))},
     )

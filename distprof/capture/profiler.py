@@ -10,22 +10,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ..config import ProfileConfig
 from ..errors import ConfigError
 from ..storage import schema
-from ..storage.writer import remove_orphans, write_shard
-from . import clock, dist_info
-from .extract import extract
-from .memhistory import SNAPSHOT_TEMPLATE, MemoryHistory, dump_snapshot, summarize_snapshot
+from . import clock, dist_info, groups, p2p
+from .memhistory import MemoryHistory
 from .schedule import Action, action_at, window_of
+from .setup import RunSetup
 from .stepper import OptimizerStepper
+from .windows import ShardWriter, WindowJob
 
 log = logging.getLogger(__name__)
 
@@ -38,69 +36,18 @@ def active() -> "RankProfiler | None":
     return _active
 
 
-class _Writer:
-    """One background thread that extracts and writes windows in order."""
-
-    def __init__(self, on_error: Callable[[str, BaseException], None]) -> None:
-        self._q: queue.Queue = queue.Queue()
-        self._on_error = on_error
-        self._thread = threading.Thread(target=self._run, name="distprof-writer", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        self._q.put(job)
-
-    def _run(self) -> None:
-        try:  # Linux: a per-thread nice value, so extraction yields the CPU to training
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        except (AttributeError, OSError):
-            pass
-        while True:
-            job = self._q.get()
-            if job is None:
-                return
-            try:
-                job()
-            except BaseException as e:  # noqa: BLE001 -- reported, never raised into training
-                self._on_error("write", e)
-
-    def close(self, timeout: float | None = 120.0) -> bool:
-        self._q.put(None)
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-
-@dataclass
-class _WindowJob:
-    """What the training thread hands the writer when a window ends: a snapshot, nothing shared."""
-
-    results: Any  # torch's kineto results for the window
-    window: int
-    complete: bool
-    stop_s: float  # torch's own stop, on the training thread
-    ready_s: float  # distprof's window-end work on the training thread
-    samples: list
-    local: list
-    cuda_peaks: dict[int, int]
-    cuda_baseline: dict[int, int]
-    gloo_thread_pg: dict[int, str]
-    process_groups: list[dict[str, Any]]
-    backend: str
-    memsnap: dict | None = None  # torch.cuda.memory._snapshot() at the window end (--memory-history)
-    t_queued: float = field(default_factory=time.perf_counter)
-
-
 class RankProfiler:
+    """Nothing here waits for another rank at a step or window boundary: the run id and host roles are agreed once
+    where every rank is (``setup.py``), clock ping-pongs run on a side thread (``clock.py``), and shards are written
+    by a background thread."""
+
     def __init__(self, config: ProfileConfig) -> None:
         self.config = config
         self.step_num = 0
         self.errors: list[dict[str, str]] = []
-        self.windows_written: list[dict[str, Any]] = []
-        self.run_id: str | None = None
-        self.run_dir: Path | None = None
         self._prof = None
         self._stepper: OptimizerStepper | None = None
-        self._writer: _Writer | None = None
+        self._writer: ShardWriter | None = None
         self._disabled = False
         self._closed = False
         self._started = False
@@ -109,13 +56,36 @@ class RankProfiler:
         self._warned_manual = False
         self._in_callback = False
         self._t_step_call = 0.0  # perf_counter just before the training thread's prof.step()
+        self._step_began_ns = 0  # time.time_ns() when the step in flight began
+        self._step_end_ns: dict[int, int] = {}  # this window: steps ended by its close -> their iteration's end
         self._main_tid = threading.get_native_id()
         self._info: dist_info.RankInfo | None = None
-        self._sync: clock.SyncState | None = None
+        self._info_final = False  # read while the process group existed (else from the launcher's environment)
+        self._clock = clock.ClockSync(config.sync_rounds, config.sync_timeout_s, None,
+                                      lambda stage, e: self._fail(stage, e, disable=False))
+        self._setup = RunSetup(config, self._clock)
         self._cuda_peaks: dict[int, int] = {}
         self._cuda_baseline: dict[int, int] = {}
         self._memhist: MemoryHistory | None = None
         self._lock = threading.Lock()
+
+    @property
+    def run_id(self) -> str | None:
+        return self._setup.run_id
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self._setup.run_dir
+
+    @property
+    def windows_written(self) -> list[dict[str, Any]]:
+        """One entry per shard written: window, path, bytes, steps, complete, timings."""
+        return self._writer.written if self._writer is not None else []
+
+    @property
+    def iterations(self) -> int:
+        """Training iterations seen (optimizer steps of the primary optimizer, or step() calls)."""
+        return self._stepper.iterations if self._stepper is not None else self.step_num
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> "RankProfiler":
@@ -129,8 +99,9 @@ class RankProfiler:
             return self
         self._setup_memory_history(torch)
         self._started = True
-        dist_info.install_group_tracking()
-        dist_info.add_teardown_callback(_teardown_active)
+        groups.set_default_group_listener(self._on_default_group)
+        groups.install()
+        p2p.install()
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
@@ -144,13 +115,21 @@ class RankProfiler:
             with_flops=cfg.flops,
             with_stack=cfg.stack,
         )
-        self._prof.start()
-        self._writer = _Writer(self._fail)
-        self._sync = clock.SyncState(cfg.sync_rounds, cfg.sync_timeout_s, None)
+        self._writer = ShardWriter(cfg, self._setup, self._clock, main_tid=self._main_tid,
+                                   errors=lambda: list(self.errors), on_error=self._fail)
         if cfg.step_on == "optimizer":
             self._stepper = OptimizerStepper(self._advance)
             self._stepper.install()
         _active = self
+        # a job whose process group already exists: agree now (every rank enters the profiler there)
+        self._guard("setup", self._setup.agree_with_existing_group)
+        if self._disabled:  # the agreement failed: warned once, training goes on unprofiled
+            self._raise_strict()
+            return self
+        self._step_began_ns = time.time_ns()  # just before torch opens ProfilerStep#0
+        self._prof.start()
+        if action_at(cfg.schedule, 0) in RECORDING:  # wait = warmup = 0: the first window begins with the profiler
+            self._guard("step", lambda: self._window_begin(0))
         return self
 
     def __enter__(self) -> "RankProfiler":
@@ -172,30 +151,43 @@ class RankProfiler:
         self._advance()
 
     def close(self) -> None:
-        """Finish: flush the pending step, write what was recorded, wait for the writer, write the status file."""
+        """Finish: end the step in flight where its iteration ended, write what was recorded, wait for the writer
+        and the clock side thread, write the status file."""
         global _active
         if self._closed or not self._started:
             return
         self._closed = True
         try:
+            iteration_done = False
             if self._stepper is not None:
-                if not self._disabled:
-                    self._guard("step", self._stepper.fire)
+                # an iteration finished and its deferred profiler step never came: that step ends at its optimizer
+                # step, and whatever ran since (a checkpoint, evaluation) is in no step
+                iteration_done = self._stepper.pending
                 self._stepper.remove()
             if self._prof is not None:
                 if self._disabled:
                     self._stop_quietly()
                 else:
-                    self._guard("stop", self._stop_partial)
+                    self._guard("stop", lambda: self._stop_partial(iteration_done))
         finally:
             self._memhist_stop()
             if _active is self:
                 _active = None
+            groups.set_default_group_listener(None)
+            p2p.uninstall()
             ok = self._writer.close() if self._writer is not None else True
             if not ok:
                 self._fail("write", TimeoutError("background writer did not finish within 120 s"))
+            self._clock.close()
             self._write_status()
         self._raise_strict()
+
+    # -- the agreement ------------------------------------------------------------------------------------------
+    def _on_default_group(self, pg, store) -> None:
+        """Inside init_process_group, every rank: agree the run id and host roles (never raises into torch)."""
+        if self._closed or self._disabled or self._setup.agreement is not None:
+            return
+        self._guard("setup", lambda: self._setup.agree(store, pg.rank(), pg.size()))
 
     # -- stepping -----------------------------------------------------------------------------------------------
     def _advance(self) -> None:
@@ -210,31 +202,28 @@ class RankProfiler:
         if cur in RECORDING:
             self._cuda_step_end(self.step_num)
         if nxt in RECORDING and cur not in RECORDING:
-            self._window_begin()
-        elif cur in RECORDING and self._info is None:
-            # The schedule records from step 0 (wait = warmup = 0): the window began with the profiler, before the
-            # process group may have existed; set up and take the start samples now, at its first step boundary.
-            self._window_begin()
+            self._window_begin(window_of(sched, self.step_num + 1))
         self.step_num += 1
         self._t_step_call = time.perf_counter()
+        self._step_began_ns = time.time_ns()
         self._prof.step()  # on the window's last step this stops the trace and calls _on_trace_ready
 
-    def _window_begin(self) -> None:
-        self._ensure_setup()
-        clock.exchange(self._sync, 0)
+    def _window_begin(self, window: int) -> None:
+        """Local work only: identity, run directory (when its id is known), a clock mark for the side thread."""
+        self._ensure_info()
+        self._setup.ensure_run_dir(self._info.rank, wait=False)
+        self._step_end_ns = {}
+        self._clock.mark(window, 0)
         self._cuda_window_begin()
 
-    def _ensure_setup(self) -> None:
-        if self._info is not None:
-            return
-        self._info = dist_info.rank_info()
-        self._sync.sim = self._info.sim_clock
-        explicit = self.config.run_id or _env_run_id()
-        self.run_id = clock.setup(self._sync, self._info.host, explicit)
-        run_dir = Path(self.config.out) / self.run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.run_dir = run_dir
-        remove_orphans(run_dir, self._info.rank)
+    def _ensure_info(self) -> None:
+        import torch.distributed as dist
+
+        if self._info is None or (not self._info_final and dist.is_available() and dist.is_initialized()):
+            self._info = dist_info.rank_info()
+            self._info_final = dist.is_available() and dist.is_initialized()
+            if self._clock.sim is None:
+                self._clock.sim = self._info.sim_clock
 
     # -- window end ---------------------------------------------------------------------------------------------
     def _on_trace_ready(self, prof) -> None:
@@ -242,122 +231,60 @@ class RankProfiler:
         self._in_callback = True
         try:
             stop_s = time.perf_counter() - self._t_step_call  # torch's own stop
-            try:
-                clock.exchange(self._sync, 1)
-            except BaseException as e:  # noqa: BLE001 -- keep the window without end samples
-                self._fail("clock sync", e, disable=False)
-            results = prof.profiler.kineto_results
             window = window_of(self.config.schedule, self.step_num - 1)
+            self._clock.mark(window, 1)
+            results = prof.profiler.kineto_results
             memsnap = self._memhist_end()
             self._submit(results, window, complete=True, stop_s=stop_s,
                          ready_s=time.perf_counter() - self._t_step_call - stop_s, memsnap=memsnap)
-            nxt = action_at(self.config.schedule, self.step_num)
-            if nxt in RECORDING:  # the next window starts right away (wait = warmup = 0)
-                clock.exchange(self._sync, 0)
-                self._cuda_window_begin()
+            if action_at(self.config.schedule, self.step_num) in RECORDING:  # back to back (wait = warmup = 0)
+                self._window_begin(window_of(self.config.schedule, self.step_num))
         except BaseException as e:  # noqa: BLE001
             self._fail("window end", e)
         finally:
             self._in_callback = False
 
-    def _stop_partial(self) -> None:
-        """Close-time: if a window is being recorded, stop it and write what it holds (complete=False)."""
-        cur = action_at(self.config.schedule, self.step_num)
+    def _stop_partial(self, iteration_done: bool) -> None:
+        """Close-time: if a window is being recorded, stop it and write what it holds.
+
+        The step in flight ends where its iteration did (`iteration_done`: the stepper's last optimizer step) — then
+        a window whose last step it is, is complete; otherwise it never had an iteration (the tail after the last
+        `step()`) and is left out of the steps.
+        """
+        sched = self.config.schedule
+        cur = action_at(sched, self.step_num)
         prof, self._prof = self._prof, None
         if cur not in RECORDING:
             prof.stop()  # nothing recorded, or only warm-up
             return
         self._cuda_step_end(self.step_num)
+        if iteration_done and self._stepper is not None:
+            self._step_end_ns[self.step_num] = self._stepper.last_end_ns
+            complete = cur is Action.RECORD_AND_SAVE
+        else:
+            self._step_end_ns[self.step_num] = self._step_began_ns
+            complete = False
         prof.on_trace_ready = None
         prof.stop()
-        self._ensure_setup()  # closed inside a window that began at step 0, before any step() set things up
+        window = window_of(sched, self.step_num)
+        self._clock.mark(window, 1)
         memsnap = self._memhist_end()
         results = prof.profiler.kineto_results if prof.profiler is not None else None
         if results is None:
             return
-        try:
-            clock.exchange(self._sync, 1) if self._sync_possible() else self._sync.local_sample(1)
-        except BaseException as e:  # noqa: BLE001 -- peers may have exited; keep the window anyway
-            self._fail("clock sync", e, disable=False)
-        self._submit(results, window_of(self.config.schedule, self.step_num), complete=False, stop_s=0.0,
-                     memsnap=memsnap)
-
-    def _sync_possible(self) -> bool:
-        import torch.distributed as dist
-
-        return bool(dist.is_available() and dist.is_initialized() and self._sync.group is not None)
+        self._submit(results, window, complete=complete, stop_s=0.0, memsnap=memsnap)
 
     def _submit(self, results, window: int, *, complete: bool, stop_s: float, ready_s: float = 0.0,
                 memsnap: dict | None = None) -> None:
-        samples, local = self._sync.take_window()
+        self._ensure_info()
         peaks, self._cuda_peaks = self._cuda_peaks, {}
-        job = _WindowJob(results, window, complete, stop_s, ready_s, samples, local, peaks, dict(self._cuda_baseline),
-                         dist_info.gloo_thread_pg(), dist_info.process_groups(), dist_info.backend_name(),
-                         memsnap=memsnap)
-        self._writer.submit(lambda: self._write_window(job))
-
-    def _write_window(self, job: _WindowJob) -> None:
-        """Writer thread: extract the window's events and write its shard."""
-        t0 = time.perf_counter()
-        info = self._info
-        ex = extract(
-            job.results.events(),
-            main_tid=self._main_tid,
-            sim=info.sim_clock,
-            thread_names=dist_info.thread_names(),
-            gloo_thread_pg=job.gloo_thread_pg,
-            process_groups=job.process_groups,
-            cuda_step_peaks=job.cuda_peaks or None,
-            cuda_baseline=job.cuda_baseline,
-        )
-        t1 = time.perf_counter()
-        s_tab, l_tab = clock.samples_table(job.samples, job.local)
-        tables = {**ex.tables, "clock/samples": s_tab, "clock/local": l_tab}
-        strings = list(ex.strings)
-        mem_attr = None
-        if job.memsnap is not None:
-            snap, job.memsnap = job.memsnap, None  # the job may outlive this call (windows_written); free it now
-            try:
-                mem_tables, mem_attr = self._memory_tables(snap, job.window, ex.tables["steps"], strings)
-                tables.update(mem_tables)
-            except Exception as e:  # noqa: BLE001 -- keep the window without the history
-                strings = list(ex.strings)
-                self._fail("memory history", e, disable=False)
-        roles = self._sync.roles
-        steps = ex.steps_covered
-        timings = {"stop_s": round(job.stop_s, 6), "ready_s": round(job.ready_s, 6),
-                   "queued_s": round(t0 - job.t_queued, 6), "extract_s": round(t1 - t0, 6),
-                   "n_events": ex.stats["n_events"]}
-        attrs: dict[str, Any] = {
-            **info.attrs(),
-            "run_id": self.run_id,
-            "backend": job.backend,
-            "process_groups": job.process_groups,
-            "config": self.config.to_dict(),
-            "window": job.window,
-            "first_step": steps[0] if steps else -1,
-            "last_step": steps[-1] if steps else -1,
-            "steps_covered": steps,
-            "complete": job.complete,
-            "window_start_ns": ex.window_start_ns,
-            "window_end_ns": ex.window_end_ns,
-            "memory_total_relative": info.device_type == "cpu",
-            "errors": list(self.errors),
-            "clock_role": roles.role if roles else "reference",
-            "clock_leader": roles.leader_of_me if roles else info.rank,
-            "clock_reference": roles.reference if roles else 0,
-            "created_ns": time.time_ns(),
-            "timings": timings,  # write_shard adds write_s
-        }
-        if mem_attr is not None:
-            attrs["memory_history"] = mem_attr
-            timings["memhist_s"] = mem_attr.pop("summary_s")
-        path = self.run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=job.window)
-        size = write_shard(path, tables, strings, attrs, codec=self.config.codec)
-        durable = time.perf_counter() - job.t_queued
-        self.windows_written.append({"window": job.window, "path": str(path), "bytes": size, "steps": steps,
-                                     "complete": job.complete, **timings, "durable_after_s": round(durable, 6)})
-        log.info("distprof: rank %d wrote %s (%d events, %.1f KB)", info.rank, path, ex.stats["n_events"], size / 1e3)
+        memhist = ({"max_entries": self._memhist.max_entries, "stacks": self._memhist.stacks}
+                   if self._memhist is not None else None)
+        self._writer.submit(WindowJob(
+            results, window, complete, self._info, stop_s, ready_s, peaks, dict(self._cuda_baseline),
+            groups.gloo_thread_pg(), groups.process_groups(), groups.backend_name(self._info.device_type),
+            groups.backend_config(), dict(self._step_end_ns), memsnap=memsnap, memhist=memhist,
+            p2p_calls=p2p.drain()))
 
     # -- CUDA memory --------------------------------------------------------------------------------------------
     def _cuda_window_begin(self) -> None:
@@ -403,19 +330,6 @@ class RankProfiler:
             except Exception as e:  # noqa: BLE001
                 self._fail("memory history", e, disable=False)
 
-    def _memory_tables(self, snap: dict, window: int, steps: dict, strings: list[str]) -> tuple[dict, dict]:
-        """Writer thread: summarise the snapshot per step, pickle it beside the shard; `strings` is extended."""
-        t0 = time.perf_counter()
-        sim = self._info.sim_clock
-        summary = summarize_snapshot(snap, steps, max_entries=self._memhist.max_entries,
-                                     to_recorded=sim.apply if sim is not None and not sim.is_identity else None)
-        tables = summary.with_strings(strings)
-        name = SNAPSHOT_TEMPLATE.format(rank=self._info.rank, window=window)
-        size = dump_snapshot(snap, self.run_dir / name)
-        attr = {"snapshot": name, "snapshot_bytes": size, "max_entries": self._memhist.max_entries,
-                "stacks": self._memhist.stacks, **summary.stats, "summary_s": round(time.perf_counter() - t0, 6)}
-        return tables, attr
-
     def _cuda_step_end(self, step: int) -> None:
         import torch
 
@@ -446,8 +360,10 @@ class RankProfiler:
         if self.config.strict:
             self._strict_error = exc
         elif first:
-            log.warning("distprof: rank %s: %s failed (%s: %s); profiling stops, training goes on "
-                        "(--strict raises instead)", self._rank_label(), stage, type(exc).__name__, exc)
+            stops = disable and stage != "write"
+            log.warning("distprof: rank %s: %s failed (%s: %s); %s, training goes on (--strict raises instead)",
+                        self._rank_label(), stage, type(exc).__name__, exc,
+                        "profiling stops" if stops else "capture goes on without it")
         if disable and stage != "write":
             self._disable()
 
@@ -470,11 +386,6 @@ class RankProfiler:
             except BaseException:  # noqa: BLE001 -- already failing; nothing more to report
                 pass
 
-    def before_teardown(self) -> None:
-        """The process group is about to be destroyed: run the pending step while peers can still sync."""
-        if self._stepper is not None and not self._disabled:
-            self._guard("step", self._stepper.fire)
-
     def _raise_strict(self) -> None:
         if self._strict_error is not None:
             e, self._strict_error = self._strict_error, None
@@ -488,7 +399,7 @@ class RankProfiler:
             "rank": rank,
             "run_id": self.run_id,
             "steps_seen": self.step_num,
-            "iterations": self._stepper.iterations if self._stepper else self.step_num,
+            "iterations": self.iterations,
             "skipped_steps": self._stepper.skipped if self._stepper else 0,
             "windows": self.windows_written,
             "errors": self.errors,
@@ -501,16 +412,3 @@ class RankProfiler:
             os.replace(tmp, path)
         except OSError as e:
             log.warning("distprof: rank %s: cannot write %s (%s)", rank, path, e)
-
-
-def _teardown_active() -> None:
-    if _active is not None:
-        _active.before_teardown()
-
-
-def _env_run_id() -> str | None:
-    for key in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        v = os.environ.get(key, "").strip()
-        if v and v.lower() != "none":
-            return v
-    return None

@@ -10,12 +10,16 @@ the primary optimizer, else close. Handled:
 * wrappers such as ZeroRedundancyOptimizer whose step runs the inner optimizer's step (the hook fires twice): only
   outermost steps count;
 * GradScaler steps skipped because of inf/NaN gradients (the optimizer hook does not fire): still one iteration.
+
+`last_end_ns` is when the latest iteration finished (``time.time_ns()`` as the primary optimizer's step returned): a
+step still pending when the job closes ends there, not at the close (what follows the loop is no step's work).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 import weakref
 from typing import Callable
 
@@ -33,6 +37,7 @@ class OptimizerStepper:
         self._scaler_orig = None
         self.iterations = 0  # completed iterations seen (including GradScaler-skipped ones)
         self.skipped = 0  # GradScaler-skipped iterations
+        self.last_end_ns = 0  # time.time_ns() when the latest iteration finished (0: none yet)
 
     # -- install / remove ---------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -93,9 +98,11 @@ class OptimizerStepper:
         self._iteration_done()
 
     def _iteration_done(self) -> None:
+        t = time.time_ns()
         self.iterations += 1
         if self._pending:  # two iterations without a forward or optimizer pre-hook in between
             self.fire()
+        self.last_end_ns = t
         self._pending = True
         if self._fwd_handle is None:
             from torch.nn.modules.module import register_module_forward_pre_hook

@@ -203,8 +203,14 @@ def build_tables(
     process_groups: list[dict[str, Any]] | None = None,
     add_process_groups: bool = False,
     p2p_calls: P2PCalls | None = None,
+    step_end_ns: Mapping[int, int] | None = None,
 ) -> Built:
     """Sort, classify and tabulate one window. Returns the events, threads, comms and steps tables.
+
+    `step_end_ns` (capture): step id -> when its iteration finished, for steps whose ``ProfilerStep#N`` span was ended
+    by something else than the next iteration (the window closing after the loop): such a step ends there instead,
+    so what followed (a checkpoint, teardown) is in no step (−1). It only ever shortens a step; a step whose end
+    there is not after its start had no iteration in it (the tail after the last one) and is left out.
 
     A ``Process Group Name`` in an event's arguments selects that group; one not in `process_groups` is appended to
     the returned list when `add_process_groups` (import), else ignored (capture: the shard's list is fixed).
@@ -265,6 +271,12 @@ def build_tables(
     s_end = s_start + ev_dur[main_rows]
     srt = np.argsort(s_start, kind="stable")
     step_ids, s_start, s_end = step_ids[srt], s_start[srt], s_end[srt]
+    if step_end_ns and len(step_ids):
+        capped = np.array([int(k) in step_end_ns for k in step_ids.tolist()], dtype=bool)
+        cap = np.array([int(step_end_ns.get(int(k), 0)) for k in step_ids.tolist()], dtype=np.int64)
+        s_end = np.where(capped, np.minimum(s_end, cap), s_end)
+        keep = ~capped | (s_end > s_start)
+        step_ids, s_start, s_end = step_ids[keep], s_start[keep], s_end[keep]
     assign = _step_assigner(step_ids, s_start, s_end)
     ev_step = assign(ev_ts)
     # device events inherit the step of their launch (same correlation id)

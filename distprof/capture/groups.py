@@ -1,0 +1,307 @@
+"""The job's process groups as torch's own registry holds them, and which gloo worker threads serve which group.
+
+Every way of making a process group — ``init_process_group``, ``new_group``, ``new_subgroups``, ``init_device_mesh``
+(which calls the ``new_group`` it imported itself), DeviceMesh flattening, ``split_group``, FSDP / TP internals — ends
+in one internal call, ``torch.distributed.distributed_c10d._register_pg_in_world`` (torch 2.13), looked up as a module
+global at each call. distprof wraps that one point (:func:`install`): right after a group is registered, the
+``pt_gloo_runloop`` threads its gloo backend started (``_threads`` of them, 2 by default) are tied to its name, and
+the default group's registration — where every rank of the job is, inside ``init_process_group`` — is announced to
+the listener set by :func:`set_default_group_listener` (the capture agrees its run id and host roles there). On a
+torch without that function, ``init_process_group`` and ``new_group`` are wrapped instead (groups made elsewhere are
+then missed).
+
+Membership, names (``pg_name``: the same on every rank), descriptions and backends are read from the registry when
+asked (:func:`process_groups`), so they are complete whenever a window ends.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import inspect
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+GLOO_THREAD_NAME = "pt_gloo_runloop"
+#: How long a registration waits for its gloo workers to name themselves (they do so as they start).
+_NAME_WAIT_S = 0.5
+
+_lock = threading.Lock()
+#: OS tid of a gloo worker thread -> name of the process group it serves.
+_thread_pg: dict[int, str] = {}
+#: gloo worker threads distprof started for itself (its clock side channel): never a user's group.
+_own_tids: set[int] = set()
+_installed = False
+_default_listener: Callable[[Any, Any], None] | None = None
+
+
+# ---- threads --------------------------------------------------------------------------------------------------
+def thread_names() -> dict[int, str]:
+    """OS tid -> thread name for every thread of this process."""
+    out = {}
+    for p in glob.glob("/proc/self/task/*/comm"):
+        try:
+            with open(p) as fh:
+                out[int(p.split("/")[4])] = fh.read().strip()
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _gloo_tids() -> set[int]:
+    return {t for t, n in thread_names().items() if n == GLOO_THREAD_NAME}
+
+
+def _unclaimed_gloo_tids() -> set[int]:
+    with _lock:
+        known = set(_thread_pg) | _own_tids
+    return _gloo_tids() - known
+
+
+def _wait_new_gloo_tids(expected: int, wait_s: float = _NAME_WAIT_S) -> set[int]:
+    """The gloo workers no group has claimed yet, once `expected` of them are visible (or after `wait_s`)."""
+    deadline = time.monotonic() + wait_s
+    new = _unclaimed_gloo_tids()
+    while len(new) < expected and time.monotonic() < deadline:
+        time.sleep(0.002)
+        new = _unclaimed_gloo_tids()
+    return new
+
+
+def _thread_start(tid: int) -> int:
+    """Start time of a thread of this process (clock ticks since boot), for ordering; 0 when unreadable."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def gloo_worker_count(pg) -> int:
+    """pt_gloo_runloop threads the gloo backend of `pg` runs (0 without a gloo backend)."""
+    import torch
+
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except Exception:  # noqa: BLE001 -- no CPU backend (e.g. NCCL only)
+        return 0
+    opts = getattr(backend, "options", None)
+    if type(backend).__name__ != "ProcessGroupGloo" or opts is None:
+        return 0
+    return int(getattr(opts, "_threads", 2) or 0)
+
+
+def claim_own_threads(expected: int) -> None:
+    """The gloo workers just started by distprof's own channel are not a user group's."""
+    new = _wait_new_gloo_tids(expected)
+    with _lock:
+        _own_tids.update(new)
+
+
+def gloo_thread_pg() -> dict[int, str]:
+    """OS tid of each gloo worker -> the process-group name it serves, as far as known."""
+    with _lock:
+        return dict(_thread_pg)
+
+
+def _claim_for(name: str, expected: int) -> None:
+    if expected <= 0:
+        return
+    new = _wait_new_gloo_tids(expected)
+    if len(new) > expected:  # more unclaimed threads than this group starts: keep the newest
+        new = set(sorted(new, key=lambda t: (_thread_start(t), t))[-expected:])
+    with _lock:
+        for t in new:
+            _thread_pg[t] = name
+
+
+def adopt_existing_groups() -> None:
+    """Groups made before distprof was watching: tie their gloo workers to them by start order, when that is exact.
+
+    Workers start with their group, so sorted by start time they come in the registry's creation order, `_threads`
+    per group. Applied only when the unclaimed workers are exactly as many as those groups run.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    with _lock:
+        known_names = set(_thread_pg.values())
+    todo = [(str(name), gloo_worker_count(pg)) for pg, name in list(c10d._world.pg_names.items())
+            if str(name) not in known_names]
+    todo = [(n, k) for n, k in todo if k > 0]
+    tids = sorted(_unclaimed_gloo_tids(), key=lambda t: (_thread_start(t), t))
+    if not todo or len(tids) != sum(k for _, k in todo):
+        return
+    with _lock:
+        i = 0
+        for name, k in todo:
+            for t in tids[i:i + k]:
+                _thread_pg[t] = name
+            i += k
+
+
+# ---- the registry hook ----------------------------------------------------------------------------------------
+def set_default_group_listener(fn: Callable[[Any, Any], None] | None) -> None:
+    """`fn(pg, store)` runs when the default group registers (every rank is inside init_process_group then)."""
+    global _default_listener
+    _default_listener = fn
+
+
+def _on_registered(pg, store, group_name: str, is_default: bool) -> None:
+    try:
+        _claim_for(str(group_name), gloo_worker_count(pg))
+    except Exception as e:  # noqa: BLE001 -- bookkeeping must never break the user's call
+        log.debug("distprof: could not map gloo threads of group %s: %s", group_name, e)
+    listener = _default_listener
+    if is_default and listener is not None:
+        listener(pg, store)  # the listener guards itself: it must never raise into init_process_group
+
+
+def _wrap_register(fn):
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import torch.distributed as dist
+
+        is_default = not dist.is_initialized()  # the default group registers before init_process_group returns
+        result = fn(*args, **kwargs)
+        try:
+            bound = sig.bind(*args, **kwargs)
+            pg, store, name = bound.arguments["pg"], bound.arguments.get("store"), bound.arguments["group_name"]
+        except Exception as e:  # noqa: BLE001 -- a torch whose signature changed: nothing to record
+            log.debug("distprof: unexpected _register_pg_in_world call: %s", e)
+            return result
+        _on_registered(pg, store, str(name), is_default)
+        return result
+
+    wrapper.__distprof_wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_factory(fn, returns_group: bool):
+    """Fallback for a torch without _register_pg_in_world: the public factories."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        is_default = not dist.is_initialized()
+        result = fn(*args, **kwargs)
+        try:
+            group = result if returns_group else c10d._get_default_group()
+            if group not in (None, dist.GroupMember.NON_GROUP_MEMBER):
+                store = c10d._get_default_store() if is_default else None
+                _on_registered(group, store, c10d._get_process_group_name(group), is_default)
+        except Exception as e:  # noqa: BLE001
+            log.debug("distprof: could not record group: %s", e)
+        return result
+
+    wrapper.__distprof_wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def install() -> None:
+    """Watch process-group creation (idempotent); groups that already exist are adopted by thread start order."""
+    global _installed
+    if _installed:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    adopt_existing_groups()
+    orig = getattr(c10d, "_register_pg_in_world", None)
+    if orig is not None:
+        if not getattr(orig, "__distprof_wrapped__", None):
+            c10d._register_pg_in_world = _wrap_register(orig)
+    else:
+        for name, returns_group in (("init_process_group", False), ("new_group", True)):
+            f = getattr(c10d, name)
+            if getattr(f, "__distprof_wrapped__", None):
+                continue
+            wrapped = _wrap_factory(f, returns_group)
+            setattr(c10d, name, wrapped)
+            if getattr(dist, name, None) is f:
+                setattr(dist, name, wrapped)
+    _installed = True
+
+
+# ---- what the registry says -----------------------------------------------------------------------------------
+def _device_backend_map(config: str) -> dict[str, str]:
+    """``"cpu:gloo,cuda:nccl"`` -> {"cpu": "gloo", "cuda": "nccl"}."""
+    out = {}
+    for part in str(config).split(","):
+        dev, sep, be = part.partition(":")
+        if sep and dev.strip() and be.strip():
+            out[dev.strip()] = be.strip()
+    return out
+
+
+def backend_config() -> str:
+    """The default group's backend per device type as torch holds it (``cpu:gloo,cuda:nccl``); ``none`` without one."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return "none"
+    try:
+        return str(dist.get_backend_config())
+    except Exception:  # noqa: BLE001 -- best effort metadata
+        return "unknown"
+
+
+def backend_name(device_type: str) -> str:
+    """The backend the default group uses for `device_type` (``gloo`` on CPU, ``nccl`` on CUDA, …): never
+    ``undefined`` — a group made without a backend names its backend per device type; ``none`` without a group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return "none"
+    try:
+        name = str(dist.get_backend())
+    except Exception:  # noqa: BLE001
+        name = "unknown"
+    if name not in ("undefined", "unknown", "") and ":" not in name and "," not in name:
+        return name
+    per_device = _device_backend_map(backend_config())
+    return per_device.get(device_type) or next(iter(per_device.values()), name)
+
+
+def process_groups() -> list[dict[str, Any]]:
+    """This rank's process groups as {index, name, desc, backend, ranks}; index is what /comms.pg refers to.
+
+    ``name`` is torch's ``pg_name`` (agreed by every member), ``backend`` the group's backend per device type
+    (``cpu:gloo``), ``ranks`` the global ranks in group-rank order. Groups this rank is not a member of are not in
+    its registry and not listed.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return []
+    from torch.distributed import distributed_c10d as c10d
+
+    out: list[dict[str, Any]] = []
+    try:
+        pgs = list(c10d._world.pg_map)
+    except Exception:  # noqa: BLE001 -- private API; degrade to the default group only
+        return [{"index": 0, "name": "0", "desc": "default_pg", "backend": backend_config(),
+                 "ranks": list(range(dist.get_world_size()))}]
+    for pg in pgs:
+        try:
+            cfg = c10d._get_pg_config(pg)
+        except Exception as e:  # noqa: BLE001 -- one odd group must not hide the others
+            log.debug("distprof: cannot read a process group's configuration: %s", e)
+            continue
+        out.append({"index": len(out), "name": str(cfg.get("pg_name")), "desc": str(cfg.get("pg_desc") or ""),
+                    "backend": str(cfg.get("backend_config") or ""), "ranks": [int(r) for r in cfg.get("ranks", [])]})
+    return out
