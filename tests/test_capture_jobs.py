@@ -250,3 +250,77 @@ def test_groups_made_before_the_profiler_are_adopted(tmp_path):
         ops = s.names[ex["op_id"]]
         assert {descs[int(p)] for p in ex["pg"][ops == "all_reduce"]} == {"default_pg"}
         assert {descs[int(p)] for p in ex["pg"][ops == "broadcast"]} == {"my_sub"}
+
+
+# ---- the analysis of these jobs: right answers for each style ------------------------------------------------------
+def report_of(run):
+    import distprof
+    from distprof.analysis.report import build_report
+
+    rs = distprof.load(run, progress=False)
+    return rs, build_report(rs)
+
+
+@pytest.mark.parametrize("job", ["sendrecv", "gpipe"])
+def test_pipeline_transfers_are_paired_not_matched_as_collectives(job, request):
+    """send/recv are point-to-point: every transfer inside the window is paired sender -> receiver (with its peer and
+    group recorded), none is a collective, and nothing is reported as a disagreeing collective instance."""
+    run, _, _ = request.getfixturevalue(job)
+    for r, s in landed(run, 2).items():
+        assert s.attrs["process_groups"], "the groups were destroyed before the window ended: none recorded"
+        ex = exec_comms(s)
+        p2p = np.isin(s.names[ex["op_id"]], ["send", "recv"])
+        assert p2p.any() and (ex["peer"][p2p] == 1 - r).all() and (ex["pg"][p2p] >= 0).all()
+        assert (ex["seq"][p2p] == -1).all()  # not numbered as collectives
+    rs, rep = report_of(run)
+    assert rs.collectives.members["rank"].size == 0
+    assert len(rs.p2p) >= 4 * 5 and rs.p2p.n_unmatched == 0 and rs.p2p.n_unknown_peer == 0
+    assert not any("collective instance" in w for w in rep["warnings"]), rep["warnings"]
+    (pipe,) = rep["pipelines"]
+    assert pipe["ranks"] == [0, 1] and pipe["micro_batches"] == 4
+    # pairs are not shifted by a transfer: receives end after their send began (all but a rare one a loaded
+    # machine's clock error or a late timestamp can flip), and not a whole micro-batch later
+    ok = rs.p2p.recv_end_ns >= rs.p2p.send_start_ns
+    assert ok.mean() >= 0.9, ok
+
+
+def test_pipeline_slow_stage_holds_the_other(sendrecv):
+    """Stage 0 sleeps 40 ms per step: stage 1 waits for it, the pipeline finding says so with pipeline advice; no
+    collective straggler is named and no DDP advice is given."""
+    run, _, _ = sendrecv
+    _, rep = report_of(run)
+    (pipe,) = rep["pipelines"]
+    stage = {s["rank"]: s for s in pipe["stages"]}
+    assert pipe["holds_rank"] == 0
+    assert stage[1]["wait_ms"] > stage[0]["wait_ms"] and stage[0]["caused_ms"] > stage[1]["caused_ms"]
+    (f,) = [f for f in rep["findings"] if f["id"] == "pipeline_bubble"]
+    assert "Stage 0 (rank 0) holds the others" in f["advice"] and "ScheduleInterleaved1F1B" in f["advice"]
+    assert rep["straggler_info"]["named"] == []
+    assert not any("bucket_cap_mb" in x["advice"] for x in rep["findings"])
+
+
+def test_balanced_mesh_names_nobody_and_matches_within_groups(mesh):
+    """The balanced 2x2 DP x TP mesh: every matched collective is one group's (its members are that group's ranks),
+    no straggler is named, and no collective is reported as disagreeing."""
+    run, _, _ = mesh
+    rs, rep = report_of(run)
+    m = rs.collectives.members
+    groups = {int(g["index"]): set(g["ranks"]) for g in rs.process_groups}
+    inst = np.asarray(m["inst"])
+    for i in np.unique(inst)[:200].tolist():
+        sel = inst == i
+        pgs = set(np.asarray(m["pg"])[sel].tolist())
+        assert len(pgs) == 1, pgs
+        assert set(np.asarray(m["rank"])[sel].tolist()) <= groups[pgs.pop()]
+    assert rep["straggler_info"]["named"] == [], rep["stragglers"]
+    assert not any("disagree" in w for w in rep["warnings"]), rep["warnings"]
+
+
+def test_fsdp2_slowed_rank_is_named_and_the_waiting_one_is_not(fsdp_ckpt):
+    """FSDP2 with rank 1 slowed 30 ms per step: rank 1 is the straggler, rank 0 (which waited in the all-gathers) is
+    never named, and no op of rank 0 is called slower."""
+    run, _, _ = fsdp_ckpt
+    _, rep = report_of(run)
+    assert rep["straggler_info"]["named"] == [1], rep["stragglers"]
+    assert all(rc["rank"] != 0 for rc in rep["root_cause"])
+    assert rep["verdict"].startswith("Rank 1 ") or "rank 1" in rep["verdict"], rep["verdict"]

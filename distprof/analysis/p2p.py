@@ -2,9 +2,13 @@
 
 Every rank's executed ``send``/``recv`` (``summary.p2p_rows``) is keyed by (window, process group, sender,
 receiver): a send by r to peer p is (w, g, r, p), a receive by p from r is (w, g, r, p). Within a key the k-th send
-(by start time) is the k-th receive — the order c10d itself guarantees between two ranks of a group. A peer the
+(by start time) is the (k + d)-th receive — the order c10d itself guarantees between two ranks of a group, d the
+shift between where the two ranks' windows begin (a stage may post its first receive before its recording starts),
+chosen per key so that receives end soonest after both sides arrived. A peer the
 capture could not name (imported traces, ``recv`` from any source) is the other member when its group has two; else
-the row stays unmatched and is counted.
+the row stays unmatched and is counted. A transfer whose partner fell just outside the partner's window (left over at the
+start or end of its key after the shift: stages start and stop recording at different points of an iteration) is
+counted apart, as ``n_edge``.
 
 Per pair (aligned clock): the **receiver's wait** ``max(0, send start − receive start)`` — it posted its receive
 and waited for a late sender — and the **sender's wait** ``max(0, receive start − send start)`` (a rendezvous send
@@ -40,7 +44,9 @@ class P2PPairs:
     bytes: np.ndarray
     n_sends: int = 0
     n_recvs: int = 0
-    n_unmatched: int = 0  # sends or receives without a partner row (a rank missing, a window cut)
+    n_unmatched: int = 0  # sends or receives without a partner row inside their window (a rank missing, a lost row)
+    n_edge: int = 0  # unmatched rows that are the first or last of their (sender, receiver) in a window: the peer
+    # recorded that transfer just before its window began or after it ended
     n_unknown_peer: int = 0  # rows whose peer is not known and cannot be inferred
     examples: list[str] = field(default_factory=list)
 
@@ -71,15 +77,44 @@ def _fill_peers(rank: np.ndarray, pg: np.ndarray, peer: np.ndarray,
     return peer
 
 
-def _ordinal(key: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Position of each row among the rows of its key, by time."""
-    o = np.lexsort((t, key))
-    k = key[o]
-    first = np.r_[0, np.flatnonzero(k[1:] != k[:-1]) + 1] if k.size else np.zeros(0, np.int64)
-    pos = np.empty(k.size, np.int64)
-    starts = np.repeat(first, np.diff(np.r_[first, k.size]))
-    pos[o] = np.arange(k.size) - starts
-    return pos
+#: Offsets tried between a key's k-th send and its receives: a window may begin or end a few transfers apart on the
+#: two ranks (a stage posts its receive before its recording starts).
+MAX_SHIFT = 3
+
+
+def _pair(kid: np.ndarray, s_idx: np.ndarray, r_idx: np.ndarray, start: np.ndarray, end: np.ndarray):
+    """Per key: the k-th send with the (k + d)-th receive, d in −MAX_SHIFT..MAX_SHIFT chosen so that receives end
+    soonest after both sides arrived (median of ``recv end − max(send start, recv start)``, which is the transfer
+    time for the right d and at least a whole send interval for a wrong one). Returns (send rows, receive rows,
+    rows left over at the ends of their key)."""
+    so = s_idx[np.lexsort((start[s_idx], kid[s_idx]))]
+    ro = r_idx[np.lexsort((start[r_idx], kid[r_idx]))]
+    s_b = np.searchsorted(kid[so], np.arange(int(kid.max()) + 2))
+    r_b = np.searchsorted(kid[ro], np.arange(int(kid.max()) + 2))
+    out_s, out_r, edges = [], [], []
+    for k in range(int(kid.max()) + 1):
+        ss, rr = so[s_b[k]:s_b[k + 1]], ro[r_b[k]:r_b[k + 1]]
+        if not ss.size or not rr.size:
+            edges.append(ss)
+            edges.append(rr)
+            continue
+        best = None
+        for d in range(-MAX_SHIFT, MAX_SHIFT + 1):
+            i0, j0 = max(0, -d), max(0, d)
+            n = min(ss.size - i0, rr.size - j0)
+            if n <= 0:
+                continue
+            a, b = ss[i0:i0 + n], rr[j0:j0 + n]
+            lag = end[b] - np.maximum(start[a], start[b])
+            cost = (float(np.median(np.abs(lag))), abs(d))
+            if best is None or cost < best[0]:
+                best = (cost, a, b, i0, j0, n)
+        _, a, b, i0, j0, n = best
+        out_s.append(a)
+        out_r.append(b)
+        edges += [ss[:i0], ss[i0 + n:], rr[:j0], rr[j0 + n:]]
+    cat = (lambda xs: np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64))
+    return cat(out_s), cat(out_r), cat(edges)
 
 
 def match_p2p(rows: Table, group_ranks: dict[int, list[int]]) -> P2PPairs:
@@ -100,24 +135,18 @@ def match_p2p(rows: Table, group_ranks: dict[int, list[int]]) -> P2PPairs:
     keys = np.stack([win, pg, src, dst], axis=1)
     _, kid = np.unique(keys, axis=0, return_inverse=True)
     kid = kid.reshape(-1)
-    code = kid * 2 + recv  # sends and receives of one key numbered apart
-    k = _ordinal(code, start)
-    big = np.int64(n + 1)
-    pair_code = kid * big + k
+    end = np.asarray(rows["end_ns"], np.int64)
     s_idx = np.flatnonzero(known & ~recv)
     r_idx = np.flatnonzero(known & recv)
-    _, si, ri = np.intersect1d(pair_code[s_idx], pair_code[r_idx], assume_unique=True, return_indices=True)
-    s, r = s_idx[si], r_idx[ri]
-    o = np.lexsort((start[s], win[s]))
-    s, r = s[o], r[o]
-    end = np.asarray(rows["end_ns"], np.int64)
+    s, r, edge_rows = _pair(kid, s_idx, r_idx, start, end)
     step = np.asarray(rows["step"], np.int64)
     nbytes = np.asarray(rows["bytes"], np.int64)
-    unmatched = int(s_idx.size + r_idx.size - 2 * s.size)
+    lone = np.setdiff1d(np.r_[s_idx, r_idx], np.r_[s, r])
+    inner = np.setdiff1d(lone, edge_rows)
+    unmatched = int(inner.size)
     examples = []
     if unmatched:
-        lone = np.setdiff1d(np.r_[s_idx, r_idx], np.r_[s, r])
-        for i in lone[:3].tolist():
+        for i in inner[:3].tolist():
             what = (f"rank {rank[i]} received from rank {peer[i]}" if recv[i] else
                     f"rank {rank[i]} sent to rank {peer[i]}")
             examples.append(f"{what} (group {pg[i]}, window {win[i]}) with no matching "
@@ -126,5 +155,6 @@ def match_p2p(rows: Table, group_ranks: dict[int, list[int]]) -> P2PPairs:
         window=win[s], pg=pg[s], src=rank[s], dst=rank[r], send_start_ns=start[s], send_end_ns=end[s],
         recv_start_ns=start[r], recv_end_ns=end[r], send_step=step[s], recv_step=step[r],
         bytes=np.where(nbytes[s] >= 0, nbytes[s], nbytes[r]), n_sends=int((~recv).sum()), n_recvs=int(recv.sum()),
-        n_unmatched=unmatched, n_unknown_peer=int((~known).sum()), examples=examples,
+        n_unmatched=unmatched, n_edge=int(lone.size - inner.size), n_unknown_peer=int((~known).sum()),
+        examples=examples,
     )

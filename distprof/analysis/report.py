@@ -22,6 +22,7 @@ from .gpu_time import gpu_time
 from .imbalance import imbalance
 from .mfu import mfu
 from .overlap import overlap_by_rank, overlap_by_step
+from .pipeline import pipelines
 from .rootcause import root_cause
 from .stragglers import StragglerRule, find_stragglers
 from .verdict import verdict
@@ -100,12 +101,13 @@ def build_report(
         steps_records.append({c: table[c][i] for c in cols})
 
     strag = find_stragglers(run, rule=rule)
-    if strag["n_instances"] == 0:
+    pipes = pipelines(run)
+    if strag["n_instances"] == 0 and not pipes:
         warnings.append("no collective was matched across ranks: no straggler analysis")
     named = [d["rank"] for d in strag["ranks"] if d["named"]][: max(top, 0)]
     rc = root_cause(run, named) if named else []
 
-    found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules)
+    found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules, pipelines=pipes)
     summary = _summary(bd)
     mfu_rows = mfu(run, peak_tflops=peak_tflops)
     dev = run.device_rank_set
@@ -149,6 +151,10 @@ def build_report(
         "stragglers": strag["ranks"],
         "straggler_info": {k: v for k, v in strag.items() if k != "ranks"},
         "root_cause": rc,
+        "pipelines": [p.to_dict() for p in pipes],
+        "p2p": {"n_pairs": len(run.p2p), "n_sends": run.p2p.n_sends, "n_recvs": run.p2p.n_recvs,
+                "n_unmatched": run.p2p.n_unmatched, "n_edge": run.p2p.n_edge,
+                "n_unknown_peer": run.p2p.n_unknown_peer},
         "overlap": overlap_by_rank(run),
         "imbalance": imbalance(run),
         "mfu": mfu_rows,

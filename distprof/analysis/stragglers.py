@@ -11,8 +11,9 @@ rank is one instance (the run summary's matched collectives). For rank r in inst
   caused the others (Scalasca's "Wait at N×N", summed over the waiting ranks); its **lead**
   ``a_{L_i,i} − (second-latest arrival)`` — how much earlier the collective could have started without it.
 
-A rank's lateness **in a step** is its largest ℓ over the step's instances (a collective outside every step is a step
-of its own). A rank that starts its backward X ms late is then ≈X late per step however many bucket all-reduces
+A rank's lateness **in a step** is its largest ℓ over the step's instances. Collectives outside every step (a
+checkpoint after the loop) are left out when the run has steps; in a run without any, each instance is a step of its
+own. A rank that starts its backward X ms late is then ≈X late per step however many bucket all-reduces
 follow — also when its peers' later buckets start late themselves because their worker thread was still waiting in
 the first one. Per rank: ``mean_lateness_ms`` (mean over its steps of its step lateness), ``mean_instance_lateness_ms``
 (mean ℓ over instances), ``late_fraction`` (share of its instances where it arrived last), ``late_step_fraction``
@@ -380,7 +381,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     straggler differs from the previous step's), ``clock_free``.
     """
     rule = rule or StragglerRule()
-    t = collective_instances(run)
+    t = _inside_steps(collective_instances(run))
     jitter = arrival_jitter_ms(run, t)
     thr, parts = threshold_ms(run, rule, jitter)
     n_inst = int(t["inst"].max()) + 1 if t["inst"].size else 0
@@ -479,6 +480,20 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     }
     out["per_step"], out["changes"] = _per_step(cells, c_lat, c_exc, c_blame, ranks, thr)
     out["hosts"] = _hosts(run, t, skey, blame_row, thr, rule)
+    return out
+
+
+def _inside_steps(t: Table) -> Table:
+    """The instances inside recorded steps, when there are any: collectives outside every step (a checkpoint's
+    all-gathers after the loop) belong to no step and are left out; without any step each instance is its own."""
+    inside = t["step"] >= 0
+    if inside.all() or not inside.any():
+        return t
+    n_out = np.bincount(t["inst"], weights=(~inside).astype(float))
+    keep = n_out[t["inst"]] == 0  # whole instances: every rank inside a step
+    _, inst = np.unique(t["inst"][keep], return_inverse=True)
+    out = {k: v[keep] for k, v in t.items()}
+    out["inst"] = inst.reshape(-1).astype(np.int64)
     return out
 
 

@@ -159,6 +159,10 @@ def _on_registered(pg, store, group_name: str, is_default: bool) -> None:
         _claim_for(str(group_name), gloo_worker_count(pg))
     except Exception as e:  # noqa: BLE001 -- bookkeeping must never break the user's call
         log.debug("distprof: could not map gloo threads of group %s: %s", group_name, e)
+    try:
+        snapshot()
+    except Exception as e:  # noqa: BLE001
+        log.debug("distprof: could not read the process groups: %s", e)
     listener = _default_listener
     if is_default and listener is not None:
         listener(pg, store)  # the listener guards itself: it must never raise into init_process_group
@@ -248,14 +252,36 @@ def _device_backend_map(config: str) -> dict[str, str]:
     return out
 
 
-def backend_config() -> str:
-    """The default group's backend per device type as torch holds it (``cpu:gloo,cuda:nccl``); ``none`` without one."""
+#: The registry as last seen while the default group existed: a window that ends after the script destroyed its
+#: process groups (the loop ran to the window's last step, then ``destroy_process_group``) still names them.
+_last_seen: dict[str, Any] = {}
+
+
+def _initialized() -> bool:
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return "none"
+    return dist.is_available() and dist.is_initialized()
+
+
+def snapshot() -> None:
+    """Remember the groups and backends now (called at each window's start and whenever a group registers)."""
+    if _initialized():
+        process_groups()
+        backend_config()
+        for device_type in ("cpu", "cuda"):
+            backend_name(device_type)
+
+
+def backend_config() -> str:
+    """The default group's backend per device type as torch holds it (``cpu:gloo,cuda:nccl``); ``none`` without one
+    (the last value seen, when the groups are already destroyed)."""
+    import torch.distributed as dist
+
+    if not _initialized():
+        return str(_last_seen.get("backend_config", "none"))
     try:
-        return str(dist.get_backend_config())
+        _last_seen["backend_config"] = out = str(dist.get_backend_config())
+        return out
     except Exception:  # noqa: BLE001 -- best effort metadata
         return "unknown"
 
@@ -265,16 +291,17 @@ def backend_name(device_type: str) -> str:
     ``undefined`` — a group made without a backend names its backend per device type; ``none`` without a group."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return "none"
+    if not _initialized():
+        return str(_last_seen.get(f"backend:{device_type}", "none"))
     try:
         name = str(dist.get_backend())
     except Exception:  # noqa: BLE001
         name = "unknown"
-    if name not in ("undefined", "unknown", "") and ":" not in name and "," not in name:
-        return name
-    per_device = _device_backend_map(backend_config())
-    return per_device.get(device_type) or next(iter(per_device.values()), name)
+    if name in ("undefined", "unknown", "") or ":" in name or "," in name:
+        per_device = _device_backend_map(backend_config())
+        name = per_device.get(device_type) or next(iter(per_device.values()), name)
+    _last_seen[f"backend:{device_type}"] = name
+    return name
 
 
 def process_groups() -> list[dict[str, Any]]:
@@ -286,8 +313,8 @@ def process_groups() -> list[dict[str, Any]]:
     """
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return []
+    if not _initialized():
+        return list(_last_seen.get("process_groups", []))
     from torch.distributed import distributed_c10d as c10d
 
     out: list[dict[str, Any]] = []
@@ -304,4 +331,5 @@ def process_groups() -> list[dict[str, Any]]:
             continue
         out.append({"index": len(out), "name": str(cfg.get("pg_name")), "desc": str(cfg.get("pg_desc") or ""),
                     "backend": str(cfg.get("backend_config") or ""), "ranks": [int(r) for r in cfg.get("ranks", [])]})
+    _last_seen["process_groups"] = list(out)
     return out

@@ -213,6 +213,7 @@ class RankProfiler:
         self._ensure_info()
         self._setup.ensure_run_dir(self._info.rank, wait=False)
         self._step_end_ns = {}
+        groups.snapshot()  # the groups as they are now, should the script destroy them before the window ends
         self._clock.mark(window, 0)
         self._cuda_window_begin()
 

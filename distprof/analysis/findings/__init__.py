@@ -15,6 +15,7 @@ them all, else one per rank (see :mod:`.rules`). Each rule is documented, with i
 * ``device_idle``, ``host_sync`` — :mod:`.device`
 * ``tiny_ops`` — :mod:`.ops`
 * ``memory_churn`` — :mod:`.memory`
+* ``pipeline_bubble`` — :mod:`.pipeline`
 
 The rules read the per-rank numbers of :mod:`.measures` (helpers in :mod:`.events`); thresholds, severity and the
 grouping of hits into findings are in :mod:`.rules`.
@@ -33,7 +34,10 @@ from .device import (IDLE_CAUSES, SYNC_CALL_RE, device_idle, device_idle_text, d
 from .input_wait import input_wait, input_wait_text
 from .measures import DATALOADER_PREFIX, rank_measures
 from .memory import memory_churn, memory_churn_text
+from ..pipeline import Pipeline
+from ..pipeline import pipelines as find_pipelines
 from .ops import tiny_ops, tiny_ops_text
+from .pipeline import pipeline_findings, pipeline_comm
 from .rules import SEVERITY_ORDER, FindingRules, group
 from .stragglers import straggler_findings
 
@@ -52,10 +56,12 @@ def findings(
     stragglers: dict[str, Any],
     root_cause: list[dict[str, Any]],
     rules: FindingRules | None = None,
+    pipelines: list[Pipeline] | None = None,
 ) -> list[dict[str, Any]]:
     """Every finding of every rule (see the rule modules, indexed above), most severe first.
 
-    `stragglers` is ``find_stragglers(run)``'s dict, `root_cause` ``root_cause(run, named)``'s list. The per-rank
+    `stragglers` is ``find_stragglers(run)``'s dict, `root_cause` ``root_cause(run, named)``'s list, `pipelines`
+    ``pipeline.pipelines(run)``'s (computed here when not given). The per-rank
     measures were taken when the run was summarised (``tiny_op_us`` of the rules given then).
     """
     rules = rules or FindingRules()
@@ -66,8 +72,12 @@ def findings(
     step_ms = np.asarray(run.steps["step_ms"], np.float64)
     median_step = float(np.median(step_ms)) if step_ms.size else 0.0
     named_lat = {d["rank"]: float(d["mean_lateness_ms"]) for d in stragglers.get("ranks", []) if d.get("named")}
+    pipes = pipelines if pipelines is not None else find_pipelines(run)
     out = straggler_findings(stragglers, root_cause, dict(run.hosts), median_step, rules)
-    out += group("exposed_comm", exposed_comm(ms, rules, named_lat), n, rules, exposed_comm_text)
+    out += pipeline_findings(pipes, rules)
+    out += group("exposed_comm", exposed_comm(ms, rules, named_lat, pipeline_comm(
+        pipes, {r for r, s in run.ranks.items() if s.collectives["seq"].size})), n, rules,
+                 exposed_comm_text)
     out += group("input_wait", input_wait(ms, rules), n, rules, input_wait_text)
     out += group("device_idle", device_idle(ms, rules), n, rules, device_idle_text)
     out += group("host_sync", host_sync(ms, rules), n, rules, host_sync_text)

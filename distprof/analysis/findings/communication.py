@@ -1,8 +1,9 @@
 """Communication rule: communication the step waits for (measured in :mod:`.measures`).
 
 * ``exposed_comm`` — exposed communication (``steps.exposed_comm_ms``) net of the wait for named stragglers (on
-  every other rank ≈ the largest named straggler's mean lateness per step; that wait is the straggler's finding).
-  Fires when the net share reaches ``exposed_min_pct`` (10 %) of step time.
+  every other rank ≈ the largest named straggler's mean lateness per step; that wait is the straggler's finding) and
+  of a pipeline stage's transfers, waits included (the ``pipeline_bubble`` finding's). Fires when the net share reaches
+  ``exposed_min_pct`` (10 %) of step time.
 """
 
 from __future__ import annotations
@@ -10,18 +11,22 @@ from __future__ import annotations
 from .rules import FindingRules, Hit, pct
 
 
-def exposed_comm(ms: list[dict], rules: FindingRules, named: dict[int, float]) -> list[Hit]:
+def exposed_comm(ms: list[dict], rules: FindingRules, named: dict[int, float],
+                 pipeline_wait: dict[int, float] | None = None) -> list[Hit]:
     hits = []
     wait_for = max(named.values()) if named else 0.0
+    pipeline_wait = pipeline_wait or {}
     for m in ms:
         exp_ = m["exposed_comm_ms_per_step"]
         wait = 0.0 if m["rank"] in named else min(max(wait_for, 0.0), exp_)
-        net = exp_ - wait
+        pipe = min(max(pipeline_wait.get(m["rank"], 0.0), 0.0), exp_ - wait)
+        net = exp_ - wait - pipe
         impact = pct(net, m["step_ms"])
         if impact >= rules.exposed_min_pct:
             hits.append(Hit(m["rank"], m["host"], impact, {
                 "exposed_comm_ms_per_step": exp_, "exposed_pct": pct(exp_, m["step_ms"]),
-                "straggler_wait_ms_per_step": wait, "net_exposed_ms_per_step": net,
+                "straggler_wait_ms_per_step": wait, "pipeline_wait_ms_per_step": pipe,
+                "net_exposed_ms_per_step": net,
                 "comm_ms_per_step": m["comm_ms_per_step"],
                 "overlap_pct": m["overlap_pct"] if m["overlap_pct"] is not None else 0.0,
                 "step_ms": m["step_ms"], "threshold_step_pct": rules.exposed_min_pct}))
@@ -33,10 +38,14 @@ def exposed_comm_text(m, where, worst):
     ev = (f"{m['exposed_comm_ms_per_step']:.1f} ms of the {m['step_ms']:.1f} ms step "
           f"({m['exposed_pct']:.0f} %) waits for communication; ")
     if m["straggler_wait_ms_per_step"] > 0:
-        ev += (f"about {m['straggler_wait_ms_per_step']:.1f} ms of it is the wait for the straggler (its own finding), "
-               f"leaving {m['net_exposed_ms_per_step']:.1f} ms ({m['impact_pct']:.0f} %); ")
+        ev += f"about {m['straggler_wait_ms_per_step']:.1f} ms of it is the wait for the straggler (its own finding), "
+    if m.get("pipeline_wait_ms_per_step", 0) > 0:
+        ev += f"{m['pipeline_wait_ms_per_step']:.1f} ms is pipeline transfers and bubble (their own finding), "
+    if m["straggler_wait_ms_per_step"] > 0 or m.get("pipeline_wait_ms_per_step", 0) > 0:
+        ev += f"leaving {m['net_exposed_ms_per_step']:.1f} ms ({m['impact_pct']:.0f} %); "
     ev += (f"{m['overlap_pct']:.0f} % of the {m['comm_ms_per_step']:.1f} ms/step of communication overlaps compute. "
-           f"Rule: exposed communication net of straggler waits >= {m['threshold_step_pct']:.0f} % of step time.")
+           f"Rule: exposed communication net of straggler and pipeline waits >= {m['threshold_step_pct']:.0f} % of "
+           "step time.")
     advice = ("Overlap communication with the backward pass and send less of it: tune DDP bucket_cap_mb (larger "
               "buckets mean fewer collectives; smaller first buckets start earlier), keep gradient_as_bucket_view="
               "True and avoid find_unused_parameters, accumulate gradients over several micro-batches under "

@@ -47,6 +47,8 @@ class FindingRules:
     sync_min_per_step: float = 1.0
     sync_min_step_pct: float = 5.0
     host_min_fraction: float = 0.75
+    pipeline_min_pct: float = 10.0
+    pipeline_imbalance_pct: float = 15.0
     max_per_rule: int = 8
 
     def severity(self, impact_pct: float) -> str:
