@@ -71,7 +71,7 @@ class ProfileConfig:
     memory_history: bool = False  # CUDA only: allocator history per window (torch.cuda.memory._record_memory_history)
     memory_history_entries: int = 100_000  # its ring buffer: the most alloc/free entries kept per window
     trigger: bool = True  # answer `distprof trigger` (rank 0 looks for a request file, the others at the store)
-    trigger_poll_s: float = 1.0  # how often rank 0 looks for a request; the others check the store at least this
+    trigger_poll_s: float = 0.5  # how often rank 0 looks for a request; the others check the store at least this
     # far apart, more with many ranks (capture/trigger.py: check_interval_s)
     trigger_margin: int = 3  # fewest steps between rank 0 seeing a request and its window's first (warm-up) step
 

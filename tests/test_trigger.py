@@ -181,6 +181,27 @@ def test_two_ranks_over_a_store_a_late_rank_records_nothing_and_is_named(tmp_pat
     assert r0.errors == [] and r1.errors == []
 
 
+def test_a_rank_that_learns_during_the_warm_up_still_records_from_the_first_step(tmp_path):
+    from distprof.capture.clock import ClockSync
+    from distprof.capture.setup import RunSetup
+    from distprof.capture.trigger import Trigger
+
+    cfg = ProfileConfig(out=str(tmp_path), schedule=ScheduleConfig(kind="none", warmup=2))
+    plans = []
+    for step in (9, 10, 11, 12):  # warm-up 10..11, recording 12..13
+        plan = WindowPlan(cfg.schedule)
+        t = Trigger(cfg, RunSetup(cfg, ClockSync(1, 1.0, None, lambda *a: None)), plan, step=lambda: 0,
+                    written=lambda: [], on_error=lambda *a: None)
+        t.inbox = TriggeredWindow(0, 0, 10, 12, 13, "r")
+        t.adopt(step)
+        assert t.inbox is None
+        plans.append([plan.action(s).name for s in range(step + 1, 15)])
+    assert plans == [["WARMUP", "WARMUP", "RECORD", "RECORD_AND_SAVE", "NONE"],
+                     ["WARMUP", "RECORD", "RECORD_AND_SAVE", "NONE"],
+                     ["RECORD", "RECORD_AND_SAVE", "NONE"],
+                     ["NONE", "NONE"]]  # at step 12 torch has already been told step 12 records nothing
+
+
 # ---- the CLI without a job -----------------------------------------------------------------------------------------
 def cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "distprof", "trigger", *args], cwd=cwd, env=env or job_env(),

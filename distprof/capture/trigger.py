@@ -6,17 +6,19 @@ How a request becomes a window every rank records:
 2. Rank 0's side thread looks for it at most every ``trigger_poll_s`` seconds (one ``stat``), reads and checks it,
    and leaves it in an in-box.
 3. At its next step boundary rank 0's training thread takes it (an attribute test per step otherwise) and places the
-   window: warm-up from step ``begin`` = now + 1 + max(margin, what the other ranks need to hear of it: its step rate
-   times :func:`lead_s`), moved past any window of the schedule; recorded steps ``first``..``last``. It adds the window
-   to its :class:`~distprof.capture.schedule.WindowPlan` at once, so rank 0 is never late.
+   window: warm-up from step ``begin`` = now + 1 + max(margin, what the other ranks need to hear of it:
+   :func:`lead_steps`, its step rate times :func:`lead_s` with room), moved past any window of the schedule; recorded
+   steps ``first``..``last``. It adds the window to its :class:`~distprof.capture.schedule.WindowPlan` at once, so
+   rank 0 is never late. It takes a request only once it knows its step rate (the job has stepped through two of its
+   looks, or has been slow for a while).
 4. Rank 0's side thread publishes the window under a numbered key of the job's c10d store (one ``set``) and answers in
    ``trigger.answer.json``.
 5. Every other rank's side thread checks the store for the next numbered key every :func:`check_interval_s` (one
    ``check``, plus one ``get`` when it is there: O(1) store traffic per rank, at most :data:`STORE_CHECKS_PER_S`
    checks per second for the whole job) and leaves the window in its in-box; its training thread adds it at its next
-   step boundary. A rank that is already at or past ``begin`` then records nothing of it (a window starting late
-   would hold other steps than its peers') and says so (a store counter and its rank appended to a list); its
-   status file records the lost window.
+   step boundary. A rank that is still before ``first`` records it (warming up for the steps left); one already at
+   or past ``first`` records nothing of it (a window starting late would hold other steps than its peers') and says
+   so (a store counter and its rank appended to a list); its status file records the lost window.
 6. Each rank adds one to the window's "done" counter once its shard is written; rank 0 follows the counters and
    rewrites the answer: "recorded", then "done" (or "incomplete" when a rank stays silent, "cut" when the job ended
    mid-window).
@@ -74,14 +76,18 @@ def check_interval_s(poll_s: float, world_size: int) -> float:
 def lead_s(poll_s: float, world_size: int) -> float:
     """How long after rank 0 decides a window every other rank has heard of it, with room: it is published at once,
     each rank checks every check_interval_s (and may be mid-step), and a loaded host delays a side thread."""
-    return 3 * check_interval_s(poll_s, world_size) + 0.5
+    return 2 * check_interval_s(poll_s, world_size) + 0.5
+
+
+#: Rank 0 places a window as if it ran this much faster than measured (a job still speeding up).
+RATE_SAFETY = 1.5
 
 
 def lead_steps(rate: float | None, poll_s: float, world_size: int) -> int:
     """Steps rank 0 runs while the others hear of a window, at `rate` steps/s (None: not measured yet)."""
     if world_size <= 1 or not rate:
         return 0
-    return int(math.ceil(rate * lead_s(poll_s, world_size)))
+    return int(math.ceil(RATE_SAFETY * rate * lead_s(poll_s, world_size)))
 
 
 @dataclass
@@ -185,7 +191,9 @@ class Trigger:
             if isinstance(item, tf.TriggerRequest):
                 self._outbox.put(self._decide(item, step))
             elif isinstance(item, TriggeredWindow):
-                record = item.begin > step  # torch has not asked about item.begin yet: in time
+                # in time while torch has not been asked about the first recorded step (`step` + 1 is asked next);
+                # learnt during the warm-up, the rank warms up for the steps left
+                record = item.first > step
                 self._plan.add(item, record=record)
                 self._outbox.put(_Adopted(item, step, record))
             else:
@@ -301,21 +309,22 @@ class Trigger:
         return f"{self._prefix}plan/{plan}" + (f"/{what}" if what else "")
 
     def _sample_rate(self, now: float) -> None:
-        """Rank 0: its step rate, known once the job is stepping (a few steps in the last 10 s) or has been slow for
-        a while; the faster of the last 10 s and the last 1.5 s (a job speeding up after its first steps)."""
+        """Rank 0: its step rate, one sample per tick. Known once the job has stepped through the last two ticks (a
+        job that has just begun stepping may still speed up) or has been slow for half of RATE_SPAN_S; the faster of
+        the rate over RATE_SPAN_S and over the last tick."""
         if self._rank != 0:
             return
         self._samples.append((now, self._step()))
-        while len(self._samples) > 2 and now - self._samples[0][0] > RATE_SPAN_S:
+        while len(self._samples) > 3 and now - self._samples[0][0] > RATE_SPAN_S:
             self._samples.popleft()
-        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
-        if t1 - t0 < 0.5 or (s1 - s0 < 2 and t1 - t0 < RATE_SPAN_S / 2):
+        if len(self._samples) < 3:
             return
-        rate = (s1 - s0) / (t1 - t0)
-        recent = [(t, s) for t, s in self._samples if t1 - t <= 1.5]
-        if len(recent) >= 2 and recent[-1][0] - recent[0][0] >= 0.5:
-            rate = max(rate, (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0]))
-        self._rate = rate
+        (t0, s0), (ta, sa), (tb, sb), (t1, s1) = self._samples[0], self._samples[-3], self._samples[-2], \
+            self._samples[-1]
+        stepping = sb > sa and s1 > sb
+        if not stepping and t1 - t0 < RATE_SPAN_S / 2:
+            return
+        self._rate = max((s1 - s0) / (t1 - t0), (s1 - sb) / max(t1 - tb, 1e-3))
 
     def _drain(self) -> None:
         """What the training thread decided or adopted: publish, answer, report."""
@@ -482,8 +491,8 @@ class Trigger:
         self._record(a.window, a.step, a.recorded)
         if a.recorded:
             return
-        log.warning("distprof: rank %s: triggered window %d (steps %d..%d) became known at step %d, after it began; "
-                    "this rank records nothing of it", self._rank, a.window.index, a.window.first, a.window.last,
+        log.warning("distprof: rank %s: triggered window %d (steps %d..%d) became known at step %d, too late to "
+                    "record it from its first step; this rank records nothing of it", self._rank, a.window.index, a.window.first, a.window.last,
                     a.step)
         self._store_call(lambda: self._store.add(self._key(a.window.plan, "late"), 1))
         self._store_call(lambda: self._store.append(self._key(a.window.plan, "late_ranks"), f"{self._rank},"))
