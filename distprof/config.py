@@ -86,6 +86,9 @@ class ProfileConfig:
             raise ConfigError(f"sync_timeout_s={self.sync_timeout_s}: need > 0")
         if not isinstance(self.memory_history_entries, int) or self.memory_history_entries < 1:
             raise ConfigError(f"memory_history_entries={self.memory_history_entries!r}: need an integer >= 1")
+        if self.schedule.kind == "none" and not self.trigger:
+            raise ConfigError("--schedule none records only triggered windows, and --no-trigger turns them off: "
+                              "nothing would be recorded; drop one of them")
         if not 0.05 <= self.trigger_poll_s <= 3600:
             raise ConfigError(f"trigger_poll_s={self.trigger_poll_s}: need a number of seconds in 0.05..3600")
         if not isinstance(self.trigger_margin, int) or not 0 <= self.trigger_margin <= MAX_TRIGGER_MARGIN:

@@ -59,9 +59,12 @@ def test_plan_a_rank_that_learns_late_records_nothing_but_keeps_the_numbering():
 
 
 def test_schedule_and_trigger_options_from_env_and_flags():
-    cfg = config_from_mapping({}, {"DISTPROF_SCHEDULE": "none", "DISTPROF_TRIGGER_POLL_S": "0.5",
-                                   "DISTPROF_TRIGGER_MARGIN": "7", "DISTPROF_TRIGGER": "0"})
-    assert (cfg.schedule.kind, cfg.trigger_poll_s, cfg.trigger_margin, cfg.trigger) == ("none", 0.5, 7, False)
+    cfg = config_from_mapping({}, {"DISTPROF_SCHEDULE": "none", "DISTPROF_TRIGGER_POLL_S": "0.25",
+                                   "DISTPROF_TRIGGER_MARGIN": "7"})
+    assert (cfg.schedule.kind, cfg.trigger_poll_s, cfg.trigger_margin, cfg.trigger) == ("none", 0.25, 7, True)
+    assert config_from_mapping({}, {"DISTPROF_TRIGGER": "0"}).trigger is False
+    with pytest.raises(ConfigError, match="nothing would be recorded"):
+        config_from_mapping({"trigger": False}, {"DISTPROF_SCHEDULE": "none"})
     from distprof.launch import config_from_args, get_args_parser
 
     args = get_args_parser().parse_args(["--schedule", "none", "--trigger-poll", "2", "--trigger-margin", "1", "x.py"])

@@ -369,8 +369,9 @@ class Trigger:
                                           "nothing recorded: run `distprof trigger` again"))
             return
         if self._store_gone:
-            self._answer(tf.TriggerAnswer(req.request_id, "refused", "the job's process group is gone (the script "
-                                                                     "is ending); nothing recorded"))
+            self._answer(tf.TriggerAnswer(req.request_id, "refused", "the job's c10d store stopped answering (the "
+                                                                     "script destroyed its process group, or the "
+                                                                     "store's host is gone); nothing recorded"))
             return
         if self._deciding is not None:
             self._answer(tf.TriggerAnswer(req.request_id, "refused", f"request {self._deciding} is being "
@@ -498,18 +499,21 @@ class Trigger:
         self._store_call(lambda: self._store.append(self._key(a.window.plan, "late_ranks"), f"{self._rank},"))
 
     def _store_call(self, fn):
-        """A store operation from the side thread. When the script has destroyed its process group the store may be
-        gone with it: no error then, the trigger just stops talking to it."""
+        """A store operation from the side thread. A store that fails stays failed: this rank takes no more triggered
+        windows. That is one warning when it costs a window in flight here; otherwise (the script destroyed its
+        process group, the store's host went away as the job ends) an info line, and rank 0 refuses later requests
+        saying why."""
         if self._store is None or self._store_gone:
             return None
         try:
             return fn()
-        except Exception:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                raise
+        except Exception as e:  # noqa: BLE001
             self._store_gone = True
+            if self._to_confirm or self._followed or self.inbox is not None:
+                self._on_error("trigger", e)
+            else:
+                log.info("distprof: rank %s: the c10d store stopped answering (%s: %s); no more triggered windows",
+                         self._rank, type(e).__name__, e)
             return None
 
     # -- every rank -----------------------------------------------------------------------------------------------
