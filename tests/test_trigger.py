@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, job_env, only_run_dir
+from conftest import ROOT, job_env
 from distprof.capture import trigger_files as tf
 from distprof.capture.schedule import Action, TriggeredWindow, WindowPlan
 from distprof.config import ProfileConfig, ScheduleConfig, config_from_mapping
@@ -20,8 +20,9 @@ from distprof.errors import ConfigError
 from distprof.storage import find_shards, read_shard, schema
 
 JOB = ROOT / "tests" / "trigger_job.py"
-#: a job's side threads look every 0.2 s here (default 1 s), so the tests wait less
-FAST = {"DISTPROF_TRIGGER_POLL_S": "0.2"}
+#: a job's side threads look every 0.2 s here (default 0.5 s), so the tests wait less; 10 steps of margin on top of
+#: what rank 0 measures the others need (a loaded machine may hold a side thread back for a while)
+FAST = {"DISTPROF_TRIGGER_POLL_S": "0.2", "DISTPROF_TRIGGER_MARGIN": "10"}
 
 
 # ---- the plan ------------------------------------------------------------------------------------------------------
@@ -38,6 +39,16 @@ def test_plan_places_windows_in_the_schedule_gaps_and_numbers_them_after_it():
     assert plan.busy(20) == (2, 20, 21, 23) and plan.busy(5) == (0, 3, 5, 9) and plan.busy(11) is None
     assert plan.pending(22) is t and plan.pending(24) is None
     assert plan.place(0, 1, 3) == 24 and plan.next_index() == 3  # past the triggered window too
+
+
+def test_store_traffic_and_lead_scale_with_the_job():
+    from distprof.capture.trigger import STORE_CHECKS_PER_S, check_interval_s, lead_s, lead_steps
+
+    assert check_interval_s(0.5, 2) == 0.5 and check_interval_s(0.5, 1000) == 1000 / STORE_CHECKS_PER_S == 5.0
+    assert 1000 / check_interval_s(0.5, 1000) <= STORE_CHECKS_PER_S  # checks per second for the whole job
+    assert lead_s(0.5, 1000) > 2 * check_interval_s(0.5, 1000)
+    assert lead_steps(None, 0.5, 2) == 0 and lead_steps(40.0, 0.5, 1) == 0  # unknown rate; one process
+    assert lead_steps(40.0, 0.5, 2) >= 40 * lead_s(0.5, 2)  # at least the steps run while the others hear of it
 
 
 def test_plan_schedule_none_and_unbounded():

@@ -158,7 +158,6 @@ class Trigger:
         self._next_heartbeat = 0.0
         self._next_poll = 0.0
         self._next_check = 0.0
-        self._failed = False
         self._final_state = "closed"
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -247,7 +246,6 @@ class Trigger:
                 self._wake.wait(tick)
                 self._wake.clear()
         except Exception as e:  # noqa: BLE001 -- reported once; training and the other windows go on
-            self._failed = True
             self._on_error("trigger", e)
 
     def _work(self, now: float) -> None:
@@ -319,8 +317,8 @@ class Trigger:
             self._samples.popleft()
         if len(self._samples) < 3:
             return
-        (t0, s0), (ta, sa), (tb, sb), (t1, s1) = self._samples[0], self._samples[-3], self._samples[-2], \
-            self._samples[-1]
+        (t0, s0), (tb, sb), (t1, s1) = self._samples[0], self._samples[-2], self._samples[-1]
+        sa = self._samples[-3][1]
         stepping = sb > sa and s1 > sb
         if not stepping and t1 - t0 < RATE_SPAN_S / 2:
             return
@@ -531,7 +529,8 @@ class Trigger:
             if index in written:
                 del self._to_confirm[index]
                 if self._world > 1:
-                    self._store_call(lambda: self._store.add(self._key(tw.plan, "done"), 1))
+                    key = self._key(tw.plan, "done")
+                    self._store_call(lambda: self._store.add(key, 1))
 
     def _finish(self) -> None:
         """At close: confirmations done above; rank 0 waits a little for the others' word, then answers for good."""

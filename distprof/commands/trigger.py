@@ -219,10 +219,10 @@ def _show(run_dir: Path, answer, args: argparse.Namespace) -> int:
               "is answered at rank 0's next step boundary", file=sys.stderr)
         return 1
     if answer.state in tf.ACCEPTED_STATES:
-        shards = schema.SHARD_TEMPLATE.format(rank=0, window=answer.window or 0).replace("rank00000", "rank*")
+        shards = schema.SHARD_TEMPLATE.replace("{rank:05d}", "*").format(window=answer.window or 0)
         if answer.state == "scheduled" or answer.state == "recorded":
             print(f"distprof: scheduled {answer.message}; shards: {run_dir / shards}"
-                  + ("" if args.wait else f" (`distprof trigger --wait` waits for them)"))
+                  + ("" if args.wait else " (`distprof trigger --wait` waits for them)"))
             return 0
         print(f"distprof: {answer.state}: {answer.message}; shards: {run_dir / shards}; "
               f"`distprof report {run_dir}` reads them")
