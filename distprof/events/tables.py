@@ -170,12 +170,14 @@ def _launch_context(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_role, targets) -
 
 
 def _p2p_peers(calls: P2PCalls | None, c_rows, is_p2p, is_recv, ev_ts, ev_tid, ev_dev, ctx, c_pg,
-               pg_index: Mapping[str, int]) -> np.ndarray:
-    """Peer (global rank, −1 unknown) of each comms row; sets the group of point-to-point rows from their call."""
+               pg_index: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Peer (global rank, −1 unknown) and transfer number (−1 unknown) of each comms row; sets the group of
+    point-to-point rows from their call."""
     peer = np.full(len(c_rows), -1, np.int32)
+    seq = np.full(len(c_rows), -1, np.int64)
     sel = np.flatnonzero(is_p2p)
     if calls is None or not len(calls) or not sel.size:
-        return peer
+        return peer, seq
     rows = c_rows[sel]
     host = ev_dev[rows] < 0
     call = np.full(sel.size, -1, np.int64)
@@ -185,11 +187,12 @@ def _p2p_peers(calls: P2PCalls | None, c_rows, is_p2p, is_recv, ev_ts, ev_tid, e
         call[i] = next((by_row[a] for a in ctx.get(int(rows[i]), ()) if a in by_row), -1)
     ok = call >= 0
     peer[sel[ok]] = calls.peer[call[ok]]
+    seq[sel[ok]] = calls.seq[call[ok]]
     for j, c in zip(sel[ok].tolist(), call[ok].tolist()):
         g = pg_index.get(str(calls.pg[c]))
         if g is not None:
             c_pg[j] = g
-    return peer
+    return peer, seq
 
 
 def build_tables(
@@ -407,7 +410,7 @@ def build_tables(
             seq_ok[j] = False
             c_is_p2p[j] = True
             c_recv[j] = op == "recv"
-    c_peer = _p2p_peers(p2p_calls, c_rows, c_is_p2p, c_recv, ev_ts, ev_tid, ev_dev, ctx, c_pg, pg_index)
+    c_peer, c_p2p_seq = _p2p_peers(p2p_calls, c_rows, c_is_p2p, c_recv, ev_ts, ev_tid, ev_dev, ctx, c_pg, pg_index)
     if n_c:
         c_pg[c_pg < 0] = default_pg
     size_by_pg = {int(p["index"]): len(p.get("ranks") or []) for p in pgs}
@@ -431,6 +434,7 @@ def build_tables(
         "group_size": c_gsize,
         "nccl_seq": c_nseq,
         "peer": c_peer,
+        "p2p_seq": c_p2p_seq,
     }
 
     # ---- steps table (peak memory filled by the caller) ---------------------------------------------------------
