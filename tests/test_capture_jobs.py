@@ -278,10 +278,8 @@ def test_pipeline_transfers_are_paired_not_matched_as_collectives(job, request):
     assert not any("collective instance" in w for w in rep["warnings"]), rep["warnings"]
     (pipe,) = rep["pipelines"]
     assert pipe["ranks"] == [0, 1] and pipe["micro_batches"] == 4
-    # pairs are not shifted by a transfer: receives end after their send began (all but a rare one a loaded
-    # machine's clock error or a late timestamp can flip), and not a whole micro-batch later
-    ok = rs.p2p.recv_end_ns >= rs.p2p.send_start_ns
-    assert ok.mean() >= 0.9, ok
+    # nearly every transfer is paired: only those whose partner fell just outside the other stage's window are not
+    assert len(rs.p2p) >= 0.8 * rs.p2p.n_sends and rs.p2p.n_edge <= 0.2 * rs.p2p.n_sends
 
 
 def test_pipeline_slow_stage_holds_the_other(sendrecv):
