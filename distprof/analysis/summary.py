@@ -131,7 +131,7 @@ def _exposed_in(rs, coll: Table) -> np.ndarray:
 
 def p2p_rows(rd: RankData) -> Table:
     """The rank's executed point-to-point transfers (raw clock): window, pg, peer (global rank, −1 unknown),
-    is_recv, bytes, start/end ns, step."""
+    is_recv, bytes, start/end ns, step, and their row in the rank's events (``ev_row``, as ``collective_rows``)."""
     cm = rd.comms
     sel = np.flatnonzero((np.asarray(cm["role"]) == ROLE_EXEC) & _p2p_mask(rd))
     row = np.asarray(cm["row"], np.int64)[sel]
@@ -148,6 +148,7 @@ def p2p_rows(rd: RankData) -> Table:
         "start_ns": start,
         "end_ns": start + np.asarray(ev["dur_ns"], np.int64)[row],
         "step": np.asarray(ev["step"], np.int64)[row],
+        "ev_row": row,
     }
 
 
