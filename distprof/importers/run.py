@@ -308,7 +308,8 @@ def import_traces(
             n_events += tr.n_events_raw
             raw += tr.raw_bytes
             if tr.n_inexact:
-                warnings.append(f"{f}: {tr.n_inexact} timestamp(s) not exact to the ns (exponent notation)")
+                warnings.append(f"{f}: {tr.n_inexact} timestamp(s) not exact to the ns (exponent notation beyond "
+                                "2^43 µs: may be off by < 1 µs)")
             bad = {k: v for k, v in tr.skipped.items() if k != "Trace"}  # the profiler's own span and markers
             if bad:
                 warnings.append(f"{f}: skipped {sum(bad.values()):,} malformed event(s) ("
