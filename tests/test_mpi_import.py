@@ -62,7 +62,7 @@ def _import(args, *, mpi: str | None, cwd: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "distprof", "import", *map(str, args), "--no-progress"]
     if mpi:
         cmd = [mpi, "-n", "2", *cmd]
-    return subprocess.run(cmd, cwd=cwd, env=job_env(), capture_output=True, text=True, timeout=240)
+    return subprocess.run(cmd, check=False, cwd=cwd, env=job_env(), capture_output=True, text=True, timeout=240)
 
 
 def _contents(path: Path) -> dict:

@@ -260,7 +260,7 @@ class _Failure:
     exc: BaseException | None = field(default=None, compare=False)
 
     @classmethod
-    def of(cls, e: BaseException, index: int | None = None, where: str = "") -> "_Failure":
+    def of(cls, e: BaseException, index: int | None = None, where: str = "") -> _Failure:
         if isinstance(e, DistprofError):
             return cls(type(e), str(e), index, e)
         return cls(DistprofError, f"{where}{type(e).__name__}: {e}", index, e)
