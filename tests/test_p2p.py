@@ -59,3 +59,39 @@ def test_peer_inferred_in_a_two_member_group_and_unknown_counted():
     assert len(p) == 1 and (p.src[0], p.dst[0]) == (0, 1)
     p = match_p2p({k: v[[2]] for k, v in r.items()}, {0: [0, 1, 2]})
     assert len(p) == 0 and p.n_unknown_peer == 1
+
+
+def test_four_stage_pipeline_order_bubble_and_holder():
+    """Ranks 3 -> 1 -> 0 -> 2 form a 4-stage pipeline (stage order is not rank order); 2 micro-batches per step;
+    stage 1 (rank 1) is slow: its receivers wait for its sends."""
+    from types import SimpleNamespace
+
+    from distprof.analysis.pipeline import pipelines
+
+    chain = [3, 1, 0, 2]
+    items = []
+    seq = {}
+    for step in range(3):
+        t0 = step * 1000.0
+        for mb in range(2):
+            t = t0 + mb * 10
+            for k in range(3):  # forward hop k: chain[k] -> chain[k + 1]
+                a, b = chain[k], chain[k + 1]
+                late = 30.0 if a == 1 else 0.0  # rank 1 sends late
+                send = t + 20 * k + late
+                n = seq.get((a, b), 0)
+                seq[(a, b)] = n + 1
+                items += [(a, False, b, send, send + 0.1, n), (b, True, a, t + 20 * k, send + 0.2, n)]
+    r = rows(*items)
+    r["step"] = np.array([int(x // (1000 * MS)) for x in r["start_ns"]])
+    pairs = match_p2p(r, {})
+    steps = {"rank": np.repeat(np.arange(4), 3), "step": np.tile(np.arange(3), 4),
+             "step_ms": np.full(12, 100.0), "compute_ms": np.array([20.0] * 3 + [60.0] * 3 + [20.0] * 6)}
+    run = SimpleNamespace(p2p=pairs, steps_selection=None, steps=steps, hosts={i: "h" for i in range(4)})
+    (p,) = pipelines(run)
+    assert p.ranks == chain
+    assert p.micro_batches == 2
+    assert p.ideal_bubble_pct == 100 * 3 / (2 + 3)
+    by = {s.rank: s for s in p.stages}
+    assert p.holds_rank == 1 and by[0].wait_ms > by[2].wait_ms
+    assert p.bottleneck_rank == 1 and p.imbalance_pct > 100
