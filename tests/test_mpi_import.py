@@ -143,3 +143,22 @@ def test_bad_files_fail_as_the_serial_import_does(traces, tmp_path):
         (line,) = out["serial"].stderr.splitlines()
         assert re.search(want, line) and line.startswith("distprof: error: "), line
         assert out["mpi"].stderr.splitlines() == [line]
+
+
+def test_srun_tasks_without_mpi_world_leave_the_import_to_task_0(traces, tmp_path, monkeypatch, caplog):
+    """`srun -n 2 distprof import` without an MPI world: task 1 writes nothing and says why (two serial imports
+    raced for the same run directory); task 0 imports every file."""
+    from distprof.analysis.engine import MPI_ENV_VARS
+    from distprof.cli import main
+
+    for k in MPI_ENV_VARS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    out = tmp_path / "run"
+    assert main(["import", str(traces), "-o", str(out), "--no-progress"]) == 0
+    assert not out.exists()
+    assert any("parallel import); task 0 does the work alone" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert main(["import", str(traces), "-o", str(out), "--no-progress"]) == 0
+    assert len(list(out.glob("rank*.h5"))) == len(SET)

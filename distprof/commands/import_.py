@@ -32,14 +32,18 @@ def run(args: argparse.Namespace) -> int:
     from ..analysis.engine import mpi_world
     from ..errors import ConfigError
     from ..importers.run import import_traces
+    from ._common import _other_srun_task
 
     if args.world_size is not None and args.world_size < 1:
         raise ConfigError(f"--world-size {args.world_size}: must be >= 1")
     if args.rank is not None and args.rank < 0:
         raise ConfigError(f"--rank {args.rank}: must be >= 0")
+    comm = mpi_world()
+    if comm is None and _other_srun_task("import"):  # N serial imports would race for the same run directory
+        return 0
     res = import_traces(args.paths, args.out, run_id=args.run_id, world_size=args.world_size, rank=args.rank,
                         one_host=args.one_host, force=args.force, codec=args.codec,
-                        progress=False if args.no_progress else None, comm=mpi_world())
+                        progress=False if args.no_progress else None, comm=comm)
     if res is None:  # an MPI process other than rank 0: its share of the files is written, rank 0 reports
         return 0
     rate = res.n_events / res.seconds if res.seconds > 0 else float("inf")
