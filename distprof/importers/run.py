@@ -31,6 +31,7 @@ import numpy as np
 from .. import _version
 from ..errors import ConfigError, DistprofError
 from ..events.tables import build_tables
+from ..parallel import deal
 from ..progress import progress_enabled
 from ..storage import schema
 from ..storage.writer import write_shard
@@ -231,18 +232,6 @@ def _shard_for(tr: KinetoTrace, rank: int, world_size: int, run_id: str, ref_ran
     path = out / schema.SHARD_TEMPLATE.format(rank=rank, window=0)
     write_shard(path, tabs, tr.strings.list(), attrs, codec=codec)
     return path
-
-
-def deal(costs: Sequence[int], n_procs: int) -> list[list[int]]:
-    """Indices of `costs` dealt out to `n_procs` processes: largest first, each to the least-loaded one (ties: the
-    lower index); every share in index order."""
-    shares: list[list[int]] = [[] for _ in range(n_procs)]
-    load = [0] * n_procs
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        p = min(range(n_procs), key=lambda k: (load[k], k))
-        shares[p].append(i)
-        load[p] += costs[i]
-    return [sorted(s) for s in shares]
 
 
 @dataclass(frozen=True)
