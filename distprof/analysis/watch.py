@@ -397,3 +397,50 @@ def watch_section(ws: WatchSummary, drifts: list[dict[str, Any]], windows: list[
         "lines": {"bin_first_steps": bins, "peers_own_ms": [_r(v) for v in ws.peers_own_bin], "ranks": outliers},
         "skipped": ws.skipped,
     }
+
+
+#: A status file is never read past this size.
+_MAX_STATUS_BYTES = 16 * 1024 * 1024
+
+
+def triggered_windows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's triggered windows as rank 0 recorded them in its status file (the first readable rank's otherwise):
+    window, first_step, last_step, request_id, reason. [] when there is none."""
+    import json
+
+    from ..storage import schema
+
+    paths = sorted(Path(run_dir).glob(schema.STATUS_TEMPLATE.replace("{rank:05d}", "*")))
+    for p in paths:
+        try:
+            if p.stat().st_size > _MAX_STATUS_BYTES:
+                continue
+            doc = json.loads(p.read_bytes())
+        except (OSError, ValueError):
+            continue
+        tws = doc.get("triggered_windows") if isinstance(doc, dict) else None
+        if not isinstance(tws, list):
+            continue
+        return [{"window": t.get("index"), "first_step": t.get("first"), "last_step": t.get("last"),
+                 "request_id": t.get("request_id"), "reason": t.get("reason", ""), "recorded": t.get("recorded")}
+                for t in tws if isinstance(t, dict)]
+    return []
+
+
+def rule_of(config: dict[str, Any] | None) -> DriftRule:
+    """The drift rule the job ran with (its shards' config), else the defaults."""
+    cfg = config or {}
+    try:
+        return DriftRule(float(cfg.get("watch_threshold", DriftRule.threshold)),
+                         int(cfg.get("watch_steps", DriftRule.steps)))
+    except (TypeError, ValueError):
+        return DriftRule()
+
+
+def watch_report(run_dir: str | Path, rule: DriftRule | None = None) -> dict[str, Any] | None:
+    """The report's ``watch`` key for RUN_DIR (None when the run has no watch series). Raises WatchFileError for a
+    bad drifts.json; a bad segment is skipped and named in ``skipped``."""
+    ws = summarize_watch(run_dir, rule)
+    if ws is None:
+        return None
+    return watch_section(ws, wf.read_drifts(Path(run_dir)), triggered_windows(run_dir))

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if run_ is None:  # an MPI process other than rank 0: its share is summarised, rank 0 reports
         return 0
     report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top)
+    _add_watch(report, args.run_dir, run_)
     html_path = write_html(report, args.html, run_) if args.html else None
     if args.json == "-":
         sys.stdout.write(render_json(report))
@@ -62,3 +63,14 @@ def run(args: argparse.Namespace) -> int:
     if html_path is not None:
         sys.stdout.write(f"HTML report written to {html_path}\n")
     return 0
+
+
+def _add_watch(report: dict, run_dir: str, run_) -> None:
+    """The whole run from the --watch series (RUN_DIR/watch/), when there is one: report["watch"]."""
+    from ..analysis.report import to_jsonable
+    from ..analysis.watch import rule_of, watch_report
+
+    cfg = next((a.get("config") for a in run_.attrs.values() if isinstance(a.get("config"), dict)), None)
+    watch = watch_report(run_dir, rule_of(cfg))
+    if watch is not None:
+        report["watch"] = to_jsonable(watch)
