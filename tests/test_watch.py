@@ -4,15 +4,14 @@ a real 2-rank job in which one rank starts sleeping: a window triggered within 2
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import ROOT, job_env, only_run_dir, python, torchrun
 from distprof.analysis.watch import DriftRule, DriftTracker, flag_drift, own_ms, peer_median, watch_report
@@ -261,3 +260,64 @@ def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(tmp_path):
     per = {p["rank"]: p for p in w["per_rank"]}
     assert per[0]["comm_ms_median"] > per[1]["comm_ms_median"] + 10  # rank 0 is the one blocked
     assert "fig-watch-heatmap" in (tmp_path / "r.html").read_text()
+
+
+# ---- what one rank times ---------------------------------------------------------------------------------------------
+class _SlowData(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return i
+
+
+def test_recorder_times_data_wait_optimizer_and_blocking_waits_on_the_training_thread_only(tmp_path):
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from distprof.capture.watch import WatchRecorder
+
+    rec = WatchRecorder(threading.get_ident())
+    rec.install()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        p = torch.nn.Parameter(torch.zeros(1000))
+        p.grad = torch.ones(1000)
+        opt = torch.optim.SGD([p], lr=0.1)
+        loader = iter(torch.utils.data.DataLoader(_SlowData(), batch_size=None))
+        rec.step_end(0, False)  # a first boundary: the next row is one step
+        next(loader)
+        opt.step()
+        dist.barrier()
+        side = threading.Thread(target=lambda: [next(loader), dist.barrier()])  # not the training thread's
+        side.start()
+        side.join()
+        rec.step_end(1, False)
+        rows, taken, lost = rec.take(0)
+    finally:
+        dist.destroy_process_group()
+        rec.remove()
+    assert (taken, lost) == (2, 0) and list(rows["step"]) == [0, 1]
+    r = rows[1]
+    assert 20.0 <= r["data_ms"] < 40.0 <= r["step_ms"]  # one batch on this thread (20 ms), not the other's
+    assert 0 < r["opt_ms"] < r["step_ms"] and 0 < r["comm_ms"] < r["step_ms"] and r["mem_peak"] == -1
+    from torch._C._distributed_c10d import Work
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    assert not hasattr(Work.wait, "__distprof_watch__") and not hasattr(_BaseDataLoaderIter.__next__,
+                                                                         "__distprof_watch__")
+
+
+def test_a_single_process_watch_flushes_every_step_at_close(tmp_path):
+    import distprof
+
+    with distprof.profile(out=str(tmp_path), run_id="one", schedule="none", watch=True, watch_interval_s=0.05) as p:
+        for _ in range(30):
+            time.sleep(0.002)
+            p.step()
+    rows = wf.read_rank_series(tmp_path / "one", 0)
+    assert list(rows["step"]) == list(range(30)) and np.all(rows["step_ms"] >= 2.0)
+    assert wf.read_drifts(tmp_path / "one") == []  # one rank: nobody to compare with
