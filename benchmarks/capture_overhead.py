@@ -50,8 +50,9 @@ def run(tmp: Path, tag: str, args, arm: str) -> list[dict]:
     sched = [f"--{k}={v}" for k, v in SCHED.items()]
     if arm == "c":
         cmd += ["-m", "distprof.launch", "--out", str(tmp / "runs"), "--run-id", tag, *sched]
-    elif arm == "d":
-        cmd += ["-m", "distprof.launch", "--out", str(tmp / "runs"), "--run-id", tag, "--watch", "--schedule", "none"]
+    elif arm in "de":
+        cmd += ["-m", "distprof.launch", "--out", str(tmp / "runs"), "--run-id", tag, "--schedule", "none",
+                *(["--watch"] if arm == "d" else [])]
     cmd += [str(HERE / "_timed_train.py"), str(args.steps), str(args.batch), str(args.hidden), str(out)]
     if arm == "b":
         cmd += ["torch", *(str(SCHED[k]) for k in ("wait", "warmup", "active", "repeat"))]
@@ -128,6 +129,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--arms", default="abcd", help="which arms to run (e: distprof --schedule none without --watch, "
+                                                   "to tell the watch's part of d from the launcher's); "
+                                                   "ratios are printed for the arms present")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from distprof.capture.schedule import Action, action_at
@@ -135,17 +139,17 @@ def main() -> None:
     from distprof.storage import find_shards, read_shard
 
     sched = ScheduleConfig(**SCHED)
-    rec_a = {"a": [], "b": [], "c": [], "d": []}  # outside-window steps of a, c, d; recorded steps of b, c
+    rec_a = {"a": [], "b": [], "c": [], "d": [], "e": []}  # outside-window steps of a, c, d; recorded steps of b, c
     recorded = {"b": [], "c": []}
     b_stop, b_export, b_load, b_gzip, c_hold, c_stop, c_durable, c_size = [], [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for r in range(args.rounds):
-            for arm in "abcd":
+            for arm in args.arms:
                 tag = f"{arm}{r}"
                 for rank in run(tmp, tag, args, arm):
                     st = rank["steps"]
-                    if arm in "acd":  # with --repeat 3 every step from OUTSIDE_FROM on is outside a window
+                    if arm in "acde":  # with --repeat 3 every step from OUTSIDE_FROM on is outside a window
                         rec_a[arm] += st[OUTSIDE_FROM:]
                     if arm == "b":
                         # iteration i runs step i, then prof.step() (which stops the trace after a window's last)
@@ -174,8 +178,10 @@ def main() -> None:
                     for stf in run_dir.glob("rank*.status.json"):
                         c_durable += [w["durable_after_s"] for w in json.loads(stf.read_text())["windows"]]
                 print(f"round {r} arm {arm} done", file=sys.stderr, flush=True)
-    med = statistics.median
-    a, c_out, dw = med(rec_a["a"]), med(rec_a["c"]), med(rec_a["d"])
+    def med(xs):
+        return statistics.median(xs) if xs else float("nan")
+
+    a, c_out, dw, e = med(rec_a["a"]), med(rec_a["c"]), med(rec_a["d"]), med(rec_a["e"])
     rb, rc = med(recorded["b"]), med(recorded["c"])
     micro = micro_watch()
     load = os.getloadavg()
@@ -195,7 +201,10 @@ def main() -> None:
          f"{med(b_load) * 1e3:.0f}) vs {med(c_durable) * 1e3:.0f} ms (background)"),
         ("size: shard / gzipped chrome JSON (window 0)", med(c_size) / med(b_gzip), "<= 0.5",
          med(c_size) / med(b_gzip) <= 0.5, f"{med(c_size) / 1e3:.0f} kB vs {med(b_gzip) / 1e3:.0f} kB"),
+        ("--watch / distprof --schedule none without it (the watch's own part)", dw / e, "<= 1.005", dw / e <= 1.005,
+         f"{dw * 1e3:.2f} vs {e * 1e3:.2f} ms, {len(rec_a['e'])} steps"),
     ]
+    rows = [r for r in rows if r[1] == r[1]]  # arms not run: NaN
     print(f"capture overhead: 2-rank DDP MLP (hidden {args.hidden}, batch {args.batch}), {args.steps} steps x "
           f"{args.rounds} rounds interleaved; medians over both ranks; load average {load[0]:.2f} {load[1]:.2f} "
           f"{load[2]:.2f} on {os.cpu_count()} CPUs")

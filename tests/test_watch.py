@@ -214,20 +214,23 @@ def test_a_killed_job_leaves_a_readable_series(tmp_path):
 
 
 # ---- a real job ----------------------------------------------------------------------------------------------------
-SLOW_FROM = 60
+SLOW_FROM, SLOW_UNTIL = 60, 130  # slow long enough for the window to fall in it
+AGAIN = "160:200"  # and again to the end: a second drift, within the cool-down
 
 
 def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(tmp_path):
     out = tmp_path / "out"
     env = job_env(DISTPROF_WATCH_INTERVAL_S="0.2", DISTPROF_TRIGGER_POLL_S="0.2", DISTPROF_TRIGGER_MARGIN="5")
     torchrun(2, ["-m", "distprof.launch", "--out", str(out), "--watch", "--schedule", "none", "--watch-steps", "5",
-                 "--watch-threshold", "0.5", str(JOB), "--steps", "170", "--sleep-ms", "40", "--slow-rank", "1",
-                 "--slow-from", str(SLOW_FROM), "--slow-ms", "30"], cwd=tmp_path, env=env)
+                 "--watch-threshold", "0.5", str(JOB), "--steps", "200", "--sleep-ms", "40", "--slow-rank", "1",
+                 "--slow-from", str(SLOW_FROM), "--slow-until", str(SLOW_UNTIL), "--slow-again", AGAIN,
+                 "--slow-ms", "30"], cwd=tmp_path, env=env)
     run_dir = only_run_dir(out)
     drifts = wf.read_drifts(run_dir)
-    assert [d["rank"] for d in drifts] == [1], drifts
+    assert [d["rank"] for d in drifts] == [1, 1], drifts
     d = drifts[0]
     assert SLOW_FROM - 2 <= d["first_step"] <= SLOW_FROM + 3
+    assert drifts[1]["state"] == "cooldown" and drifts[1]["request_id"] is None  # one window per --watch-cooldown
     # triggered (rank 0 placed the window) within 20 steps of the drift's start; the window then recorded
     assert d["state"] == "done" and d["decided_at_step"] - SLOW_FROM <= 20, d
     shards = find_shards(run_dir)
@@ -242,8 +245,11 @@ def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(tmp_path):
     named = [s["rank"] for s in report["stragglers"] if s["named"]]
     assert named == [1]  # the triggered window's trace names the sleeping rank
     w = report["watch"]
-    assert [x["rank"] for x in w["drifts"]] == [1]
-    assert SLOW_FROM - 2 <= w["drifts"][0]["first_step"] <= SLOW_FROM + 3
+    spans = sorted((x["rank"], x["first_step"], x["last_step"], x["open"]) for x in w["drifts"])
+    assert [x[0] for x in spans] == [1, 1] and not spans[0][3] and spans[1][3]  # ended; lasted to the end
+    a0, b0 = (int(v) for v in AGAIN.split(":"))
+    assert SLOW_FROM - 2 <= spans[0][1] <= SLOW_FROM + 3 and SLOW_UNTIL - 4 <= spans[0][2] <= SLOW_UNTIL + 1
+    assert a0 - 2 <= spans[1][1] <= a0 + 3
     assert w["triggers"][0]["window"] == d["window"] and w["triggers"][0]["drift"]["rank"] == 1
     assert "drift: rank 1 from step" in proc.stdout and f"-> window {d['window']}" in proc.stdout
     # the heatmap shows when: rank 1's row steps up at the drift (both ranks' steps are long after it: rank 0
@@ -251,7 +257,7 @@ def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(tmp_path):
     hm = w["heatmap"]
     assert hm["bin_steps"] == 1 and hm["rows"] == ["rank 0", "rank 1"]
     bins = np.array(hm["bin_first_steps"])
-    before, after = (bins >= 5) & (bins < SLOW_FROM - 3), (bins > SLOW_FROM + 3)
+    before, after = (bins >= 5) & (bins < SLOW_FROM - 3), (bins > SLOW_FROM + 3) & (bins < SLOW_UNTIL - 3)
     row1 = np.array(hm["step_ms"][1], dtype=float)
     assert np.nanmedian(row1[after]) - np.nanmedian(row1[before]) > 15
     line = np.array(w["lines"]["ranks"][0]["own_ms"], dtype=float)

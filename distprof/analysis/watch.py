@@ -438,9 +438,14 @@ def rule_of(config: dict[str, Any] | None) -> DriftRule:
 
 
 def watch_report(run_dir: str | Path, rule: DriftRule | None = None) -> dict[str, Any] | None:
-    """The report's ``watch`` key for RUN_DIR (None when the run has no watch series). Raises WatchFileError for a
-    bad drifts.json; a bad segment is skipped and named in ``skipped``."""
+    """The report's ``watch`` key for RUN_DIR (None when the run has no watch series); a bad segment or drifts.json
+    is skipped and named in ``skipped``."""
     ws = summarize_watch(run_dir, rule)
     if ws is None:
         return None
-    return watch_section(ws, wf.read_drifts(Path(run_dir)), triggered_windows(run_dir))
+    try:
+        drifts = wf.read_drifts(Path(run_dir))
+    except wf.WatchFileError as e:  # the series still shows the run; the live record is named as skipped
+        ws.skipped.append(str(e))
+        drifts = []
+    return watch_section(ws, drifts, triggered_windows(run_dir))
