@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import ROOT, job_env, only_run_dir, python, torchrun
+from test_html_report import browser  # noqa: F401  (the fixture: a headless Chromium)
 from distprof.analysis.watch import DriftRule, DriftTracker, flag_drift, own_ms, peer_median, watch_report
 from distprof.config import ProfileConfig, config_from_mapping
 from distprof.errors import ConfigError
@@ -218,7 +219,10 @@ SLOW_FROM, SLOW_UNTIL = 60, 130  # slow long enough for the window to fall in it
 AGAIN = "160:200"  # and again to the end: a second drift, within the cool-down
 
 
-def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(tmp_path):
+@pytest.fixture(scope="module")
+def sleeper_run(tmp_path_factory):
+    """The job of the done-when test, run once for the tests below: (its folder, its run directory)."""
+    tmp_path = tmp_path_factory.mktemp("sleeper")
     out = tmp_path / "out"
     env = job_env(DISTPROF_WATCH_INTERVAL_S="0.2", DISTPROF_TRIGGER_POLL_S="0.2", DISTPROF_TRIGGER_MARGIN="5")
     torchrun(2, ["-m", "distprof.launch", "--out", str(out), "--watch", "--schedule", "none", "--watch-steps", "5",
@@ -226,6 +230,13 @@ def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(tmp_path):
                  "--slow-from", str(SLOW_FROM), "--slow-until", str(SLOW_UNTIL), "--slow-again", AGAIN,
                  "--slow-ms", "30"], cwd=tmp_path, env=env)
     run_dir = only_run_dir(out)
+    python(["-m", "distprof", "report", str(run_dir), "--json", str(tmp_path / "r.json"), "--html",
+            str(tmp_path / "r.html"), "--no-progress"], cwd=tmp_path)
+    return tmp_path, run_dir
+
+
+def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(sleeper_run):
+    tmp_path, run_dir = sleeper_run
     drifts = wf.read_drifts(run_dir)
     assert [d["rank"] for d in drifts] == [1, 1], drifts
     d = drifts[0]
@@ -239,8 +250,7 @@ def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(tmp_path):
         attrs = read_shard(p).attrs
         assert attrs["window"] == d["window"] and attrs["trigger"]["request_id"] == d["request_id"]
         assert attrs["trigger"]["reason"].startswith("watch: rank 1 ")
-    proc = python(["-m", "distprof", "report", str(run_dir), "--json", str(tmp_path / "r.json"),
-                   "--html", str(tmp_path / "r.html")], cwd=tmp_path)
+    proc = python(["-m", "distprof", "report", str(run_dir), "--no-progress"], cwd=tmp_path)
     report = json.loads((tmp_path / "r.json").read_text())
     named = [s["rank"] for s in report["stragglers"] if s["named"]]
     assert named == [1]  # the triggered window's trace names the sleeping rank
@@ -260,6 +270,8 @@ def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(tmp_path):
     before, after = (bins >= 5) & (bins < SLOW_FROM - 3), (bins > SLOW_FROM + 3) & (bins < SLOW_UNTIL - 3)
     row1 = np.array(hm["step_ms"][1], dtype=float)
     assert np.nanmedian(row1[after]) - np.nanmedian(row1[before]) > 15
+    own0, own1 = (np.array(hm["own_ms"][i], dtype=float) for i in (0, 1))
+    assert np.nanmedian(own1[after]) - np.nanmedian(own0[after]) > 15  # in own work only the sleeper's row is hot
     line = np.array(w["lines"]["ranks"][0]["own_ms"], dtype=float)
     assert w["lines"]["ranks"][0]["rank"] == 1
     assert np.nanmedian(line[after]) - np.nanmedian(line[before]) > 15
@@ -327,3 +339,11 @@ def test_a_single_process_watch_flushes_every_step_at_close(tmp_path):
     rows = wf.read_rank_series(tmp_path / "one", 0)
     assert list(rows["step"]) == list(range(30)) and np.all(rows["step_ms"] >= 2.0)
     assert wf.read_drifts(tmp_path / "one") == []  # one rank: nobody to compare with
+
+
+def test_browser_draws_the_watch_charts(sleeper_run, browser):
+    from test_html_report import assert_charts_drawn, open_report
+
+    info = open_report(browser, sleeper_run[0] / "r.html", "watch-report.png")
+    assert_charts_drawn(info, {"fig-watch-heatmap", "fig-watch-own", "fig-watch-lines"})
+    assert "Drifts and the windows they triggered" in info["text"] and "window 0 (steps" in info["text"]

@@ -362,15 +362,15 @@ def watch_section(ws: WatchSummary, drifts: list[dict[str, Any]], windows: list[
         })
     blocks = _blocks(ws.ranks)
     ri = {r: i for i, r in enumerate(ws.ranks)}
-    z = []
-    for blk in blocks:
-        rows = ws.bin_mean["step_ms"][[ri[r] for r in blk]] if ws.bin_mean else np.zeros((0, 0))
-        with np.errstate(all="ignore"):
+    z: dict[str, list] = {"step_ms": [], "own_ms": []}
+    for key, out in z.items():
+        for blk in blocks:
+            rows = ws.bin_mean[key][[ri[r] for r in blk]] if ws.bin_mean else np.zeros((0, 0))
             import warnings
 
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                z.append([_r(v) for v in np.nanmax(rows, axis=0)] if rows.size else [])
+                warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column: no step there
+                out.append([_r(v) for v in np.nanmax(rows, axis=0)] if rows.size else [])
     labels = [f"rank {b[0]}" if len(b) == 1 else f"ranks {b[0]}-{b[-1]}" for b in blocks]
     n_bins = len(ws.peers_own_bin)
     bins = [ws.first_step + i * ws.bin_steps for i in range(n_bins)]
@@ -393,7 +393,8 @@ def watch_section(ws: WatchSummary, drifts: list[dict[str, Any]], windows: list[
         "drifts": [s.to_dict() for s in spans],
         "triggers": triggers,
         "heatmap": {"bin_steps": ws.bin_steps, "bin_first_steps": bins, "rows": labels,
-                    "row_ranks": [[b[0], b[-1]] for b in blocks], "step_ms": z},
+                    "row_ranks": [[b[0], b[-1]] for b in blocks], "step_ms": z["step_ms"],
+                    "own_ms": z["own_ms"]},
         "lines": {"bin_first_steps": bins, "peers_own_ms": [_r(v) for v in ws.peers_own_bin], "ranks": outliers},
         "skipped": ws.skipped,
     }

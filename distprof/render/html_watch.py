@@ -14,9 +14,19 @@ __all__ = ["heatmap", "lines", "section"]
 _PALETTE = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#1f77b4")
 
 
-def heatmap(watch: dict[str, Any]) -> dict[str, Any] | None:
+def _cap(values) -> float | None:
+    """A colour / axis top that one outlier cannot take over: the 99th percentile x 1.2 (the first step of a job
+    runs from the profiler's start, start-up included, and is often 100x the others)."""
+    vals = sorted(float(v) for v in values if v is not None)
+    if not vals:
+        return None
+    return vals[min(len(vals) - 1, int(0.99 * len(vals)))] * 1.2
+
+
+def heatmap(watch: dict[str, Any], key: str = "step_ms") -> dict[str, Any] | None:
+    """`key` "step_ms" (step time) or "own_ms" (own work: step time minus time blocked)."""
     hm = watch.get("heatmap") or {}
-    z, bins = hm.get("step_ms") or [], hm.get("bin_first_steps") or []
+    z, bins = hm.get(key) or [], hm.get("bin_first_steps") or []
     if not z or not bins:
         return None
     width = int(hm.get("bin_steps") or 1)
@@ -24,6 +34,10 @@ def heatmap(watch: dict[str, Any]) -> dict[str, Any] | None:
     trace = {"type": "heatmap", "x": x, "y": hm.get("rows") or [], "z": z, "colorscale": "YlOrRd",
              "reversescale": True, "colorbar": {"title": {"text": "ms"}}, "hoverongaps": False,
              "hovertemplate": "%{y}, step %{x}: <b>%{z:.2f} ms</b> per step<extra></extra>"}
+    top = _cap(v for row in z for v in row)
+    if top is not None:  # both ends set, or plotly computes its own; hover still shows every cell's value
+        trace["zmin"] = min(float(v) for row in z for v in row if v is not None)
+        trace["zmax"] = max(top, trace["zmin"] + 1e-3)
     shapes = []
     for d in (watch.get("drifts") or [])[:20]:  # where each drift began (a dashed line at its first step)
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "y0": 0, "y1": 1,
@@ -48,7 +62,9 @@ def lines(watch: dict[str, Any]) -> dict[str, Any] | None:
                      "y": r.get("own_ms") or [], "line": {"color": c}})
         data.append({"type": "scatter", "mode": "lines", "name": f"rank {r['rank']} step time", "x": bins,
                      "y": r.get("step_ms") or [], "line": {"color": c, "dash": "dot", "width": 1}})
-    return {"data": data, "layout": _layout(340, xaxis=_axis("global step"), yaxis=_axis("ms per step"))}
+    top = _cap(v for tr in data for v in tr["y"])
+    yaxis = _axis("ms per step", range=[0, top]) if top else _axis("ms per step")
+    return {"data": data, "layout": _layout(340, xaxis=_axis("global step"), yaxis=yaxis)}
 
 
 def _table(watch: dict[str, Any]) -> str:
@@ -83,6 +99,9 @@ def section(report: dict[str, Any], figs: dict[str, Any], chart: Callable[..., s
               f"Every step of steps {watch.get('first_step')}-{watch.get('last_step')} from the watch series "
               f"({(watch.get('heatmap') or {}).get('bin_steps', 1)} step(s) per column, mean; rows of many ranks "
               "show their slowest). Dashed lines: where a drift began."),
+        chart("fig-watch-own", "Whole run: own work per rank and step", heatmap(watch, "own_ms"), figs,
+              "Step time minus time blocked waiting for communication: a rank that makes the others wait stands out "
+              "here, while in step time its victims look as slow as it."),
         chart("fig-watch-lines", "Drifting ranks: own work against the others", lines(watch), figs,
               "Own work = step time minus time blocked waiting for communication; a rank drifts when " + rule + ".",
               "No rank drifted."),
