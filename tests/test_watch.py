@@ -341,7 +341,7 @@ def test_a_single_process_watch_flushes_every_step_at_close(tmp_path):
     assert wf.read_drifts(tmp_path / "one") == []  # one rank: nobody to compare with
 
 
-def test_browser_draws_the_watch_charts(sleeper_run, browser):
+def test_browser_draws_the_watch_charts(sleeper_run, browser):  # noqa: F811  (the fixture)
     from test_html_report import assert_charts_drawn, open_report
 
     info = open_report(browser, sleeper_run[0] / "r.html", "watch-report.png")
