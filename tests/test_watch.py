@@ -339,6 +339,26 @@ def test_a_single_process_watch_flushes_every_step_at_close(tmp_path):
     rows = wf.read_rank_series(tmp_path / "one", 0)
     assert list(rows["step"]) == list(range(30)) and np.all(rows["step_ms"] >= 2.0)
     assert wf.read_drifts(tmp_path / "one") == []  # one rank: nobody to compare with
+    # no window was recorded: the report is the series alone
+    proc = python(["-m", "distprof", "report", str(tmp_path / "one"), "--json", str(tmp_path / "r.json")],
+                  cwd=tmp_path)
+    assert "Whole run (--watch): 1 rank(s), steps 0-29" in proc.stdout
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["watch"]["per_rank"][0]["steps"] == 30 and "only the --watch series" in rep["warnings"][0]
+
+
+def test_a_watch_that_cannot_write_warns_once_and_training_goes_on(tmp_path):
+    run_dir = tmp_path / "out" / "w"
+    run_dir.mkdir(parents=True)
+    (run_dir / wf.WATCH_DIR).write_text("a file where the watch folder goes")
+    script = tmp_path / "loop.py"
+    script.write_text(KILL_SCRIPT.replace("while True:", "for _ in range(20):"))
+    proc = python(["-m", "distprof.launch", "--out", str(tmp_path / "out"), "--run-id", "w", "--watch",
+                   "--watch-interval", "0.05", "--wait", "2", "--warmup", "1", "--active", "3", str(script)],
+                  cwd=tmp_path, env=job_env())
+    assert proc.stderr.count("watch failed") == 1, proc.stderr[-3000:]
+    assert "training goes on" in proc.stderr
+    assert len(find_shards(run_dir)) == 1  # the scheduled window is still written
 
 
 def test_browser_draws_the_watch_charts(sleeper_run, browser):  # noqa: F811  (the fixture)
