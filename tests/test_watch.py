@@ -367,3 +367,12 @@ def test_browser_draws_the_watch_charts(sleeper_run, browser):  # noqa: F811  (t
     info = open_report(browser, sleeper_run[0] / "r.html", "watch-report.png")
     assert_charts_drawn(info, {"fig-watch-heatmap", "fig-watch-own", "fig-watch-lines"})
     assert "Drifts and the windows they triggered" in info["text"] and "window 0 (steps" in info["text"]
+
+
+def test_store_reads_of_rank_0_are_bounded_whatever_the_job_size():
+    from distprof.capture.watch import MAX_PUBLISH, STORE_READS_PER_S, read_interval_s
+
+    assert read_interval_s(2.0, 2) == 2.0
+    assert read_interval_s(2.0, 1001) == pytest.approx(1000 / STORE_READS_PER_S)  # 1,000 others: each every 10 s
+    assert 1000 / read_interval_s(2.0, 1001) <= STORE_READS_PER_S
+    assert MAX_PUBLISH * 4 + 12 <= 4096  # one rank's key: a few kB at most
