@@ -121,8 +121,9 @@ def test_own_work_is_step_time_minus_time_blocked():
 
 # ---- options -------------------------------------------------------------------------------------------------------
 def test_watch_options_from_env_and_flags():
-    cfg = config_from_mapping({}, {"DISTPROF_WATCH": "1", "DISTPROF_WATCH_THRESHOLD": "0.5", "DISTPROF_WATCH_STEPS": "7",
-                                   "DISTPROF_WATCH_INTERVAL_S": "0.5", "DISTPROF_WATCH_COOLDOWN_S": "60"})
+    cfg = config_from_mapping({}, {"DISTPROF_WATCH": "1", "DISTPROF_WATCH_THRESHOLD": "0.5",
+                                   "DISTPROF_WATCH_STEPS": "7", "DISTPROF_WATCH_INTERVAL_S": "0.5",
+                                   "DISTPROF_WATCH_COOLDOWN_S": "60"})
     assert (cfg.watch, cfg.watch_threshold, cfg.watch_steps, cfg.watch_interval_s, cfg.watch_cooldown_s) == \
         (True, 0.5, 7, 0.5, 60.0)
     assert ProfileConfig().watch is False
