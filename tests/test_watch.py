@@ -225,7 +225,8 @@ def sleeper_run(tmp_path_factory):
     """The job of the done-when test, run once for the tests below: (its folder, its run directory)."""
     tmp_path = tmp_path_factory.mktemp("sleeper")
     out = tmp_path / "out"
-    env = job_env(DISTPROF_WATCH_INTERVAL_S="0.2", DISTPROF_TRIGGER_POLL_S="0.2", DISTPROF_TRIGGER_MARGIN="5")
+    # side threads every 0.1 s: rank 0 hears of the drift within ~0.2 s, ~3 steps (20 steps is 1.4 s here)
+    env = job_env(DISTPROF_WATCH_INTERVAL_S="0.1", DISTPROF_TRIGGER_POLL_S="0.2", DISTPROF_TRIGGER_MARGIN="5")
     torchrun(2, ["-m", "distprof.launch", "--out", str(out), "--watch", "--schedule", "none", "--watch-steps", "5",
                  "--watch-threshold", "0.5", str(JOB), "--steps", "200", "--sleep-ms", "40", "--slow-rank", "1",
                  "--slow-from", str(SLOW_FROM), "--slow-until", str(SLOW_UNTIL), "--slow-again", AGAIN,
