@@ -23,6 +23,7 @@ import textwrap
 from typing import Any
 
 from ..analysis.names import display_name, rank_ranges
+from .console_watch import watch_lines
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
     out += _clock(report.get("clock", {}), st)
 
     out += _summary(report.get("summary", {}), st)
+    out += watch_lines(report.get("watch"), st)
     out += _stragglers(report, st, top)
     out += _collectives(report, st)
     out += _pipelines(report, st)
