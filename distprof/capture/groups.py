@@ -33,8 +33,6 @@ _NAME_WAIT_S = 0.5
 _lock = threading.Lock()
 #: OS tid of a gloo worker thread -> name of the process group it serves.
 _thread_pg: dict[int, str] = {}
-#: gloo worker threads distprof started for itself (its clock side channel): never a user's group.
-_own_tids: set[int] = set()
 _installed = False
 _default_listener: Callable[[Any, Any], None] | None = None
 
@@ -58,7 +56,7 @@ def _gloo_tids() -> set[int]:
 
 def _unclaimed_gloo_tids() -> set[int]:
     with _lock:
-        known = set(_thread_pg) | _own_tids
+        known = set(_thread_pg)
     return _gloo_tids() - known
 
 
@@ -93,13 +91,6 @@ def gloo_worker_count(pg) -> int:
     if type(backend).__name__ != "ProcessGroupGloo" or opts is None:
         return 0
     return int(getattr(opts, "_threads", 2) or 0)
-
-
-def claim_own_threads(expected: int) -> None:
-    """The gloo workers just started by distprof's own channel are not a user group's."""
-    new = _wait_new_gloo_tids(expected)
-    with _lock:
-        _own_tids.update(new)
 
 
 def gloo_thread_pg() -> dict[int, str]:
