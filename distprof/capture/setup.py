@@ -147,6 +147,25 @@ class RunSetup:
                    timedelta(seconds=self.config.sync_timeout_s))
         return True
 
+    def agree_over_mpi(self) -> bool:
+        """An MPI launcher's job with no process group yet (the profiler starts before the script): agree over MPI
+        when mpi4py's world is the job (mpi.py). True when agreed."""
+        import torch.distributed as dist
+
+        if self.agreement is not None or (dist.is_available() and dist.is_initialized()):
+            return False
+        from . import mpi
+
+        comm = mpi.job_world()
+        if comm is None:
+            return False
+        rank = comm.Get_rank()
+        self.clock.sim = sim_clock(sim_host_index(rank))
+        server: list[clock.ClockServer] = []
+        agreement = mpi.agree(comm, dist_info.host_of(rank), lambda: self.rank0_run(comm.Get_size(), server))
+        self.adopt(agreement, server[0] if server else None)
+        return True
+
     def roles(self) -> clock.ClockRoles | None:
         """Host roles: agreed, or this rank alone when the job is one process; None when not (yet) known."""
         if self.agreement is not None:
