@@ -142,3 +142,19 @@ def test_summary_is_bounded_at_1024_ranks():
     assert "128 host(s)" in text and "over 1024 ranks" in text
     assert max(len(ln) for ln in lines) <= 130
     assert len(rep["overlap"]) == 1024 and len(rep["stragglers"]) == 1024
+
+
+def test_srun_tasks_without_mpi_world_leave_the_work_to_task_0(synth_dir, tmp_path, monkeypatch, caplog):
+    """`srun -n 2 distprof report` without an MPI world: task 1 writes nothing and says why; task 0 reports."""
+    for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    out = tmp_path / "task1.json"
+    assert main(["report", str(synth_dir), "--json", str(out), "--no-progress"]) == 0
+    assert not out.exists()
+    assert any("task 0 does the work alone" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    out0 = tmp_path / "task0.json"
+    assert main(["report", str(synth_dir), "--json", str(out0), "--no-progress"]) == 0
+    assert json.loads(out0.read_text())["run"]["world_size"] >= 2

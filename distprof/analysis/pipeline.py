@@ -86,24 +86,54 @@ def _components(src: np.ndarray, dst: np.ndarray) -> list[list[int]]:
 
 def _stage_order(ranks: list[int], src, dst, t_send, t_recv, step_s, step_r) -> list[int]:
     """Stage 0: the rank whose first transfer of a step is a send most often; then each stage's first target."""
-    first_send: dict[int, int] = {r: 0 for r in ranks}
-    for r in ranks:
-        ev = [(int(s), float(t), True) for s, t, x in zip(step_s, t_send, src) if x == r] + \
-             [(int(s), float(t), False) for s, t, x in zip(step_r, t_recv, dst) if x == r]
-        first: dict[int, tuple[float, bool]] = {}
-        for s, t, is_send in ev:
-            if s not in first or t < first[s][0]:
-                first[s] = (t, is_send)
-        first_send[r] = sum(1 for _, is_send in first.values() if is_send)
-    order = [max(ranks, key=lambda r: (first_send[r], -r))]
+    who = np.r_[src, dst]
+    step = np.r_[step_s, step_r]
+    t = np.r_[t_send, t_recv]
+    is_send = np.r_[np.ones(src.size, bool), np.zeros(dst.size, bool)]
+    o = np.lexsort((t, step, who))
+    who, step, is_send = who[o], step[o], is_send[o]
+    first = np.r_[True, (who[1:] != who[:-1]) | (step[1:] != step[:-1])]
+    counts = dict(zip(*np.unique(who[first & is_send], return_counts=True)))
+    order = [max(ranks, key=lambda r: (int(counts.get(r, 0)), -r))]
+    # per sender, its targets by their first send
+    o = np.lexsort((t_send, src))
+    targets: dict[int, list[int]] = {}
+    for a_, d_ in zip(src[o].tolist(), dst[o].tolist()):
+        lst = targets.setdefault(a_, [])
+        if d_ not in lst:
+            lst.append(d_)
+    placed = set(order)
     while len(order) < len(ranks):
-        cur = order[-1]
-        targets = sorted((float(t), int(d)) for s, d, t in zip(src, dst, t_send) if s == cur and d not in order)
-        if not targets:  # a dead end: the rest by rank
-            order += [r for r in ranks if r not in order]
+        nxt = next((d_ for d_ in targets.get(order[-1], []) if d_ not in placed), None)
+        if nxt is None:  # a dead end: the rest by rank
+            order += [r for r in ranks if r not in placed]
             break
-        order.append(targets[0][1])
+        order.append(nxt)
+        placed.add(nxt)
     return order
+
+
+class _RankSteps:
+    """Sums over (rank, step) cells of the steps table, for values given per transfer."""
+
+    def __init__(self, st) -> None:
+        self.rank = np.asarray(st["rank"], np.int64)
+        self.step = np.asarray(st["step"], np.int64)
+        code = (self.rank << 32) + (self.step & 0xFFFFFFFF)
+        self.order = np.argsort(code, kind="stable")
+        self.code = code[self.order]
+
+    def sum(self, rank: np.ndarray, step: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+        code = (np.asarray(rank, np.int64) << 32) + (np.asarray(step, np.int64) & 0xFFFFFFFF)
+        pos = np.searchsorted(self.code, code)
+        ok = (pos < self.code.size) & (step >= 0)
+        ok[ok] = self.code[pos[ok]] == code[ok]
+        out = np.zeros(self.code.size)
+        w = np.ones(code.size) if values is None else np.asarray(values, np.float64)
+        np.add.at(out, pos[ok], w[ok])
+        res = np.empty_like(out)
+        res[self.order] = out
+        return res
 
 
 def pipelines(run: RunSummary) -> list[Pipeline]:
@@ -125,35 +155,35 @@ def pipelines(run: RunSummary) -> list[Pipeline]:
     d_send = (p.send_end_ns[sel] - ts) / NS_PER_MS
     d_recv = (p.recv_end_ns[sel] - tr) / NS_PER_MS
     st = run.steps
+    cells = _RankSteps(st)
+    c_wait = cells.sum(dst, sr, wait)
+    c_caused = cells.sum(src, ss, wait)
+    c_p2p = cells.sum(src, ss, d_send) + cells.sum(dst, sr, d_recv)
+    c_send = cells.sum(src, ss)
+    c_recv = cells.sum(dst, sr)
+    st_rank = cells.rank
+    step_all = np.asarray(st["step_ms"], np.float64)
+    busy_all = np.asarray(st["compute_ms"], np.float64)
     out = []
     for ranks in _components(src, dst):
         order = _stage_order(ranks, src, dst, ts, tr, ss, sr)
         stages = []
         for k, r in enumerate(order):
-            m = np.asarray(st["rank"]) == r
-            steps = np.asarray(st["step"])[m]
-            if not steps.size:
+            m = st_rank == r
+            if not m.any():
                 continue
-            step_ms = np.asarray(st["step_ms"])[m]
-            busy = np.asarray(st["compute_ms"])[m]
-            w = np.array([wait[(dst == r) & (sr == s)].sum() for s in steps.tolist()])
-            caused = np.array([wait[(src == r) & (ss == s)].sum() for s in steps.tolist()])
-            p2p_t = np.array([d_send[(src == r) & (ss == s)].sum() + d_recv[(dst == r) & (sr == s)].sum()
-                              for s in steps.tolist()])
-            n_send = np.array([np.count_nonzero((src == r) & (ss == s)) for s in steps.tolist()])
-            n_recv = np.array([np.count_nonzero((dst == r) & (sr == s)) for s in steps.tolist()])
-            med_step = float(np.median(step_ms))
+            step_ms, w = step_all[m], c_wait[m]
             stages.append(PipelineStage(
-                stage=k, rank=int(r), host=str(run.hosts.get(int(r), "?")), n_steps=int(steps.size),
-                step_ms=med_step, busy_ms=float(np.median(busy)), wait_ms=float(np.median(w)),
-                wait_pct=100.0 * float(np.median(w / np.maximum(step_ms, 1e-9))),
-                caused_ms=float(np.median(caused)), p2p_ms=float(np.median(p2p_t)), sends_per_step=float(np.median(n_send)),
-                recvs_per_step=float(np.median(n_recv))))
+                stage=k, rank=int(r), host=str(run.hosts.get(int(r), "?")), n_steps=int(m.sum()),
+                step_ms=float(np.median(step_ms)), busy_ms=float(np.median(busy_all[m])),
+                wait_ms=float(np.median(w)), wait_pct=100.0 * float(np.median(w / np.maximum(step_ms, 1e-9))),
+                caused_ms=float(np.median(c_caused[m])), p2p_ms=float(np.median(c_p2p[m])),
+                sends_per_step=float(np.median(c_send[m])), recvs_per_step=float(np.median(c_recv[m]))))
         if len(stages) < 2:
             continue
         s0, s1 = order[0], order[1]
-        per_step = [np.count_nonzero((src == s0) & (dst == s1) & (ss == s)) for s in np.unique(ss[ss >= 0]).tolist()]
-        mb = float(np.median(per_step)) if per_step else 0.0
+        first_hop = ss[(src == s0) & (dst == s1) & (ss >= 0)]
+        mb = float(np.median(np.unique(first_hop, return_counts=True)[1])) if first_hop.size else 0.0
         n_st = len(stages)
         ideal = 100.0 * (n_st - 1) / (mb + n_st - 1) if mb > 0 else None
         busy = np.array([s.busy_ms for s in stages])

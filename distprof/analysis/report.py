@@ -22,6 +22,8 @@ from .gpu_time import gpu_time
 from .imbalance import imbalance
 from .mfu import mfu
 from .overlap import overlap_by_rank, overlap_by_step
+from .comm_table import comm_table
+from .parallelism import advice_for_exposed, detect_parallelism
 from .pipeline import pipelines
 from .rootcause import root_cause
 from .stragglers import StragglerRule, find_stragglers
@@ -107,7 +109,10 @@ def build_report(
     named = [d["rank"] for d in strag["ranks"] if d["named"]][: max(top, 0)]
     rc = root_cause(run, named) if named else []
 
-    found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules, pipelines=pipes)
+    table = comm_table(run)
+    par = detect_parallelism(run, table, pipes)
+    found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules, pipelines=pipes,
+                     exposed_advice=advice_for_exposed(par, table))
     summary = _summary(bd)
     mfu_rows = mfu(run, peak_tflops=peak_tflops)
     dev = run.device_rank_set
@@ -151,6 +156,8 @@ def build_report(
         "stragglers": strag["ranks"],
         "straggler_info": {k: v for k, v in strag.items() if k != "ranks"},
         "root_cause": rc,
+        "parallelism": par.to_dict(),
+        "collectives": [r.to_dict() for r in table],
         "pipelines": [p.to_dict() for p in pipes],
         "p2p": {"n_pairs": len(run.p2p), "n_sends": run.p2p.n_sends, "n_recvs": run.p2p.n_recvs,
                 "n_unmatched": run.p2p.n_unmatched, "n_edge": run.p2p.n_edge,

@@ -12,9 +12,10 @@ Parts (each computed once, in its own module):
 * ``steps`` — the step breakdown (``breakdown.rank_breakdown``), one row per recorded step.
 * ``collectives`` — every executed collective of the rank's shards (``comms.role == exec``, numbered: ``seq >= 0``),
   before the steps selection (the clock model uses all of them): window, pg, seq, op (index into ``ops_names``),
-  bytes, start/end ns, step.
+  bytes, start/end ns, step, and ``exposed_ns`` (its time the rank spent waiting for communication and nothing else,
+  in the selected steps).
 * ``p2p`` — every executed point-to-point transfer (``send``/``recv``: not collectives), before the steps selection:
-  window, pg, peer, is_recv, bytes, start/end ns, step.
+  window, pg, peer, p2p_seq, is_recv, bytes, start/end ns, step.
 * ``op_totals`` — per (op name, step) the own work and calls of the rank's ``TOP_OPS`` heaviest op names (cpu_op,
   user_annotation, kernel, gpu_memcpy/memset; no communication, no ``ProfilerStep#N``): inclusive time minus the
   main thread's wait for communication inside the op (``breakdown.RankSets.wait``: the exposed-communication
@@ -121,9 +122,16 @@ def collective_rows(rd: RankData) -> tuple[Table, np.ndarray]:
     }, np.asarray(rd.names, dtype=object)[u] if len(u) else np.zeros(0, dtype=object)
 
 
+def _exposed_in(rs, coll: Table) -> np.ndarray:
+    """Per collective row: its time during which the rank waited for communication doing nothing else (the
+    breakdown's exposed set, E minus compute and memcpy), within the selected steps."""
+    exposed = iv.subtract(rs.exposed, iv.union_all(rs.compute, rs.memcpy))
+    return iv.measure_in_windows(exposed, coll["start_ns"], coll["end_ns"])
+
+
 def p2p_rows(rd: RankData) -> Table:
     """The rank's executed point-to-point transfers (raw clock): window, pg, peer (global rank, −1 unknown),
-    is_recv, bytes, start/end ns, step."""
+    is_recv, bytes, start/end ns, step, and their row in the rank's events (``ev_row``, as ``collective_rows``)."""
     cm = rd.comms
     sel = np.flatnonzero((np.asarray(cm["role"]) == ROLE_EXEC) & _p2p_mask(rd))
     row = np.asarray(cm["row"], np.int64)[sel]
@@ -134,11 +142,13 @@ def p2p_rows(rd: RankData) -> Table:
         "window": np.asarray(cm["window"], np.int32)[sel],
         "pg": np.asarray(cm["pg"], np.int32)[sel],
         "peer": np.asarray(cm["peer"], np.int32)[sel] if "peer" in cm else np.full(sel.size, -1, np.int32),
+        "p2p_seq": np.asarray(cm["p2p_seq"], np.int64)[sel] if "p2p_seq" in cm else np.full(sel.size, -1, np.int64),
         "is_recv": np.array([names[i] == "recv" for i in np.asarray(cm["op_id"], np.int64)[sel].tolist()], bool),
         "bytes": np.asarray(cm["bytes"], np.int64)[sel],
         "start_ns": start,
         "end_ns": start + np.asarray(ev["dur_ns"], np.int64)[row],
         "step": np.asarray(ev["step"], np.int64)[row],
+        "ev_row": row,
     }
 
 
@@ -254,6 +264,7 @@ def summarize_rank(rd: RankData, *, steps: tuple[int, int] | None = None, rules:
     ix = RankIndex.build(rd)
     rs = rank_sets(rd, ix, *step_span(rd))
     bd = rank_breakdown(rd, ix, rs)
+    coll["exposed_ns"] = _exposed_in(rs, coll)
     st = np.unique(np.asarray(rd.steps["step"], np.int64))
     ops, op_names, op_kinds = _op_totals(rd, ix, st, top_ops, rs.wait)
     dev = np.asarray(rd.events["device"])

@@ -3,7 +3,8 @@
 :func:`install` replaces ``ProcessGroup.send``, ``recv`` and ``recv_anysource`` on torch's C++ ``ProcessGroup``
 class with thin wrappers: every path of the Python API (``send``, ``isend``, ``recv``, ``irecv``,
 ``batch_isend_irecv``, P2POp with functions imported before distprof started, ``torch.distributed.pipelining``)
-ends in one of them, with the group as ``self`` and the peer as a group rank. A wrapper appends one tuple to a
+ends in one of them, with the group as ``self`` and the peer as a group rank. Each call is numbered per (group,
+peer, direction): the k-th send from r to p is the k-th receive at p from r. A wrapper appends one tuple to a
 bounded deque (about a microsecond) and calls the original; nothing it does can raise into the training job. The
 profiler :func:`drain`\\ s the calls at each window's end.
 """
@@ -30,6 +31,9 @@ _lock = threading.Lock()
 _originals: dict[str, Any] = {}
 #: id(group) -> (pg_name, global ranks by group rank); groups live for the job, ids are not reused while they do
 _groups: dict[int, tuple[str, list[int]]] = {}
+#: (pg_name, peer, is_recv) -> transfers so far: the k-th send from r to p is the k-th receive at p from r (c10d's
+#: order between two ranks of a group), so the count pairs them exactly, whatever window each side recorded it in.
+_counts: dict[tuple[str, int, bool], int] = {}
 
 
 def _group(pg: Any) -> tuple[str, list[int]]:
@@ -53,7 +57,12 @@ def _record(pg: Any, is_recv: bool, group_peer: Any) -> None:
         name, ranks = _group(pg)
         p = int(group_peer) if group_peer is not None else -1
         peer = ranks[p] if 0 <= p < len(ranks) else (p if not ranks else -1)
-        _calls.append((t, threading.get_native_id(), is_recv, peer, name))
+        seq = -1
+        if peer >= 0:
+            key = (name, peer, is_recv)
+            seq = _counts.get(key, 0)
+            _counts[key] = seq + 1
+        _calls.append((t, threading.get_native_id(), is_recv, peer, name, seq))
     except Exception as e:  # noqa: BLE001 -- recording must never break a send
         log.debug("distprof: point-to-point call not recorded: %s", e)
 
@@ -106,6 +115,7 @@ def uninstall() -> None:
             setattr(ProcessGroup, name, orig)
         _originals.clear()
         _groups.clear()
+        _counts.clear()
 
 
 def drain() -> P2PCalls:

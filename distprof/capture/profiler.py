@@ -21,11 +21,12 @@ from ..errors import ConfigError
 from . import clock, dist_info, groups, p2p, status
 from .memhistory import MemoryHistory
 from .rundir import ClaimError
-from .schedule import Action, action_at, window_of, window_steps
+from .schedule import Action, WindowPlan
 from .setup import RunSetup
 from .signals import FLUSH_S, SignalGuard
 from .status import LostWindow
 from .stepper import OptimizerStepper
+from .trigger import Trigger
 from .windows import ShardWriter, WindowJob
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class RankProfiler:
         self._clock = clock.ClockSync(config.sync_rounds, config.sync_timeout_s, None,
                                       lambda stage, e: self._fail(stage, e, disable=False))
         self._setup = RunSetup(config, self._clock)
+        self._plan = WindowPlan(config.schedule)  # the schedule's windows and the triggered ones
+        self._trigger: Trigger | None = None
         self._cuda_peaks: dict[int, int] = {}
         self._cuda_baseline: dict[int, int] = {}
         self._memhist: MemoryHistory | None = None
@@ -131,7 +134,7 @@ class RankProfiler:
         cfg = self.config
         self._prof = profile(
             activities=activities,
-            schedule=to_torch(cfg.schedule),
+            schedule=to_torch(self._plan),
             on_trace_ready=self._on_trace_ready,
             record_shapes=cfg.shapes,
             profile_memory=cfg.memory,
@@ -145,6 +148,11 @@ class RankProfiler:
             self._stepper = OptimizerStepper(self._advance)
             self._stepper.install()
         _active = self
+        if cfg.trigger:
+            self._trigger = Trigger(cfg, self._setup, self._plan, step=lambda: self.step_num,
+                                    written=lambda: self.windows_written,
+                                    on_error=lambda stage, e: self._fail(stage, e, disable=False))
+            self._trigger.start()
         # a job whose process group already exists: agree now (every rank enters the profiler there)
         self._guard("setup", self._setup.agree_with_existing_group)
         self._guard("setup", self._setup.agree_over_mpi)  # mpiexec: every rank is here, before the script
@@ -154,7 +162,7 @@ class RankProfiler:
             return self
         self._step_began_ns = time.time_ns()  # just before torch opens ProfilerStep#0
         self._prof.start()
-        if action_at(cfg.schedule, 0) in RECORDING:  # wait = warmup = 0: the first window begins with the profiler
+        if self._plan.action(0) in RECORDING:  # wait = warmup = 0: the first window begins with the profiler
             self._guard("step", lambda: self._window_begin(0))
         return self
 
@@ -224,6 +232,9 @@ class RankProfiler:
                        "not written within 120 s of the close (the background writer is stuck)")
                 if not self._writer.close(120.0 if left is None else max(left - 1.0, 0.5), why=why):
                     self._fail("write", TimeoutError(why), disable=False)
+            if self._trigger is not None:
+                left = self._time_left()
+                self._trigger.close(**({} if left is None else {"timeout_s": max(0.0, min(5.0, left - 1.0))}))
             left = self._time_left()
             # after a signal every rank is going: the reference does not wait for the leaders' goodbyes
             self._clock.close(None if left is None else min(0.1, left))
@@ -284,11 +295,10 @@ class RankProfiler:
 
     def _recording_window(self) -> tuple[int, int] | None:
         """(window, first step) being recorded now, or None."""
-        sched = self.config.schedule
-        if self._disabled or self._prof is None or action_at(sched, self.step_num) not in RECORDING:
+        if self._disabled or self._prof is None or self._plan.action(self.step_num) not in RECORDING:
             return None
-        w = window_of(sched, self.step_num)
-        return w, window_steps(sched, w)[0]
+        w = self._plan.window(self.step_num)
+        return w, self._plan.steps_of(w)[0]
 
     # -- the agreement ------------------------------------------------------------------------------------------
     def _on_default_group(self, pg, store) -> None:
@@ -317,12 +327,14 @@ class RankProfiler:
         self._raise_strict()
 
     def _advance_unguarded(self) -> None:
-        sched = self.config.schedule
-        cur, nxt = action_at(sched, self.step_num), action_at(sched, self.step_num + 1)
+        if self._trigger is not None and self._trigger.inbox is not None:  # a triggered window to place or learn
+            self._trigger.adopt(self.step_num)
+        plan = self._plan
+        cur, nxt = plan.action(self.step_num), plan.action(self.step_num + 1)
         if cur in RECORDING:
             self._cuda_step_end(self.step_num)
         if nxt in RECORDING and cur not in RECORDING:
-            self._window_begin(window_of(sched, self.step_num + 1))
+            self._window_begin(plan.window(self.step_num + 1))
         self.step_num += 1
         self._t_step_call = time.perf_counter()
         self._step_began_ns = time.time_ns()
@@ -352,14 +364,14 @@ class RankProfiler:
         self._in_callback = True
         try:
             stop_s = time.perf_counter() - self._t_step_call  # torch's own stop
-            window = window_of(self.config.schedule, self.step_num - 1)
+            window = self._plan.window(self.step_num - 1)
             self._clock.mark(window, 1)
             results = prof.profiler.kineto_results
             memsnap = self._memhist_end()
             self._submit(results, window, complete=True, stop_s=stop_s,
                          ready_s=time.perf_counter() - self._t_step_call - stop_s, memsnap=memsnap)
-            if action_at(self.config.schedule, self.step_num) in RECORDING:  # back to back (wait = warmup = 0)
-                self._window_begin(window_of(self.config.schedule, self.step_num))
+            if self._plan.action(self.step_num) in RECORDING:  # back to back (wait = warmup = 0)
+                self._window_begin(self._plan.window(self.step_num))
         except BaseException as e:  # noqa: BLE001
             self._fail("window end", e)
         finally:
@@ -372,8 +384,7 @@ class RankProfiler:
         a window whose last step it is, is complete; otherwise it never had an iteration (the tail after the last
         `step()`) and is left out of the steps.
         """
-        sched = self.config.schedule
-        cur = action_at(sched, self.step_num)
+        cur = self._plan.action(self.step_num)
         prof, self._prof = self._prof, None
         if cur not in RECORDING:
             prof.stop()  # nothing recorded, or only warm-up
@@ -387,7 +398,7 @@ class RankProfiler:
             complete = False
         prof.on_trace_ready = None
         prof.stop()
-        window = window_of(sched, self.step_num)
+        window = self._plan.window(self.step_num)
         self._clock.mark(window, 1)
         memsnap = self._memhist_end()
         results = prof.profiler.kineto_results if prof.profiler is not None else None
@@ -403,8 +414,8 @@ class RankProfiler:
         peaks, self._cuda_peaks = self._cuda_peaks, {}
         memhist = ({"max_entries": self._memhist.max_entries, "stacks": self._memhist.stacks}
                    if self._memhist is not None else None)
-        first = window_steps(self.config.schedule, window)[0]
-        last = window_steps(self.config.schedule, window)[1] if complete else self.step_num
+        first, last = self._plan.steps_of(window)
+        last = last if complete else self.step_num
         self._writer.submit(WindowJob(
             results, window, complete, self._info, stop_s, ready_s, peaks, dict(self._cuda_baseline),
             groups.gloo_thread_pg(), groups.process_groups(), groups.backend_name(self._info.device_type),
@@ -530,6 +541,8 @@ class RankProfiler:
         self._disabled = True
         if self._stepper is not None:
             self._stepper.remove()
+        if self._trigger is not None:  # no window can be recorded now: rank 0 says so in its live file
+            self._trigger.close(timeout_s=0, state="disabled")
         if not self._in_callback:  # inside torch's step() the trace is already stopped; close() finishes it
             self._stop_quietly()
 
@@ -556,12 +569,16 @@ class RankProfiler:
             rank=rank, run_id=self.run_id, job=self._setup.job.to_dict() if self._setup.job else None,
             note=self._setup.note, steps_seen=self.step_num, iterations=self.iterations,
             skipped_steps=self._stepper.skipped if self._stepper else 0, windows=list(self.windows_written),
-            lost=self.lost, errors=list(self.errors), signal_num=self._signal, final=final))
+            lost=self.lost, errors=list(self.errors), signal_num=self._signal, final=final,
+            triggered_windows=self._trigger.records() if self._trigger is not None else []))
 
     def closing_line(self) -> str | None:
         """What the launcher prints for this rank when it closes (status.closing_line)."""
         hint = None
-        if self.config.step_on == "optimizer" and self.iterations == 0:
+        if self.config.schedule.kind == "none":
+            hint = ("no window was recorded: --schedule none records only windows asked for with `distprof trigger "
+                    f"{self.run_dir or '<out>/<run-id>'}` while the job runs (none came)")
+        elif self.config.step_on == "optimizer" and self.iterations == 0:
             hint = ("no optimizer step was seen, so no step was recorded: a loop without torch.optim needs "
                     "--step-on manual and a distprof.step() call at the end of each iteration")
         elif not self._disabled:

@@ -51,7 +51,7 @@ def signal_name(sig: int | None) -> str | None:
 
 def document(*, rank: int, run_id: str | None, job: dict | None, note: str, steps_seen: int, iterations: int,
              skipped_steps: int, windows: list[dict], lost: list[LostWindow], errors: list[dict[str, str]],
-             signal_num: int | None, final: bool) -> dict[str, Any]:
+             signal_num: int | None, final: bool, triggered_windows: list[dict] | None = None) -> dict[str, Any]:
     """The status file's content (docs/shard-format.md)."""
     return {
         "rank": rank,
@@ -62,6 +62,7 @@ def document(*, rank: int, run_id: str | None, job: dict | None, note: str, step
         "iterations": iterations,
         "skipped_steps": skipped_steps,
         "windows": windows,
+        "triggered_windows": triggered_windows or [],  # capture/trigger.py: plan, window, steps, recorded, ...
         "lost": [w.to_dict() for w in lost],
         "errors": errors,
         "signal": signal_name(signal_num),

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import logging
+import os
 from dataclasses import dataclass
 from typing import Iterable
 
 from ..errors import ConfigError
 
 _MAX_STEP = 2**31 - 1
+
+
+log = logging.getLogger(__name__)
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -85,7 +90,22 @@ def summarize_run(run_dir: str, *, steps=None, progress=None, strict: bool = Fal
     (mpi4py), else serial. Returns None on every MPI process but rank 0 (which alone writes output)."""
     from ..analysis.engine import mpi_world, summarize
 
-    return summarize(run_dir, steps=steps, progress=progress, comm=mpi_world(), strict=strict)
+    comm = mpi_world()
+    if comm is None and _other_srun_task():
+        return None
+    return summarize(run_dir, steps=steps, progress=progress, comm=comm, strict=strict)
+
+
+def _other_srun_task() -> bool:
+    """A task of ``srun -n N distprof ...`` other than task 0, with no MPI world (srun without ``--mpi=pmix``/pmi2,
+    or no mpi4py): every task would write the same output; task 0 alone does the work, the others say so and stop."""
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS")
+    proc = os.environ.get("SLURM_PROCID")
+    if not (tasks and proc and tasks.isdigit() and proc.isdigit()) or int(tasks) <= 1 or int(proc) == 0:
+        return False
+    log.warning("srun task %s of %s: no MPI world (start srun with --mpi=pmix or pmi2 and install mpi4py for a "
+                "parallel report); task 0 does the work alone", proc, tasks)
+    return True
 
 
 def add_strict_arg(p: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ inputs, and no group at all; gloo's ``gloo:send`` / ``gloo:recv`` carry neither.
 call of ``ProcessGroup.send`` / ``recv`` / ``recv_anysource`` — the one point ``send``, ``isend``, ``recv``,
 ``irecv``, ``batch_isend_irecv`` and ``torch.distributed.pipelining`` all go through — as a :class:`P2PCalls` row:
 when (``time.time_ns``, the profiler's clock), on which OS thread, which direction, the peer's *global* rank (−1 for
-any source) and the group's name (``pg_name``, the same on every rank).
+any source), the group's name (``pg_name``, the same on every rank) and its number per (group, peer, direction).
 
 :func:`join` gives every send/recv event of the trace the call that made it: the latest call on the same thread and
 in the same direction that started at or before the event (a call starts just before its ``c10d::`` op, whose
@@ -34,20 +34,21 @@ class P2PCalls:
     is_recv: np.ndarray  # bool
     peer: np.ndarray  # int32, the peer's global rank; -1: any source / unknown
     pg: np.ndarray  # object (str), the group's pg_name
+    seq: np.ndarray  # int64, the call's number per (group, peer, direction) since the job began; -1 unknown
 
     @classmethod
     def empty(cls) -> P2PCalls:
         z = np.zeros(0, np.int64)
-        return cls(z, z.copy(), np.zeros(0, bool), np.zeros(0, np.int32), np.zeros(0, dtype=object))
+        return cls(z, z.copy(), np.zeros(0, bool), np.zeros(0, np.int32), np.zeros(0, dtype=object), z.copy())
 
     @classmethod
-    def from_rows(cls, rows: list[tuple[int, int, bool, int, str]]) -> P2PCalls:
-        """From (t_ns, tid, is_recv, peer, pg_name) tuples."""
+    def from_rows(cls, rows: list[tuple[int, int, bool, int, str, int]]) -> P2PCalls:
+        """From (t_ns, tid, is_recv, peer, pg_name, seq) tuples."""
         if not rows:
             return cls.empty()
-        t, tid, rec, peer, pg = zip(*rows)
+        t, tid, rec, peer, pg, seq = zip(*rows)
         return cls(np.asarray(t, np.int64), np.asarray(tid, np.int64), np.asarray(rec, bool),
-                   np.asarray(peer, np.int32), np.asarray(pg, dtype=object))
+                   np.asarray(peer, np.int32), np.asarray(pg, dtype=object), np.asarray(seq, np.int64))
 
     def __len__(self) -> int:
         return int(self.t_ns.size)

@@ -21,11 +21,10 @@ from ..storage import schema
 from . import classify, p2p
 from .p2p import P2P_OPS, P2PCalls
 from .classify import CommArgs
+from .launches import launch_rows
 
 __all__ = ["Columns", "Built", "build_tables", "Strings", "track_keys"]
 
-_LAUNCH_KINDS = tuple(schema.KIND_CODE[k] for k in ("cuda_runtime", "cuda_driver", "privateuse1_runtime",
-                                                     "privateuse1_driver"))
 #: Ops a kernel's name gives that several collectives share (NCCL runs all_to_all, gather and scatter as SendRecv):
 #: the collective named by the op that launched it wins.
 GENERIC_KERNEL_OPS = frozenset({"send_recv"})
@@ -135,22 +134,17 @@ def _tracks(device: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ds[new].astype(np.int16), ts_[new]
 
 
-def _launch_context(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_role, targets) -> dict[int, list[int]]:
+def _launch_context(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_dev, ev_role, targets) -> dict[int, list[int]]:
     """events-row of a device kernel -> events-rows of the communication ops (``comms`` role enqueue or annotation:
-    ``c10d::*``, ``nccl:*``, ``record_param_comms``) around its launch (same correlation id, launching thread),
+    ``c10d::*``, ``nccl:*``, ``record_param_comms``) around its launch (``launches.launch_rows``, launching thread),
     innermost first, for the kernels of `targets` launched inside one."""
-    launch = np.flatnonzero(np.isin(ev_kind, _LAUNCH_KINDS) & (ev_corr != 0))
     ops = np.flatnonzero((ev_role == schema.ROLE_ENQUEUE) | (ev_role == schema.ROLE_ANNOTATION))
     ops = ops[ev_kind[ops] != schema.KIND_CODE["kernel"]]
-    if len(targets) == 0 or len(launch) == 0 or len(ops) == 0:
+    if len(targets) == 0 or len(ops) == 0:
         return {}
-    # launch row by correlation id (the last launch row of an id), searched for the targets only
-    lc = ev_corr[launch]
-    o = np.argsort(lc, kind="stable")
-    lc, launch = lc[o], launch[o]
-    j = np.searchsorted(lc, ev_corr[targets], side="right") - 1
-    ok = (j >= 0) & (lc[np.maximum(j, 0)] == ev_corr[targets])
-    kernels, lrows = targets[ok], launch[j[ok]]
+    launch = launch_rows(ev_kind, ev_dev, ev_corr, targets)
+    ok = launch >= 0
+    kernels, lrows = targets[ok], launch[ok]
     out: dict[int, list[int]] = {}
     for t in np.unique(ev_tid[ops]).tolist():
         mine = ops[ev_tid[ops] == t]
@@ -170,12 +164,14 @@ def _launch_context(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_role, targets) -
 
 
 def _p2p_peers(calls: P2PCalls | None, c_rows, is_p2p, is_recv, ev_ts, ev_tid, ev_dev, ctx, c_pg,
-               pg_index: Mapping[str, int]) -> np.ndarray:
-    """Peer (global rank, −1 unknown) of each comms row; sets the group of point-to-point rows from their call."""
+               pg_index: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Peer (global rank, −1 unknown) and transfer number (−1 unknown) of each comms row; sets the group of
+    point-to-point rows from their call."""
     peer = np.full(len(c_rows), -1, np.int32)
+    seq = np.full(len(c_rows), -1, np.int64)
     sel = np.flatnonzero(is_p2p)
     if calls is None or not len(calls) or not sel.size:
-        return peer
+        return peer, seq
     rows = c_rows[sel]
     host = ev_dev[rows] < 0
     call = np.full(sel.size, -1, np.int64)
@@ -185,11 +181,12 @@ def _p2p_peers(calls: P2PCalls | None, c_rows, is_p2p, is_recv, ev_ts, ev_tid, e
         call[i] = next((by_row[a] for a in ctx.get(int(rows[i]), ()) if a in by_row), -1)
     ok = call >= 0
     peer[sel[ok]] = calls.peer[call[ok]]
+    seq[sel[ok]] = calls.seq[call[ok]]
     for j, c in zip(sel[ok].tolist(), call[ok].tolist()):
         g = pg_index.get(str(calls.pg[c]))
         if g is not None:
             c_pg[j] = g
-    return peer
+    return peer, seq
 
 
 def build_tables(
@@ -251,7 +248,7 @@ def build_tables(
     ev_role = np.where(ev_kind == k_kernel, role_kernel[ev_name] if n_names else 0,
                        role_plain[ev_name] if n_names else 0).astype(np.uint8)
     # a kernel launched inside a communication op executes it, whatever its name (renamed or custom collectives)
-    ctx = _launch_context(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_role,
+    ctx = _launch_context(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_dev, ev_role,
                           np.flatnonzero((ev_kind == k_kernel) & (ev_dev >= 0) & (ev_corr != 0)))
     by_context = np.array([k for k in ctx if ev_role[k] == 0], dtype=np.int64)
     ev_role[by_context] = schema.ROLE_EXEC
@@ -281,20 +278,13 @@ def build_tables(
     ev_step = assign(ev_ts)
     # device events inherit the step of their launch (same correlation id)
     on_dev = np.flatnonzero((ev_dev >= 0) & (ev_corr != 0))
-    launch = np.flatnonzero(np.isin(ev_kind, _LAUNCH_KINDS) & (ev_corr != 0))
-    if len(on_dev) and len(launch):
-        lc = ev_corr[launch]
-        o = np.argsort(lc, kind="stable")
-        lc, lrow = lc[o], launch[o]
-        pos = np.searchsorted(lc, ev_corr[on_dev])
-        ok = pos < len(lc)
-        ok[ok] = lc[pos[ok]] == ev_corr[on_dev][ok]
-        ev_step[on_dev[ok]] = ev_step[lrow[pos[ok]]]
+    if len(on_dev):
+        lrow = launch_rows(ev_kind, ev_dev, ev_corr, on_dev)
+        ok = lrow >= 0
+        ev_step[on_dev[ok]] = ev_step[lrow[ok]]
         ev_step[on_dev[~ok]] = -1  # launched before the recording began: its launch is not in the trace
-        del lc, o, lrow, pos, ok
-    elif len(on_dev):
-        ev_step[on_dev] = -1
-    del on_dev, launch
+        del lrow, ok
+    del on_dev
 
     events = {
         "name_id": ev_name,
@@ -407,7 +397,7 @@ def build_tables(
             seq_ok[j] = False
             c_is_p2p[j] = True
             c_recv[j] = op == "recv"
-    c_peer = _p2p_peers(p2p_calls, c_rows, c_is_p2p, c_recv, ev_ts, ev_tid, ev_dev, ctx, c_pg, pg_index)
+    c_peer, c_p2p_seq = _p2p_peers(p2p_calls, c_rows, c_is_p2p, c_recv, ev_ts, ev_tid, ev_dev, ctx, c_pg, pg_index)
     if n_c:
         c_pg[c_pg < 0] = default_pg
     size_by_pg = {int(p["index"]): len(p.get("ranks") or []) for p in pgs}
@@ -431,6 +421,7 @@ def build_tables(
         "group_size": c_gsize,
         "nccl_seq": c_nseq,
         "peer": c_peer,
+        "p2p_seq": c_p2p_seq,
     }
 
     # ---- steps table (peak memory filled by the caller) ---------------------------------------------------------

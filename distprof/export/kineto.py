@@ -42,11 +42,13 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from .._version import __version__
+from ..analysis.index import main_thread
 from ..analysis.model import MergedRun, device_properties
 from ..analysis.names import rank_ranges
 from ..analysis.run import rank_merged
 from ..atomic import atomic_write
 from ..errors import ConfigError, IncompleteRunError
+from ..events.launches import LAUNCH_KINDS, launch_rows
 from ..progress import progress_enabled
 from ..storage import schema
 
@@ -63,7 +65,7 @@ DEVICE_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annota
 #: ``External id``, so HTA keeps it off its GPU timeline (a ``stream`` arg would make HTA count it as GPU activity).
 LINKED_DEVICE_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 #: Host-side calls into the device runtime: carry ``correlation`` (= the device row's) and the enclosing op's id.
-RUNTIME_KINDS = frozenset({"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver"})
+RUNTIME_KINDS = frozenset(schema.KINDS[k] for k in LAUNCH_KINDS)
 #: Host rows that Kineto gives an ``External id`` of their own, and that enclose runtime calls.
 EXTERNAL_ID_KINDS = frozenset({"cpu_op", "user_annotation"})
 #: distprof's normalised collective name -> the c10d name Kineto writes in ``Collective name``.
@@ -252,6 +254,9 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
     threads = _threads(run, rank)
     main_tid = next((t for (d, t), (_, role) in threads.items() if d == -1 and role == schema.THREAD_MAIN), None)
     if main_tid is None and len(tid):
+        is_step = np.array([str(x).startswith("ProfilerStep#") for x in np.asarray(names, dtype=object)], bool)
+        main_tid = main_thread({}, tid, is_step[name_id] if is_step.size else np.zeros(len(tid), bool), device)
+    if main_tid is None and len(tid):  # no step at all: the busiest host thread
         vals, counts = np.unique(tid[device < 0], return_counts=True)
         main_tid = int(vals[np.argmax(counts)]) if len(vals) else 0
     main_tid = int(main_tid or 0)
@@ -292,11 +297,12 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
     is_op = np.isin(kind_s, list(EXTERNAL_ID_KINDS)) & ~is_dev
     is_linked = np.isin(kind_s, list(LINKED_DEVICE_KINDS))
     ext = _enclosing_external_ids(tid, ts, ts + dur, corr, is_op, is_rt)
-    rt_rows = np.flatnonzero(is_rt & (corr > 0))
-    corr_to_rt = {int(c): int(i) for c, i in zip(corr[rt_rows], rt_rows)}
-    for i in np.flatnonzero(is_linked & (corr > 0)).tolist():  # a device row inherits its launch's External id
-        j = corr_to_rt.get(int(corr[i]))
-        if j is not None:
+    linked = np.flatnonzero(is_linked & (corr > 0))
+    launch_of = np.full(n, -1, np.int64)  # each device row's launch (same order as the columns here)
+    launch_of[linked] = launch_rows(kind, device, corr, linked)
+    for i in linked.tolist():  # a device row inherits its launch's External id
+        j = int(launch_of[i])
+        if j >= 0:
             ext[i] = ext[j]
 
     comm_args = _comm_args(run, rank, rows)
@@ -345,8 +351,8 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
         yield {"ph": "X", "cat": k, "name": name_l[i], "pid": pid[i], "tid": tid_l[i], "ts": ts_us[i],
                "dur": dur_us[i], "args": args}
         if is_linked_l[i] and c > 0:
-            j = corr_to_rt.get(c)
-            if j is not None:
+            j = int(launch_of[i])
+            if j >= 0:
                 flows.append({"ph": "s", "id": c, "pid": pid[j], "tid": tid_l[j], "ts": ts_us[j], "cat": "ac2g",
                               "name": "ac2g"})
                 flows.append({"ph": "f", "id": c, "pid": pid[i], "tid": tid_l[i], "ts": ts_us[i], "cat": "ac2g",

@@ -152,11 +152,16 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
     if verdict:
         out += [st.bold(x) for x in _wrap(verdict, "Verdict: ", "  ")]
     out += _findings(report, st)
+    par = report.get("parallelism") or {}
+    if par.get("styles") or par.get("mesh"):
+        out.append(st.bold("Parallelism: ") + str(par.get("label")))
 
     out += _clock(report.get("clock", {}), st)
 
     out += _summary(report.get("summary", {}), st)
     out += _stragglers(report, st, top)
+    out += _collectives(report, st)
+    out += _pipelines(report, st)
     out += _root_cause(report)
     out += _overlap(report)
     out += _gpu_time(report)
@@ -180,6 +185,56 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
     if len(warnings) > _MAX_WARNINGS:
         out.append(st.dim(f"  ... {len(warnings) - _MAX_WARNINGS} more warnings in report.json"))
     return "\n".join(out) + "\n"
+
+
+_MAX_COMM_ROWS = 8
+
+
+def _bytes(x: Any) -> str:
+    if x is None:
+        return "-"
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= k:
+            return f"{x / k:.1f} {unit}"
+    return f"{x:.0f} B"
+
+
+def _collectives(report: dict[str, Any], st: _Style) -> list[str]:
+    rows = report.get("collectives") or []
+    if not rows:
+        return []
+    out = [st.bold("Collectives per group and op (per rank and step)")]
+    body = [[_name(r["group"], 24) + (f" x{r['n_groups']}" if r.get("n_groups", 1) > 1 else ""),
+             str(r.get("group_size", "")), _name(r["op"], 24), _f(r["calls_per_step"], "{:.1f}"),
+             _bytes(r.get("bytes_per_step")), _f(r["ms_per_step"], "{:.2f}"), _f(r["exposed_ms_per_step"], "{:.2f}"),
+             "-" if r.get("slowest_rank") is None else
+             f"{r['slowest_rank']} ({100 * (r.get('slowest_share') or 0):.0f}%)"]
+            for r in rows[:_MAX_COMM_ROWS]]
+    out += _table(["group", "size", "op", "calls", "bytes", "ms", "exposed ms", "last in"], body)
+    if len(rows) > _MAX_COMM_ROWS:
+        out.append(st.dim(f"  ... {len(rows) - _MAX_COMM_ROWS} more rows in report.json"))
+    return out
+
+
+def _pipelines(report: dict[str, Any], st: _Style) -> list[str]:
+    out = []
+    for p in (report.get("pipelines") or [])[:_MAX_OUTLIERS]:
+        ideal = p.get("ideal_bubble_pct")
+        out.append(st.bold(f"Pipeline {' -> '.join(str(r) for r in p['ranks'][:16])}"
+                           + (" ..." if len(p["ranks"]) > 16 else "")
+                           + f": {len(p['stages'])} stages, {p['micro_batches']:g} micro-batches per step, bubble "
+                           f"{p['bubble_pct']:.0f} % of step time"
+                           + (f" (fill and drain alone: {ideal:.0f} %)" if ideal is not None else "")))
+        body = [[str(s["stage"]), str(s["rank"]), _f(s["step_ms"], "{:.1f}"), _f(s["busy_ms"], "{:.1f}"),
+                 _f(s["wait_ms"], "{:.1f}"), _f(s["wait_pct"], "{:.0f}%"), _f(s["caused_ms"], "{:.1f}")]
+                for s in p["stages"][:_MAX_RANK_ROWS]]
+        out += _table(["stage", "rank", "step ms", "compute ms", "waits ms", "waits", "others wait for it ms"],
+                      body)
+        if len(p["stages"]) > _MAX_RANK_ROWS:
+            out.append(st.dim(f"  ... {len(p['stages']) - _MAX_RANK_ROWS} more stages in report.json"))
+    if len(report.get("pipelines") or []) > _MAX_OUTLIERS:
+        out.append(st.dim(f"  ... {len(report['pipelines']) - _MAX_OUTLIERS} more pipelines in report.json"))
+    return out
 
 
 def _quantiles(items: list[dict[str, Any]], key, fmt: str) -> str:

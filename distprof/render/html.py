@@ -86,6 +86,9 @@ def _header(report: dict[str, Any]) -> str:
         "backend " + "/".join(str(b) for b in run.get("backend") or ["?"])
         + ", device " + "/".join(str(d) for d in run.get("devices") or ["?"]),
     ]
+    par = report.get("parallelism") or {}
+    if par.get("styles") or par.get("mesh"):
+        meta.append(f"parallelism {par.get('label')}")
     s = report.get("summary") or {}
     if s.get("step_ms_mean") is not None:
         meta.append(f"mean step {_fmt(s.get('step_ms_mean'), '{:.2f}')} ms "
@@ -127,6 +130,44 @@ def _findings(report: dict[str, Any]) -> str:
             + "</li>"
         )
     return "<section id=\"findings\"><h2>Findings</h2><ul class=\"findings\">" + "".join(rows) + "</ul></section>"
+
+
+#: Rows of the collectives table the page shows (all of them are in report.json).
+MAX_COMM_ROWS = 20
+
+
+def _mb(x: Any) -> str:
+    return "–" if x is None else f"{x / 1e6:.2f}"
+
+
+def _collectives_table(report: dict[str, Any]) -> str:
+    rows = report.get("collectives") or []
+    if not rows:
+        return ""
+    body = [[_e(r["group"]) + (f" ×{r['n_groups']}" if r.get("n_groups", 1) > 1 else ""), _e(r.get("group_size")),
+             _e(r["op"]), _fmt(r["calls_per_step"], "{:.1f}"), _mb(r.get("bytes_per_step")),
+             _fmt(r["ms_per_step"], "{:.2f}"), _fmt(r["exposed_ms_per_step"], "{:.2f}"),
+             "–" if r.get("slowest_rank") is None else
+             _e(f"rank {r['slowest_rank']} ({100 * (r.get('slowest_share') or 0):.0f} %)")]
+            for r in rows[:MAX_COMM_ROWS]]
+    more = (f"<p class=\"muted\">{len(rows) - MAX_COMM_ROWS} more rows in report.json.</p>"
+            if len(rows) > MAX_COMM_ROWS else "")
+    return _table(["group", "ranks per group", "op", "calls/step", "MB/step", "ms/step", "exposed ms/step",
+                   "last to arrive"], body, "num") + more
+
+
+def _pipeline_tables(report: dict[str, Any]) -> str:
+    out = []
+    for p in (report.get("pipelines") or [])[:4]:
+        ideal = p.get("ideal_bubble_pct")
+        out.append(f"<p>Stages {_e(' → '.join(str(r) for r in p['ranks'][:32]))}: {_e(p['micro_batches'])} "
+                   f"micro-batches per step, bubble {_fmt(p['bubble_pct'], '{:.0f}')} % of step time"
+                   + (f" (fill and drain alone: {_fmt(ideal, '{:.0f}')} %)" if ideal is not None else "") + ".</p>")
+        out.append(_table(["stage", "rank", "step ms", "compute ms", "waits ms", "waits %", "others wait for it ms"],
+                          [[_e(s["stage"]), _e(s["rank"]), _fmt(s["step_ms"], "{:.1f}"), _fmt(s["busy_ms"], "{:.1f}"),
+                            _fmt(s["wait_ms"], "{:.1f}"), _fmt(s["wait_pct"], "{:.0f}"), _fmt(s["caused_ms"], "{:.1f}")]
+                           for s in p["stages"][:64]], "num"))
+    return "".join(out)
 
 
 def _table(header: list[str], rows: list[list[str]], cls: str = "") -> str:
@@ -295,6 +336,16 @@ def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = 
                     "breakdown of each rank's GPU span (idle: no kernel or copy on any stream; non-compute: only "
                     "communication or memory ran) and the share of communication-kernel time hidden under "
                     f"compute kernels.</p>{gpu_table}</section>")
+    comm_table = _collectives_table(report)
+    if comm_table:
+        body.append("<section id=\"collectives\"><h2>Collectives per group and op</h2><p class=\"caption\">Per "
+                    "rank and recorded step: calls, bytes, time in the collective and the part of it the rank only "
+                    "waited (exposed); the rank that arrived last most often.</p>" + comm_table + "</section>")
+    pipe_tables = _pipeline_tables(report)
+    if pipe_tables:
+        body.append("<section id=\"pipelines\"><h2>Pipeline stages</h2><p class=\"caption\">Per stage (medians over "
+                    "steps): compute, the time it waited on receives for a peer that had not sent yet (the bubble), "
+                    "and how long the others waited for its sends.</p>" + pipe_tables + "</section>")
     ann_table = _annotation_table(report)
     if ann_table:
         body.append(f"<section id=\"annotation-table\"><h2>Annotation spread</h2>{ann_table}</section>")

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..analysis.model import MergedRun
 from ..analysis.stragglers import collective_instances
+from ..events.launches import launch_rows
 from ..storage import schema
 
 log = logging.getLogger(__name__)
@@ -133,36 +134,12 @@ def comm_args(run: MergedRun, ev_keep: np.ndarray) -> dict[int, dict[str, Any]]:
 
 # ---- enqueue -> execution and launch -> kernel links -----------------------------------------------------------------
 
-_LAUNCH_KINDS = tuple(schema.KIND_CODE[k] for k in ("cuda_runtime", "cuda_driver", "privateuse1_runtime",
-                                                    "privateuse1_driver"))
-
-
 def _launch_of(run: MergedRun, rows: np.ndarray) -> np.ndarray:
-    """events row of the runtime call (``cudaLaunchKernel`` …) that launched each device event of `rows`, or −1:
-    the CPU launch row of the same rank and window with the same correlation id."""
+    """events row of the runtime call (``cudaLaunchKernel`` …) that launched each device event of `rows`, or −1
+    (``launches.launch_rows``, within the same rank and window)."""
     ev = run.events
-    out = np.full(len(rows), -1, np.int64)
-    corr = ev["corr_id"][rows].astype(np.int64)
-    ok = corr > 0
-    if not ok.any():
-        return out
-    cand = np.flatnonzero(np.isin(ev["kind"], _LAUNCH_KINDS) & (ev["device"] < 0) & (ev["corr_id"] > 0))
-    cand = cand[np.isin(ev["corr_id"][cand], corr[ok])]
-    if not len(cand):
-        return out
-
-    def key(r):
-        return (ev["rank"][r].astype(np.int64) << 48) + (ev["window"][r].astype(np.int64) << 40) + \
-            ev["corr_id"][r].astype(np.int64)
-
-    ck = key(cand)
-    o = np.argsort(ck, kind="stable")
-    ck, cand = ck[o], cand[o]
-    want = key(rows)
-    pos = np.minimum(np.searchsorted(ck, want), len(ck) - 1)
-    hit = ok & (ck[pos] == want)
-    out[hit] = cand[pos[hit]]
-    return out
+    group = (np.asarray(ev["rank"], np.int64) << 20) + np.asarray(ev["window"], np.int64)
+    return launch_rows(ev["kind"], ev["device"], ev["corr_id"], rows, group)
 
 
 def enqueue_links(run: MergedRun) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

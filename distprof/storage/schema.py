@@ -10,7 +10,7 @@ import numpy as np
 
 FORMAT_NAME = "distprof-shard"
 SCHEMA_VERSION = "1.2"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties;
-# 1.2: comms.peer
+# 1.2: comms.peer, comms.p2p_seq
 SCHEMA_MAJOR = 1
 
 #: One file per rank per finished window; a crash loses at most the window in flight.
@@ -59,7 +59,8 @@ PHASES = ("window_start", "window_end")
 
 #: Value a reader gives a column that an older shard lacks. Every column added in a minor version needs an entry
 #: here (0 when nothing better): storage.validate rejects a shard that lacks any other column of a table it has.
-MISSING_DEFAULTS: dict[tuple[str, str], int] = {("threads", "device"): -1, ("comms", "peer"): -1}
+MISSING_DEFAULTS: dict[tuple[str, str], int] = {("threads", "device"): -1, ("comms", "peer"): -1,
+                                                ("comms", "p2p_seq"): -1}
 
 #: dataset -> column -> dtype. Every column of a table has the same length.
 TABLES: dict[str, dict[str, np.dtype]] = {
@@ -85,6 +86,7 @@ TABLES: dict[str, dict[str, np.dtype]] = {
         "group_size": np.dtype("i4"),
         "nccl_seq": np.dtype("i8"),
         "peer": np.dtype("i4"),  # 1.2: point-to-point partner's global rank, -1 unknown / not p2p (1.1 reads -1)
+        "p2p_seq": np.dtype("i8"),  # 1.2: number of the transfer per (group, peer, direction), -1 unknown
     },
     "threads": {
         "tid": np.dtype("i8"),

@@ -57,6 +57,7 @@ def findings(
     root_cause: list[dict[str, Any]],
     rules: FindingRules | None = None,
     pipelines: list[Pipeline] | None = None,
+    exposed_advice: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every finding of every rule (see the rule modules, indexed above), most severe first.
 
@@ -77,7 +78,7 @@ def findings(
     out += pipeline_findings(pipes, rules)
     out += group("exposed_comm", exposed_comm(ms, rules, named_lat, pipeline_comm(
         pipes, {r for r, s in run.ranks.items() if s.collectives["seq"].size})), n, rules,
-                 exposed_comm_text)
+        lambda m, where, worst: exposed_comm_text(m, where, worst, exposed_advice))
     out += group("input_wait", input_wait(ms, rules), n, rules, input_wait_text)
     out += group("device_idle", device_idle(ms, rules), n, rules, device_idle_text)
     out += group("host_sync", host_sync(ms, rules), n, rules, host_sync_text)

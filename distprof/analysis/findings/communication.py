@@ -3,7 +3,9 @@
 * ``exposed_comm`` — exposed communication (``steps.exposed_comm_ms``) net of the wait for named stragglers (on
   every other rank ≈ the largest named straggler's mean lateness per step; that wait is the straggler's finding) and
   of a pipeline stage's transfers, waits included (the ``pipeline_bubble`` finding's). Fires when the net share reaches
-  ``exposed_min_pct`` (10 %) of step time.
+  ``exposed_min_pct`` (10 %) of step time. The advice fits the job's parallelism and the collectives whose time is
+  exposed the most (``parallelism.advice_for_exposed``: DDP buckets, FSDP prefetch / reshard_after_forward, tensor
+  parallel placement / sequence parallel / async TP, all-to-all overlap for experts).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def exposed_comm(ms: list[dict], rules: FindingRules, named: dict[int, float],
     return hits
 
 
-def exposed_comm_text(m, where, worst):
+def exposed_comm_text(m, where, worst, advice: str | None = None):
     title = f"Exposed communication on {where}: {m['impact_pct']:.0f} % of step time"
     ev = (f"{m['exposed_comm_ms_per_step']:.1f} ms of the {m['step_ms']:.1f} ms step "
           f"({m['exposed_pct']:.0f} %) waits for communication; ")
@@ -46,8 +48,8 @@ def exposed_comm_text(m, where, worst):
     ev += (f"{m['overlap_pct']:.0f} % of the {m['comm_ms_per_step']:.1f} ms/step of communication overlaps compute. "
            f"Rule: exposed communication net of straggler and pipeline waits >= {m['threshold_step_pct']:.0f} % of "
            "step time.")
-    advice = ("Overlap communication with the backward pass and send less of it: tune DDP bucket_cap_mb (larger "
-              "buckets mean fewer collectives; smaller first buckets start earlier), keep gradient_as_bucket_view="
-              "True and avoid find_unused_parameters, accumulate gradients over several micro-batches under "
-              "model.no_sync(), and compress or shard (bf16 gradients, FSDP/ZeRO) when the network is the limit.")
+    if advice is None:
+        from ..parallelism import advice_for_exposed
+
+        advice = advice_for_exposed(None, [])
     return title, ev, advice

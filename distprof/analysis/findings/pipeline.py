@@ -3,9 +3,10 @@
 * ``pipeline_bubble`` — one finding per pipeline whose stages wait for each other (the bubble: receives waiting
   for a peer that has not sent yet) at least ``pipeline_min_pct`` (10 %) of step time on average. Impact: that mean
   bubble share. The evidence gives the stages, the micro-batches per step and the fill-and-drain bubble GPipe/1F1B
-  would have with them, the busiest stage and whose sends the others waited for. Advice by cause: a stage with
-  ≥ ``pipeline_imbalance_pct`` (15 %) more compute than the median stage → balance the layers; fewer than 4
-  micro-batches per stage → more micro-batches; always → interleaved or zero-bubble schedules of
+  would have with them, the busiest stage and whose sends the others waited for. Advice by cause: a stage the others
+  wait for (≥ half the threshold of its step) → balance its layers when it also computes ≥ ``pipeline_imbalance_pct``
+  (15 %) more than the median stage, else look outside compute on it; a stage with 15 % more compute → balance the
+  layers; fewer than 4 micro-batches per stage → more micro-batches; always → interleaved or zero-bubble schedules of
   ``torch.distributed.pipelining``.
 """
 
@@ -38,11 +39,16 @@ def pipeline_findings(pipes: list[Pipeline], rules: FindingRules) -> list[dict[s
                     f"sends of stage {holds.stage} (rank {holds.rank}). Rule: mean bubble >= "
                     f"{rules.pipeline_min_pct:.0f} % of step time.")
         advice = []
-        if holds.rank != bott.rank and holds.caused_ms >= 0.5 * p.stages[0].step_ms * rules.pipeline_min_pct / 100:
-            advice.append(f"Stage {holds.stage} (rank {holds.rank}) holds the others although it does not compute the "
-                          "most: its extra time is outside compute — look for work only that stage does (data "
-                          "loading, logging, host-device copies, Python overhead, sleeps) and for CPU contention on "
-                          "its host.")
+        holding = holds.caused_ms >= 0.5 * holds.step_ms * rules.pipeline_min_pct / 100
+        if holding and holds.rank == bott.rank and p.imbalance_pct >= rules.pipeline_imbalance_pct:
+            advice.append(f"Stage {holds.stage} (rank {holds.rank}) holds the others and computes the most "
+                          f"({p.imbalance_pct:+.0f} % against the median stage): balance the stages — move layers "
+                          "off it (split_spec / the layers given to each PipelineStage).")
+        elif holding:
+            advice.append(f"Stage {holds.stage} (rank {holds.rank}) holds the others although its compute is not "
+                          "what sets it apart: its extra time is outside compute — look for work only that stage does "
+                          "(data loading, logging, host-device copies, Python overhead, sleeps) and for CPU "
+                          "contention on its host.")
         elif p.imbalance_pct >= rules.pipeline_imbalance_pct:
             advice.append(f"Balance the stages: stage {bott.stage} (rank {bott.rank}) has {p.imbalance_pct:.0f} % more "
                           "compute than the median stage; move layers off it (split_spec / the layers given to each "
