@@ -6,7 +6,7 @@ KIND: ``sigkill`` / ``sigterm`` (rank R sends itself the signal), ``sigterm-job`
 parent, torchrun, which tears every rank down), ``stop-peer`` (rank R freezes rank 0 with SIGSTOP for S seconds
 and trains on: a clock reference that answers late), ``sleep`` (rank R sleeps S seconds), ``hold-gil`` (rank R spends S seconds
 in one C call that keeps the GIL: a checkpoint pickling a large state, during which no other thread of that process
-runs). ``--where mid``: after the
+runs; the other ranks go on only once it holds). ``--where mid``: after the
 backward of step STEP, inside the window recording it; ``boundary``: right after the forward of step STEP, where the
 window that ended at step STEP - 1 is handed to the writer. Each rank prints ``step <rank> <i>`` after every step and
 ``done <rank>`` at the end (flushed), so a test knows how far it got.
@@ -51,7 +51,20 @@ def inject(args: argparse.Namespace, rank: int, peer0_pid: int) -> None:
     elif args.fault == "hold-gil":
         import ctypes
 
+        with open(HOLDING, "w"):  # the other ranks wait for this before they go on (wait_for_holder)
+            pass
         ctypes.PyDLL(None).usleep(int(args.seconds * 1e6))  # PyDLL: the GIL stays held during the call
+
+
+#: hold-gil: the holder creates this file just before it takes the GIL, so the other ranks reach their window end
+#: (and ping) while it holds, however the machine schedules them (otherwise a peer can ping before the hold begins).
+HOLDING = "fault-holding-gil"
+
+
+def wait_for_holder(args: argparse.Namespace) -> None:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(HOLDING) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def main() -> None:
@@ -73,6 +86,8 @@ def main() -> None:
         loss.backward()
         if mine and i == args.at and args.where == "mid":
             inject(args, rank, pids[0])
+        elif args.fault == "hold-gil" and i == args.at and args.where == "mid":
+            wait_for_holder(args)
         opt.step()
         opt.zero_grad()
         print(f"step {rank} {i}", flush=True)
