@@ -9,14 +9,20 @@ exactly what :func:`clock.agree` does over the c10d store. Clock ping-pongs then
 finds the agreement made and keeps it.
 
 mpi4py initialises MPI on import (``MPI_Init_thread``) and finalises it at exit; a script that uses mpi4py itself
-shares that. Without mpi4py, or when its world is not this job (an mpi4py built for another MPI sees a singleton),
-nothing is agreed here and the ranks fall back to the launcher's ids (``setup.py``).
+shares that. An MPI library started by another MPI's launcher may *abort the process* in ``MPI_Init`` (MPICH under
+Open MPI's mpiexec: "unsupported PMI version PMIx", exit 16), so before importing mpi4py here its library is asked
+for its name in a child process that does not initialise MPI (:func:`library_flavour`, ~0.2 s once), and mpi4py is
+imported only when that library belongs to the launcher's family. Without mpi4py, with another family's library, or
+when its world is not this job, nothing is agreed here (the script's own use of mpi4py is left exactly as it was) and
+the ranks fall back to the launcher's ids (``setup.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from typing import Any, Callable
 
 from . import clock
@@ -25,6 +31,24 @@ from .env import LaunchEnvError, detect
 log = logging.getLogger(__name__)
 
 MPI_LAUNCHERS = ("openmpi", "mvapich", "mpich")
+#: launcher (env.detect) -> words one of the MPI libraries it can start has in MPI_Get_library_version
+COMPATIBLE = {"openmpi": ("Open MPI",), "mpich": ("MPICH", "MVAPICH", "Intel(R) MPI"), "mvapich": ("MVAPICH",)}
+#: asks mpi4py's library its name without initialising MPI (safe under any launcher)
+_ASK = ("import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False; from mpi4py import MPI; "
+        "print(MPI.Get_library_version().splitlines()[0])")
+_ASK_TIMEOUT_S = 30.0
+
+
+def library_flavour() -> str | None:
+    """The first line of MPI_Get_library_version of the library mpi4py loads, asked in a child process that never
+    initialises MPI; None when mpi4py is not importable."""
+    try:
+        r = subprocess.run([sys.executable, "-c", _ASK], capture_output=True, text=True, timeout=_ASK_TIMEOUT_S,
+                           check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.debug("distprof: cannot ask mpi4py's library: %s", e)
+        return None
+    return r.stdout.strip() or None if r.returncode == 0 else None
 
 
 def job_world() -> Any | None:
@@ -36,6 +60,15 @@ def job_world() -> Any | None:
         return None
     if le is None or le.launcher not in MPI_LAUNCHERS or le.world_size < 2:
         return None
+    if "mpi4py.MPI" not in sys.modules:  # not imported yet: importing it must not be what aborts the process
+        lib = library_flavour()
+        if lib is None:
+            log.debug("distprof: no agreement over MPI (mpi4py is not importable)")
+            return None
+        if not any(word in lib for word in COMPATIBLE[le.launcher]):
+            log.info("distprof: no agreement over MPI: mpi4py's library (%s) is not the %s launcher's MPI; "
+                     "importing it here could abort the process", lib, le.launcher)
+            return None
     try:
         from mpi4py import MPI
     except Exception as e:  # noqa: BLE001 -- not installed, or built for an MPI that is not here
