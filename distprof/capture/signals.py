@@ -189,6 +189,8 @@ class SignalGuard:
             for sig in set(data) & set(SIGNALS):
                 if os.getpid() != self._pid:
                     return
+                if signal.getsignal(sig) != self._handler:  # the script put its own handler in: its business
+                    continue
                 self.owner.note_signal(sig)
                 if self._taken.wait(MAIN_WAIT_S):
                     continue  # the training thread has it

@@ -40,6 +40,8 @@ from distprof.storage.selection import select_shards
 
 pytestmark = pytest.mark.slow
 
+SCHEDULE_ARGS = ["--wait", "0", "--warmup", "0", "--active", "2", "--repeat", "0"]
+
 #: torchrun's grace between its SIGTERM and its SIGKILL (what it prints when a rank outlived it)
 FORCED = "forcefully exiting via"
 
@@ -283,3 +285,65 @@ def test_concurrent_jobs_with_one_run_id(tmp_path):
         (jid,) = job_ids(run)
         ids.append(jid)
     assert ids[0] != ids[1]
+
+
+# ---- signals to a single process ---------------------------------------------------------------------------------
+LOOP = """
+import signal, sys, time, torch
+if sys.argv[1] == "user":
+    def handler(sig, frame):
+        print("user handler", flush=True)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, handler)
+m = torch.nn.Linear(16, 16)
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(10_000):
+    m(torch.randn(4, 16)).sum().backward(); o.step(); o.zero_grad()
+    print("step", i, flush=True)
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.parametrize("handler", ["default", "user"])
+def test_sigterm_single_process(tmp_path, handler):
+    """SIGTERM to `python -m distprof.launch train.py` after step 5 (windows w0000-w0002 finished, w0003 recording):
+    with Python's default disposition the process dies by SIGTERM (returncode -15, as without distprof) after saving
+    the finished windows, the one in flight cut short, and a final status file naming the signal; a script's own
+    handler (installed after distprof's) runs and its exit code stands, with the same files saved by the close."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    proc = subprocess.Popen([sys.executable, "-m", "distprof.launch", "--out", "out", "--run-id", "r", *SCHEDULE_ARGS,
+                             str(script), handler], cwd=tmp_path, env=job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:  # pytest's timeout bounds this loop
+        lines.append(line)
+        if line.startswith("step 6"):
+            break
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rest, err = proc.communicate(timeout=FLUSH_S + 10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the process outlived distprof's own deadline after SIGTERM") from None
+    took = time.monotonic() - t0
+    assert proc.returncode == (-signal.SIGTERM if handler == "default" else 3), err[-3000:]
+    assert took < FLUSH_S, took
+    assert distprof_traceback(err) is None, err[-3000:]
+    run = tmp_path / "out" / "r"
+    shards = shards_by_rank(run)[0]
+    assert {0, 1, 2} <= set(shards) and all(shards[w].attrs["complete"] for w in (0, 1, 2)), sorted(shards)
+    assert all(shards[w].attrs["complete"] is False for w in shards if w > 2 and w == max(shards))
+    st = status(run, 0)
+    assert st["final"] and {w["window"] for w in st["windows"]} == set(shards)
+    assert st["signal"] == ("SIGTERM" if handler == "default" else None), st["signal"]
+    if handler == "user":
+        assert "user handler" in rest
+    assert not tmp_files(run)
+    print(f"SIGTERM ({handler}) to exit: {took:.2f} s")
