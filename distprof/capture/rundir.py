@@ -139,12 +139,30 @@ def owner(run_dir: Path) -> str | None:
     return None
 
 
+def run_dir_name(run_id: str, n: int) -> str:
+    """The n-th job's directory name for `run_id` (n = 1: the run id itself; then ``<run-id>.<n>``)."""
+    return run_id if n == 1 else f"{run_id}.{n}"
+
+
+def latest_run_dir(out: Path | str, run_id: str) -> Path:
+    """The directory of the latest job that took `run_id` (the highest ``<run-id>.<n>`` that exists, else
+    ``out/<run-id>``): where ``distprof trigger --job ID`` finds a job step that is not the allocation's first."""
+    out = Path(out)
+    latest = out / run_id
+    for n in range(2, MAX_TRIES + 1):
+        d = out / run_dir_name(run_id, n)
+        if not d.is_dir():
+            break
+        latest = d
+    return latest
+
+
 def claim(out: Path | str, run_id: str, job: JobIdentity) -> Claim:
     """Claim ``out/<run_id>`` for `job`, or the first free ``out/<run_id>.<n>``. Raises ClaimError."""
     out = Path(out)
     taken: list[str] = []
     for n in range(1, MAX_TRIES + 1):
-        name = run_id if n == 1 else f"{run_id}.{n}"
+        name = run_dir_name(run_id, n)
         d = out / name
         try:
             d.mkdir(parents=True, exist_ok=True)

@@ -347,3 +347,15 @@ def test_sigterm_single_process(tmp_path, handler):
         assert "user handler" in rest
     assert not tmp_files(run)
     print(f"SIGTERM ({handler}) to exit: {took:.2f} s")
+
+
+def test_trigger_job_finds_the_latest_job_with_the_run_id(tmp_path):
+    """`distprof trigger --job 1234` goes to the latest job with that id: a second job step of the allocation runs in
+    1234.2 (the first one's directory is finished)."""
+    from distprof.capture.rundir import latest_run_dir
+
+    assert latest_run_dir(tmp_path, "1234") == tmp_path / "1234"
+    for name in ("1234", "1234.2", "1234.3", "12345"):
+        (tmp_path / name).mkdir()
+    assert latest_run_dir(tmp_path, "1234") == tmp_path / "1234.3"
+    assert latest_run_dir(tmp_path, "12345") == tmp_path / "12345"
