@@ -187,8 +187,9 @@ def _op_totals(rd: RankData, ix: RankIndex, steps: np.ndarray, top: int,
     c = np.bincount(flat, minlength=cells).astype(np.float64)
     grid_n, grid_s = np.divmod(np.arange(cells), max(steps.size, 1))
     nz = c > 0
-    table = {"name": grid_n[nz].astype(np.int32), "step": steps[grid_s[nz]].astype(np.int64),
-             "dur_ms": d[nz], "calls": c[nz]}
+    # int32 step and calls: these rows are most of a rank's summary (top ops x steps), kept for every rank
+    table = {"name": grid_n[nz].astype(np.int32), "step": steps[grid_s[nz]].astype(np.int32),
+             "dur_ms": d[nz], "calls": c[nz].astype(np.int32)}
     kinds = [KINDS[x] if x < len(KINDS) else str(x) for x in kind_of[keep]]
     return table, np.asarray(rd.names, dtype=object)[u[keep]], kinds
 
