@@ -279,7 +279,8 @@ class RankProfiler:
         window in flight is then lost, only the training thread could stop it)."""
         if self._closed or self._writer is None:
             return
-        left = self._time_left() or FLUSH_S
+        left = self._time_left()
+        left = FLUSH_S if left is None else left  # a deadline already reached is 0 s left, not a fresh one
         if blocked:
             self._clock.abort()
             inflight = self._recording_window()

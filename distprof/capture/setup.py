@@ -74,7 +74,6 @@ class RunSetup:
         self._agreed = threading.Event()
         self._lock = threading.Lock()
         self._local_id: str | None = None
-        self._gave_up = False
 
     # -- the agreement (a point every rank reaches; blocking) ------------------------------------------------------
     def agree(self, store, rank: int, world_size: int, timeout: timedelta | None = None) -> None:
@@ -178,7 +177,6 @@ class RunSetup:
     def give_up_waiting(self) -> None:
         """The profiler closes: no agreement is coming any more (the job never made a process group distprof saw);
         a writer waiting for one goes on at once without it."""
-        self._gave_up = True
         self._agreed.set()
 
     def _unagreed_run(self) -> tuple[str, rundir.JobIdentity]:
