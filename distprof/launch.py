@@ -116,10 +116,12 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
 
 
 def run(config: ProfileConfig, script: str, script_args: list[str]) -> None:
-    """Run `script` as __main__ under a RankProfiler; exceptions and SystemExit pass through after close()."""
+    """Run `script` as __main__ under a RankProfiler; exceptions and SystemExit pass through after close(), which
+    prints this rank's closing line (also when a signal ends the job: capture.signals)."""
     from .capture.profiler import RankProfiler
 
     prof = RankProfiler(config)
+    prof.on_closed = _print_closing_line
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     prof.start()
@@ -127,33 +129,13 @@ def run(config: ProfileConfig, script: str, script_args: list[str]) -> None:
         runpy.run_path(script, run_name="__main__")
     finally:
         prof.close()
-        _summary(prof)
 
 
-def _summary(prof) -> None:
-    """One line per rank on stderr: where the shards went (rank 0 names the run directory)."""
-    n = len(prof.windows_written)
-    rank = os.environ.get("RANK", "0")
-    if n == 0 and not prof.errors:
-        if rank != "0":
-            return
-        if prof.config.schedule.kind == "none":
-            print(f"distprof: no window was recorded: --schedule none records only windows asked for with `distprof "
-                  f"trigger {prof.run_dir or '<out>/<run-id>'}` while the job runs (none came)", file=sys.stderr)
-        elif prof.config.step_on == "optimizer" and prof.iterations == 0:
-            print("distprof: no optimizer step was seen, so no step was recorded: a loop without torch.optim needs "
-                  "--step-on manual and a distprof.step() call at the end of each iteration", file=sys.stderr)
-        else:
-            print("distprof: no window was recorded (the job ran fewer steps than the schedule needs: "
-                  f"see --wait/--warmup/--active; steps seen: {prof.iterations})", file=sys.stderr)
-        return
-    if prof.run_dir is None:
-        errs = f": {prof.errors[0]['message']}" if prof.errors else ""
-        print(f"distprof: rank {rank} wrote no shard{errs}", file=sys.stderr)
-        return
-    if rank == "0" or prof.errors:
-        errs = f", {len(prof.errors)} error(s): {prof.errors[0]['message']}" if prof.errors else ""
-        print(f"distprof: rank {rank} wrote {n} shard(s) to {prof.run_dir}{errs}", file=sys.stderr)
+def _print_closing_line(prof) -> None:
+    """One line per rank on stderr: where the shards went, what was lost and why (rank 0 always speaks)."""
+    line = prof.closing_line()
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -249,3 +249,44 @@ def test_mpiexec_sets_variables_and_keeps_the_users(mpiexec, tmp_path):
         seen = json.loads((tmp_path / f"env{r}").read_text())
         assert seen == {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
                         "MASTER_ADDR": "localhost", "MASTER_PORT": "23456"}, seen
+
+
+NO_COLLECTIVES = """
+import torch
+m = torch.nn.Linear(32, 32)
+o = torch.optim.SGD(m.parameters(), lr=0.01)
+for i in range(8):
+    m(torch.randn(8, 32)).sum().backward(); o.step(); o.zero_grad()
+"""
+
+
+@pytest.mark.slow
+def test_mpiexec_script_without_torch_distributed_agrees_over_mpi(mpiexec, tmp_path):
+    """A script that never makes a torch.distributed group (MPI-only, or no collectives) under mpiexec: the ranks agree
+    the run and the job over MPI (mpi4py) and sync clocks on distprof's own channel -- one run directory, one job,
+    and the host leader's samples for both phases of each window (simulated hosts 0,1). Where mpi4py's library is not
+    the launcher's MPI (pip's MPICH under Open MPI's mpiexec, whose MPI_Init aborts the process), the job runs as
+    without distprof's agreement: exit 0, every rank's shards."""
+    pytest.importorskip("mpi4py")
+    from distprof.capture.mpi import COMPATIBLE, library_flavour
+    from distprof.storage import find_shards
+    from distprof.storage.validate import check_shard, job_id
+
+    script = tmp_path / "train.py"
+    script.write_text(NO_COLLECTIVES)
+    proc = mpirun(mpiexec, 2, [str(script)], cwd=tmp_path,
+                  env=job_env(DISTPROF_OUT="o", DISTPROF_WAIT="0", DISTPROF_WARMUP="1", DISTPROF_ACTIVE="2",
+                              DISTPROF_REPEAT="2", DISTPROF_SIM_HOSTS="0,1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]  # before: exit 16 under Open MPI
+    shards = [check_shard(p) for p in sorted((tmp_path / "o").glob("*/*.h5"))]
+    assert sorted((s.rank, s.window) for s in shards) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    if not any(w in (library_flavour() or "") for w in COMPATIBLE.get(mpi_flavour(mpiexec), ())):
+        return  # no agreement possible over this MPI; the ranks fell back to their own run ids
+    run = only_run_dir(tmp_path / "o")  # before: every rank made a run directory of its own
+    shards = [check_shard(p) for p in find_shards(run)]
+    assert len({job_id(s.attrs) for s in shards}) == 1 and job_id(shards[0].attrs) is not None
+    roles = {s.rank: s.attrs["clock_role"] for s in shards}
+    assert roles == {0: "reference", 1: "leader"}
+    for s in shards:
+        if s.rank == 1:
+            assert sorted(set(s.table("clock/samples")["phase"].tolist())) == [0, 1], s.path

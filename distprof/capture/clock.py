@@ -1,18 +1,22 @@
 """Clock-sync samples without ever holding up training: agreement once, ping-pongs on a side thread.
 
 Ranks on one host share a clock, so only host leaders (the lowest rank of each host) exchange samples with the
-reference rank. Two parts:
+reference rank (rank 0). Two parts:
 
-* :func:`agree` — hostnames, host leaders and the run id, through the default c10d store. It waits for every rank,
-  so the capture calls it only where every rank of the job is: inside ``init_process_group`` (when the default group
-  registers, see ``groups.py``), or when a profiler starts on a job whose process group already exists.
-  :func:`open_side_channel` then connects the host leaders with a gloo channel of distprof's own (a
-  ``ProcessGroupGloo`` outside torch's group registry: the user's group names and counts stay what they would be).
+* :func:`agree` — hostnames, host leaders and rank 0's run document (run id, job identity, where its clock server
+  listens: ``setup.py`` builds it), through the default c10d store. It waits for every rank, so the capture calls it
+  only where every rank of the job is: inside ``init_process_group`` (when the default group registers, see
+  ``groups.py``), or when a profiler starts on a job whose process group already exists (or over MPI, ``mpi.py``).
 * :class:`ClockSync` — at each window start (phase 0) and end (phase 1) the training thread only takes a local sample
   and queues a request (:meth:`ClockSync.mark`); a side thread on each non-reference leader runs the `rounds`
-  NTP-style ping-pongs, and a side thread on the reference serves whichever leader pings, whenever it comes. The
-  writer collects a window's samples (:meth:`ClockSync.take`) before writing its shard. Every wait is bounded by
-  `timeout_s`; a failed exchange costs the samples, never the window or the training.
+  NTP-style ping-pongs over a TCP connection of its own to the reference, and one side thread on the reference
+  answers every leader, whenever it pings (:class:`ClockServer`). The writer collects a window's samples
+  (:meth:`ClockSync.take`) before writing its shard.
+
+Every wait is bounded by `timeout_s`, and no failure lasts: an exchange that times out or fails (a peer late, gone, or
+a reference busy past the timeout) costs that phase's samples and closes that leader's connection; the next request
+connects afresh. The channel is plain TCP rather than a gloo group because a gloo pair that timed out stays broken
+for the rest of the job (every later exchange failed), and one leader's trouble must not touch the others'.
 
 Raw samples are stored; the merger turns them into offsets (docs/shard-format.md, /clock).
 """
@@ -20,7 +24,12 @@ Raw samples are stored; the merger turns them into offsets (docs/shard-format.md
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import secrets
+import selectors
+import socket
+import struct
 import threading
 import time
 import uuid
@@ -34,11 +43,11 @@ from .sim import SimClock
 
 log = logging.getLogger(__name__)
 
-#: Message kinds and tags on the side channel. A message is int64[4]: kind, window, phase, time.
-PING, BYE = 1, 2
-TAG_PING, TAG_PONG = 0, 1
-#: The reference serves pings for as long as the job runs: windows may be hours apart.
-_SERVE_WAIT = timedelta(days=7)
+#: Message kinds. A message is four little-endian int64: kind, a, b, c (below).
+HELLO, PING, PONG, BYE = 1, 2, 3, 4
+#: HELLO: (HELLO, token, leader rank, 0); PING: (PING, window, phase, 0); PONG: (PONG, window, phase, remote time);
+#: BYE: (BYE, 0, 0, 0).
+_MSG = struct.Struct("<4q")
 
 _agreements = 0  # per process: each agreement uses fresh store keys (all ranks make the same sequence of them)
 
@@ -54,11 +63,15 @@ class ClockRoles:
 
 @dataclass(frozen=True)
 class Agreement:
-    run_id: str
     rank: int
     world_size: int
     roles: ClockRoles
-    key_prefix: str = ""  # this agreement's keys in the store (its side channel's are under it)
+    run: dict  # rank 0's run document (setup.py): run id, job identity, clock server address, or why none
+    key_prefix: str = ""  # this agreement's keys in the store
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.get("run_id")
 
 
 def new_run_id() -> str:
@@ -77,55 +90,72 @@ def roles_of(hosts: list[str], rank: int) -> ClockRoles:
     return ClockRoles(list(hosts), leaders, reference, me_leader, role)
 
 
-def local_agreement(host: str, run_id: str | None) -> Agreement:
-    """A job of one process: its own reference."""
-    return Agreement(run_id or new_run_id(), 0, 1, roles_of([host], 0))
-
-
-def agree(store, rank: int, world_size: int, host: str, run_id: str | None,
+def agree(store, rank: int, world_size: int, host: str, rank0_run: Callable[[], dict],
           timeout: timedelta | None = None) -> Agreement:
-    """Collective over all ranks (blocking): publish this rank's host, take rank 0's run id, derive the roles.
+    """Collective over all ranks (blocking): publish this rank's host, take rank 0's run document, derive the roles.
 
-    `timeout` defaults to the store's own (the one torch waits for peers with).
+    Rank 0 calls `rank0_run()` (which claims the run directory and opens its clock server) before publishing; the
+    others wait for it. `timeout` defaults to the store's own (the one torch waits for peers with).
     """
+    import json
+
     global _agreements
     _agreements += 1
-    if world_size <= 1:
-        return local_agreement(host, run_id)
     prefix = f"distprof/{_agreements}/"
     store.set(f"{prefix}host/{rank}", host)
     if rank == 0:
-        store.set(f"{prefix}run_id", run_id or new_run_id())
+        store.set(f"{prefix}run", json.dumps(rank0_run()))
     keys = [f"{prefix}host/{r}" for r in range(world_size)]
     if timeout is None:
-        store.wait(keys + [f"{prefix}run_id"])
+        store.wait(keys + [f"{prefix}run"])
     else:
-        store.wait(keys + [f"{prefix}run_id"], timeout)
+        store.wait(keys + [f"{prefix}run"], timeout)
     hosts = [v.decode() for v in store.multi_get(keys)]
-    agreed = store.get(f"{prefix}run_id").decode()
-    return Agreement(agreed, rank, world_size, roles_of(hosts, rank), prefix)
+    run = json.loads(store.get(f"{prefix}run").decode())
+    return Agreement(rank, world_size, roles_of(hosts, rank), run, prefix)
 
 
-def open_side_channel(store, agreement: Agreement, timeout: timedelta):
-    """Collective over the host leaders: a gloo channel between them (None for members and one-host jobs).
+# ---- the reference's server ---------------------------------------------------------------------------------------
+def advertised_addresses() -> list[str]:
+    """Addresses other hosts can reach this one at: the interface that routes to MASTER_ADDR (what the job's own
+    rendezvous uses), then the hostname's address, then the hostname itself."""
+    out: list[str] = []
+    master = os.environ.get("MASTER_ADDR", "").strip()
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent
+                s.connect((master, int(os.environ.get("MASTER_PORT", "29500") or 29500)))
+                out.append(s.getsockname()[0])
+        except (OSError, ValueError):
+            pass
+    name = socket.gethostname()
+    try:
+        out.append(socket.gethostbyname(name))
+    except OSError:
+        pass
+    out.append(name)
+    return list(dict.fromkeys(out))
 
-    Not registered with torch.distributed, so it is no user group; its worker thread is claimed as distprof's own.
-    """
-    import torch.distributed as dist
 
-    from . import groups
+class ClockServer:
+    """The reference's listening socket (opened at the agreement, before its address is published) and token."""
 
-    roles = agreement.roles
-    if len(roles.leaders) < 2 or agreement.rank not in roles.leaders:
-        return None
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
-    opts._threads = 1
-    opts._devices = [dist.ProcessGroupGloo.create_default_device()]
-    prefix = dist.PrefixStore(f"{agreement.key_prefix}clock/", store)
-    channel = dist.ProcessGroupGloo(prefix, roles.leaders.index(agreement.rank), len(roles.leaders), opts)
-    groups.claim_own_threads(opts._threads)
-    return channel
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("", 0))
+        self.sock.listen(128)
+        self.sock.setblocking(False)
+        self.token = secrets.randbits(62)
+
+    def endpoint(self) -> dict:
+        return {"addrs": advertised_addresses(), "port": self.sock.getsockname()[1], "token": self.token}
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
 
 @dataclass
@@ -133,6 +163,13 @@ class _Window:
     samples: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # phase, peer, send, remote, recv
     local: list[tuple[int, int, int, int]] = field(default_factory=list)  # phase, time, mono, perf
     pending: int = 0  # requests handed to the side thread and not finished
+
+
+class ClockSyncError(OSError):
+    """A clock exchange failed; the message says with whom, where and why, and that the next one retries."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
 
 
 class ClockSync:
@@ -144,28 +181,44 @@ class ClockSync:
         self.timeout_s = timeout_s
         self.sim = sim
         self.roles: ClockRoles | None = None
+        self.failures = 0  # exchanges that failed (each retried at the next request)
         self._on_error = on_error
         self._cond = threading.Condition()
         self._windows: dict[int, _Window] = {}
         self._early: list[tuple[int, int]] = []  # requests made before the side thread existed
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._channel = None
+        self._server: ClockServer | None = None
+        self._endpoint: dict | None = None
+        self._rank = -1
+        self._abort = threading.Event()  # terminating: no more waiting for exchanges
+        self._stop_serving = threading.Event()
+        self._wake_r, self._wake_w = -1, -1
 
     def now(self) -> int:
         t = time.time_ns()
         return self.sim.apply(t) if self.sim is not None else t
 
     # -- setup ----------------------------------------------------------------------------------------------------
-    def start(self, roles: ClockRoles, channel) -> None:
-        """Roles agreed; with a channel, start the side thread (a leader pings, the reference serves)."""
+    def start(self, roles: ClockRoles, rank: int, server: ClockServer | None, endpoint: dict | None) -> None:
+        """Roles agreed. The reference (with its server) answers pings; a leader (with the server's endpoint)
+        pings; members, and jobs on one host, exchange nothing."""
         self.roles = roles
-        if channel is None or roles.role == "member":
+        self._rank = rank
+        several_hosts = len(roles.leaders) > 1
+        if roles.role == "reference" and several_hosts and server is not None:
+            self._server = server
+            self._wake_r, self._wake_w = os.pipe()
+            target = self._serve
+        elif roles.role == "leader" and endpoint:
+            self._endpoint = endpoint
+            target = self._ping_loop
+        else:
+            if server is not None:
+                server.close()
             with self._cond:
                 self._early.clear()
             return
-        self._channel = channel
-        target = self._serve if roles.role == "reference" else self._ping_loop
         self._thread = threading.Thread(target=target, name="distprof-clock", daemon=True)
         with self._cond:
             early, self._early = self._early, []
@@ -191,31 +244,44 @@ class ClockSync:
 
     # -- writer thread ----------------------------------------------------------------------------------------------
     def take(self, window: int) -> tuple[list, list]:
-        """The window's samples once its exchanges are done (each is bounded by the timeout), then forgotten."""
+        """The window's samples once its exchanges are done (each is bounded by the timeout), then forgotten.
+        After :meth:`abort`, what is there now."""
         deadline = time.monotonic() + 2 * self.timeout_s + 5.0
         with self._cond:
             w = self._window(window)
-            while w.pending > 0 and time.monotonic() < deadline:
-                self._cond.wait(timeout=max(0.0, deadline - time.monotonic()))
+            while w.pending > 0 and not self._abort.is_set() and time.monotonic() < deadline:
+                self._cond.wait(timeout=min(0.25, max(0.0, deadline - time.monotonic())))
             self._windows.pop(window, None)
             self._early = [(win, ph) for win, ph in self._early if win != window]
-        return w.samples, w.local
+            return list(w.samples), list(w.local)
+
+    def abort(self) -> None:
+        """The process is ending on a signal: :meth:`take` stops waiting for exchanges in flight."""
+        self._abort.set()
+        with self._cond:
+            self._cond.notify_all()
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Leader: finish the queued exchanges and say goodbye; reference: serve until every leader said goodbye."""
+        """Leader: finish the queued exchanges and say goodbye; reference: answer until every leader said goodbye.
+        Both bounded by `timeout_s` (default: the sync timeout)."""
         th = self._thread
         if th is None:
             return
+        wait = self.timeout_s if timeout_s is None else timeout_s
         if self.roles is not None and self.roles.role == "leader":
             self._queue.put(None)
-        th.join(self.timeout_s if timeout_s is None else timeout_s)
-        if th.is_alive():  # keep the channel: the thread still uses it (a daemon; it ends with the process)
+            th.join(wait)
+        else:
+            th.join(wait)  # ends by itself once every leader said goodbye
+            self._stop_serving.set()
+            self._wake()
+            th.join(1.0)
+        if th.is_alive():  # a daemon blocked on a peer; it ends with the process
             log.debug("distprof: clock side thread still waiting at close (a peer did not finish)")
         else:
-            # destroyed now, while the interpreter is whole, rather than during its finalisation
-            self._thread = self._channel = None
+            self._thread = None
 
-    # -- side thread ------------------------------------------------------------------------------------------------
+    # -- side threads -----------------------------------------------------------------------------------------------
     def _window(self, window: int) -> _Window:
         w = self._windows.get(window)
         if w is None:
@@ -223,34 +289,45 @@ class ClockSync:
         return w
 
     def _ping_loop(self) -> None:
-        ok = True
-        msg, buf = _message()
-        wait = timedelta(seconds=self.timeout_s)
-        ref = 0  # the reference is the first host leader
+        conn: socket.socket | None = None
+        ref = self.roles.reference
         while True:
             item = self._queue.get()
             if item is None:
-                if ok:
+                if conn is not None:
                     try:
-                        msg[0] = BYE
-                        self._channel.send([buf], ref, TAG_PING).wait(wait)
-                    except Exception as e:  # noqa: BLE001 -- the reference is gone; nothing left to say
+                        conn.sendall(_MSG.pack(BYE, 0, 0, 0))
+                    except OSError as e:  # the reference is gone; nothing left to say
                         log.debug("distprof: clock goodbye not delivered: %s", e)
+                    _close(conn)
                 return
             window, phase = item
             got: list[tuple[int, int, int, int, int]] = []
             try:
-                if ok:
-                    for _ in range(self.rounds):
-                        msg[0], msg[1], msg[2] = PING, window, phase
-                        t_send = msg[3] = self.now()  # nothing but the send between the two timestamps and it
-                        self._channel.send([buf], ref, TAG_PING).wait(wait)
-                        self._channel.recv([buf], ref, TAG_PONG).wait(wait)
-                        t_recv = self.now()
-                        got.append((phase, self.roles.reference, t_send, int(msg[3]), t_recv))
-            except Exception as e:  # noqa: BLE001 -- a failed channel stays failed (gloo closes it)
-                ok = False
-                self._on_error("clock sync", e)
+                if self._abort.is_set():
+                    raise ClockSyncError("the process is ending")
+                if conn is None:
+                    conn = self._connect()
+                for _ in range(self.rounds):
+                    msg = _MSG.pack(PING, window, phase, 0)
+                    t_send = self.now()  # nothing but the send between the two timestamps and it
+                    conn.sendall(msg)
+                    kind, w, ph, t_remote = _MSG.unpack(_recv_exact(conn, _MSG.size))
+                    t_recv = self.now()
+                    if kind != PONG or w != window or ph != phase:
+                        raise ClockSyncError(f"unexpected answer {kind, w, ph} to a ping for {window, phase}")
+                    got.append((phase, ref, t_send, t_remote, t_recv))
+            except (OSError, struct.error) as e:
+                if conn is not None:
+                    _close(conn)
+                conn = None  # the next request connects afresh
+                if not self._abort.is_set():
+                    self.failures += 1
+                    what = "timed out" if isinstance(e, (socket.timeout, TimeoutError)) else f"failed ({e})"
+                    self._on_error("clock sync", ClockSyncError(
+                        f"exchange with rank {ref} at window {window} {('start', 'end')[phase]} {what} after "
+                           f"{len(got)} of {self.rounds} round(s) (timeout {self.timeout_s:g} s); the next window "
+                           "tries again on a fresh connection"))
             with self._cond:
                 w = self._windows.get(window)
                 if w is not None:  # else the writer gave up waiting and wrote the window without these
@@ -258,30 +335,122 @@ class ClockSync:
                     w.pending -= 1
                 self._cond.notify_all()
 
+    def _connect(self) -> socket.socket:
+        ep = self._endpoint
+        last: OSError | None = None
+        for addr in ep["addrs"]:
+            try:
+                conn = socket.create_connection((addr, ep["port"]), timeout=self.timeout_s)
+            except OSError as e:
+                last = e
+                continue
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(self.timeout_s)
+            try:
+                conn.sendall(_MSG.pack(HELLO, ep["token"], self._rank, 0))
+            except OSError:
+                _close(conn)
+                raise
+            return conn
+        raise ClockSyncError(f"cannot connect to the clock reference at {ep['addrs']} port {ep['port']} ({last})")
+
     def _serve(self) -> None:
-        msg, buf = _message()
-        wait = timedelta(seconds=self.timeout_s)
-        remaining = len(self.roles.leaders) - 1
+        """The reference: one thread answers every leader's connection (selectors), until each said goodbye."""
+        server = self._server
+        sel = selectors.DefaultSelector()
+        sel.register(server.sock, selectors.EVENT_READ, "listen")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        pending: dict[socket.socket, bytearray] = {}
+        authed: set[socket.socket] = set()
+        remaining = set(self.roles.leaders) - {self._rank}
+        conn_rank: dict[socket.socket, int] = {}
         try:
-            while remaining > 0:
-                work = self._channel.recv_anysource([buf], TAG_PING)
-                work.wait(_SERVE_WAIT)
-                t_remote = self.now()  # first thing once the ping is in
-                if msg[0] == BYE:
-                    remaining -= 1
-                    continue
-                msg[3] = t_remote
-                self._channel.send([buf], work._source_rank(), TAG_PONG).wait(wait)
-        except Exception as e:  # noqa: BLE001 -- a leader vanished: its samples are its loss; stop serving
+            while remaining and not self._stop_serving.is_set():
+                for key, _ in sel.select():
+                    if key.data == "wake":
+                        os.read(self._wake_r, 64)
+                        continue
+                    if key.data == "listen":
+                        try:
+                            c, _ = server.sock.accept()
+                        except OSError:
+                            continue
+                        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        c.setblocking(False)
+                        pending[c] = bytearray()
+                        sel.register(c, selectors.EVENT_READ, "conn")
+                        continue
+                    c = key.fileobj
+                    try:
+                        data = c.recv(_MSG.size - len(pending[c]))
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:  # the leader closed (it reconnects after a failure) or is gone
+                        self._drop(sel, c, pending, authed)
+                        continue
+                    t_remote = self.now()  # first thing once a ping is in
+                    buf = pending[c]
+                    buf += data
+                    if len(buf) < _MSG.size:
+                        continue
+                    kind, a, b, _ = _MSG.unpack(bytes(buf))
+                    buf.clear()
+                    if kind == HELLO and a == server.token:
+                        authed.add(c)
+                        conn_rank[c] = b
+                    elif kind == PING and c in authed:
+                        try:
+                            c.send(_MSG.pack(PONG, a, b, t_remote))  # 32 bytes: the socket buffer takes them
+                        except OSError:
+                            self._drop(sel, c, pending, authed)
+                    elif kind == BYE and c in authed:
+                        remaining.discard(conn_rank.get(c, -1))
+                        self._drop(sel, c, pending, authed)
+                    else:  # not one of ours
+                        self._drop(sel, c, pending, authed)
+        except Exception as e:  # noqa: BLE001 -- never raised into anything; the leaders' exchanges fail and retry
             log.debug("distprof: clock reference stops serving: %s", e)
+        finally:
+            for c in list(pending):
+                self._drop(sel, c, pending, authed)
+            sel.close()
+            server.close()
+
+    @staticmethod
+    def _drop(sel, c, pending, authed) -> None:
+        try:
+            sel.unregister(c)
+        except (KeyError, ValueError):
+            pass
+        pending.pop(c, None)
+        authed.discard(c)
+        _close(c)
+
+    def _wake(self) -> None:
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
 
 
-def _message():
-    """A side-channel message: int64[4] as numpy (cheap to fill) and the tensor sharing its memory (to send)."""
-    import torch
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the clock reference closed the connection")
+        buf += chunk
+    return bytes(buf)
 
-    msg = np.zeros(4, dtype=np.int64)
-    return msg, torch.from_numpy(msg)
+
+def _close(conn: socket.socket) -> None:
+    try:
+        conn.close()
+    except OSError:
+        pass
 
 
 def samples_table(samples: list, local: list) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

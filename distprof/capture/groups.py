@@ -33,8 +33,6 @@ _NAME_WAIT_S = 0.5
 _lock = threading.Lock()
 #: OS tid of a gloo worker thread -> name of the process group it serves.
 _thread_pg: dict[int, str] = {}
-#: gloo worker threads distprof started for itself (its clock side channel): never a user's group.
-_own_tids: set[int] = set()
 _installed = False
 _default_listener: Callable[[Any, Any], None] | None = None
 
@@ -58,7 +56,7 @@ def _gloo_tids() -> set[int]:
 
 def _unclaimed_gloo_tids() -> set[int]:
     with _lock:
-        known = set(_thread_pg) | _own_tids
+        known = set(_thread_pg)
     return _gloo_tids() - known
 
 
@@ -93,13 +91,6 @@ def gloo_worker_count(pg) -> int:
     if type(backend).__name__ != "ProcessGroupGloo" or opts is None:
         return 0
     return int(getattr(opts, "_threads", 2) or 0)
-
-
-def claim_own_threads(expected: int) -> None:
-    """The gloo workers just started by distprof's own channel are not a user group's."""
-    new = _wait_new_gloo_tids(expected)
-    with _lock:
-        _own_tids.update(new)
 
 
 def gloo_thread_pg() -> dict[int, str]:
@@ -213,6 +204,31 @@ def _wrap_factory(fn, returns_group: bool):
     return wrapper
 
 
+#: How long destroy_process_group first lets gloo's workers have the GIL while a profiler runs (below).
+_SETTLE_S = 0.05
+
+
+def _wrap_destroy(fn):
+    """``destroy_process_group`` while distprof profiles: first a short sleep (the GIL released).
+
+    A gloo work made while torch's profiler records holds a copy of the thread-local state that includes Python
+    objects, so the gloo worker that drops the last reference to a finished work needs the GIL. When a script destroys
+    its groups right after its last step, DDP's reducer is freed moments later, with the GIL held, and joins those
+    workers (``~ProcessGroupGloo``): if one is still waiting for the GIL to free the last allreduce, the process hangs
+    for good. Measured here: 3 of 8 two-rank DDP jobs hung so at exit with the last window recording. Letting the
+    workers run first removes the race; without a profiler nothing changes.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if _default_listener is not None:  # a profiler runs in this process
+            time.sleep(_SETTLE_S)
+        return fn(*args, **kwargs)
+
+    wrapper.__distprof_wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
 def install() -> None:
     """Watch process-group creation (idempotent); groups that already exist are adopted by thread start order."""
     global _installed
@@ -225,6 +241,12 @@ def install() -> None:
     from torch.distributed import distributed_c10d as c10d
 
     adopt_existing_groups()
+    destroy = getattr(c10d, "destroy_process_group", None)
+    if destroy is not None and not getattr(destroy, "__distprof_wrapped__", None):
+        wrapped = _wrap_destroy(destroy)
+        c10d.destroy_process_group = wrapped
+        if getattr(dist, "destroy_process_group", None) is destroy:
+            dist.destroy_process_group = wrapped
     orig = getattr(c10d, "_register_pg_in_world", None)
     if orig is not None:
         if not getattr(orig, "__distprof_wrapped__", None):

@@ -2,12 +2,13 @@
 
 Once training has started, nothing here may hurt it: every failure is logged once (naming the rank and the cause),
 recorded in the shards and the status file, and capture stops while training goes on — unless `strict` is set, in
-which case the error is raised on the training thread.
+which case the error is raised on the training thread. A window that cannot be stored is *lost*, named with its steps
+and the reason in a warning, the status file and the closing line (``status.py``), and capture goes on. SIGTERM and
+SIGINT are handled by ``signals.py``: what is finished is saved, then the signal does what it would have.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -17,11 +18,13 @@ from typing import Any, Callable
 
 from ..config import ProfileConfig
 from ..errors import ConfigError
-from ..storage import schema
-from . import clock, dist_info, groups, p2p
+from . import clock, dist_info, groups, p2p, status
 from .memhistory import MemoryHistory
+from .rundir import ClaimError
 from .schedule import Action, WindowPlan
 from .setup import RunSetup
+from .signals import FLUSH_S, SignalGuard
+from .status import LostWindow
 from .stepper import OptimizerStepper
 from .trigger import Trigger
 from .watch import Watch
@@ -73,6 +76,16 @@ class RankProfiler:
         self._cuda_baseline: dict[int, int] = {}
         self._memhist: MemoryHistory | None = None
         self._lock = threading.Lock()
+        #: called once when the profiler has closed (the launcher prints the closing line there)
+        self.on_closed: Callable[["RankProfiler"], None] | None = None
+        self._signals = SignalGuard(self)
+        self._signal: int | None = None  # the termination signal seen, if any
+        self._signal_at: float | None = None  # time.monotonic() when it was seen
+        self._depth = 0  # > 0 while the training thread runs profiler code (a signal then waits for it to leave)
+        self._lost_kinds: set[str] = set()  # reasons of lost windows already warned about
+        self._extra_lost: list[LostWindow] = []  # lost outside the writer (in flight at a signal, profiling stopped)
+        self._cut_short: list[int] = []  # windows saved cut short by the close (a signal, the script's end)
+        self._close_began: float | None = None
 
     @property
     def run_id(self) -> str | None:
@@ -86,6 +99,16 @@ class RankProfiler:
     def windows_written(self) -> list[dict[str, Any]]:
         """One entry per shard written: window, path, bytes, steps, complete, timings."""
         return self._writer.written if self._writer is not None else []
+
+    @property
+    def lost(self) -> list[LostWindow]:
+        """Windows recorded (or being recorded) that are not on disk, with why."""
+        return sorted((self._writer.lost if self._writer is not None else []) + self._extra_lost,
+                      key=lambda w: w.window)
+
+    @property
+    def in_distprof(self) -> bool:
+        return self._depth > 0
 
     @property
     def iterations(self) -> int:
@@ -121,7 +144,8 @@ class RankProfiler:
             with_stack=cfg.stack,
         )
         self._writer = ShardWriter(cfg, self._setup, self._clock, main_tid=self._main_tid,
-                                   errors=lambda: list(self.errors), on_error=self._fail)
+                                   errors=lambda: list(self.errors), on_error=self._fail, on_lost=self._window_lost)
+        self._signals.install()
         if cfg.step_on == "optimizer":
             self._stepper = OptimizerStepper(self._advance)
             self._stepper.install()
@@ -137,6 +161,8 @@ class RankProfiler:
             self._watch.start()
         # a job whose process group already exists: agree now (every rank enters the profiler there)
         self._guard("setup", self._setup.agree_with_existing_group)
+        self._guard("setup", self._setup.agree_over_mpi)  # mpiexec: every rank is here, before the script
+        self._check_run_dir()
         if self._disabled:  # the agreement failed: warned once, training goes on unprofiled
             self._raise_strict()
             return self
@@ -166,11 +192,26 @@ class RankProfiler:
 
     def close(self) -> None:
         """Finish: end the step in flight where its iteration ended, write what was recorded, wait for the writer
-        and the clock side thread, write the status file."""
+        and the clock side thread, write the status file. After a termination signal every wait is bounded by what
+        is left of the signal's deadline (signals.FLUSH_S)."""
+        self._depth += 1
+        try:
+            self._close()
+        finally:
+            self._depth -= 1
+        if self._depth == 0:
+            self._signals.resume()
+        self._raise_strict()
+
+    def _close(self) -> None:
         global _active
         if self._closed or not self._started:
             return
         self._closed = True
+        self._close_began = time.monotonic()
+        left = self._time_left()
+        if left is not None:
+            self._clock.abort()  # a signal: no waiting for clock exchanges in flight
         try:
             iteration_done = False
             if self._stepper is not None:
@@ -189,16 +230,84 @@ class RankProfiler:
                 _active = None
             groups.set_default_group_listener(None)
             p2p.uninstall()
-            ok = self._writer.close() if self._writer is not None else True
-            if not ok:
-                self._fail("write", TimeoutError("background writer did not finish within 120 s"))
+            left = self._time_left()
+            self._setup.give_up_waiting()
+            if self._writer is not None:
+                why = (f"not written within the {FLUSH_S:.0f} s distprof gives itself after "
+                       f"{status.signal_name(self._signal)}" if left is not None else
+                       "not written within 120 s of the close (the background writer is stuck)")
+                if not self._writer.close(120.0 if left is None else max(left - 1.0, 0.5), why=why):
+                    self._fail("write", TimeoutError(why), disable=False)
             if self._watch is not None:
                 self._watch.close()
             if self._trigger is not None:
-                self._trigger.close()
-            self._clock.close()
-            self._write_status()
-        self._raise_strict()
+                left = self._time_left()
+                self._trigger.close(**({} if left is None else {"timeout_s": max(0.0, min(5.0, left - 1.0))}))
+            left = self._time_left()
+            # after a signal every rank is going: the reference does not wait for the leaders' goodbyes
+            self._clock.close(None if left is None else min(0.1, left))
+            self._write_status(final=True)
+            self._signals.uninstall()
+            if self.on_closed is not None:
+                try:
+                    self.on_closed(self)
+                except Exception as e:  # noqa: BLE001 -- the closing line never hurts the job
+                    log.debug("distprof: closing hook failed: %s", e)
+
+    # -- signals (signals.py calls these) -------------------------------------------------------------------------
+    def note_signal(self, sig: int) -> None:
+        """A termination signal arrived (any thread): from now on every wait is bounded by its deadline."""
+        if self._signal is None:
+            self._signal, self._signal_at = sig, time.monotonic()
+
+    def _time_left(self) -> float | None:
+        """Seconds left of the signal's deadline (at least 0); None without a signal, or when the close began after
+        the deadline (a handler of the user's let the process go on: then nothing is hurried)."""
+        if self._signal_at is None:
+            return None
+        deadline = self._signal_at + FLUSH_S
+        if self._close_began is not None and self._close_began > deadline:
+            return None
+        return max(0.0, deadline - time.monotonic())
+
+    def close_on_signal(self, sig: int) -> None:
+        """Main thread, a signal whose default action ends the process: close now (the window in flight is saved
+        cut short), within the deadline."""
+        self._depth += 1
+        try:
+            self._close()
+        except BaseException as e:  # noqa: BLE001 -- the process ends by the signal whatever happens here
+            log.debug("distprof: close on %s failed: %s", status.signal_name(sig), e)
+        finally:
+            self._depth -= 1
+
+    def flush_on_signal(self, sig: int, *, blocked: bool) -> None:
+        """Write what is finished and the status file, without stopping the profiler: before a user's handler runs
+        (`blocked` False), or from the watcher while the training thread is stuck outside Python (`blocked`: the
+        window in flight is then lost, only the training thread could stop it)."""
+        if self._closed or self._writer is None:
+            return
+        left = self._time_left()
+        left = FLUSH_S if left is None else left  # a deadline already reached is 0 s left, not a fresh one
+        if blocked:
+            self._clock.abort()
+            inflight = self._recording_window()
+            if inflight is not None:
+                first, last = inflight[1], self.step_num
+                self._lose_extra(LostWindow(inflight[0], first, last, "signal",
+                                            f"in flight at {status.signal_name(sig)} while the training thread was "
+                                            "blocked outside Python (in a C call); discarded"))
+        if not self._writer.drain(max(left - 1.0, 0.5)):
+            self._writer.abandon(f"not written within the {FLUSH_S:.0f} s distprof gives itself after "
+                                 f"{status.signal_name(sig)}")
+        self._write_status(final=False)
+
+    def _recording_window(self) -> tuple[int, int] | None:
+        """(window, first step) being recorded now, or None."""
+        if self._disabled or self._prof is None or self._plan.action(self.step_num) not in RECORDING:
+            return None
+        w = self._plan.window(self.step_num)
+        return w, self._plan.steps_of(w)[0]
 
     # -- the agreement ------------------------------------------------------------------------------------------
     def _on_default_group(self, pg, store) -> None:
@@ -206,12 +315,24 @@ class RankProfiler:
         if self._closed or self._disabled or self._setup.agreement is not None:
             return
         self._guard("setup", lambda: self._setup.agree(store, pg.rank(), pg.size()))
+        self._check_run_dir()
+
+    def _check_run_dir(self) -> None:
+        """Rank 0 could not claim a run directory: nothing can be recorded on any rank; say so now, once."""
+        if self._setup.dir_error and not self._disabled:
+            self._fail("setup", ClaimError(self._setup.dir_error))
 
     # -- stepping -----------------------------------------------------------------------------------------------
     def _advance(self) -> None:
         if self._disabled:
             return
-        self._guard("step", self._advance_unguarded)
+        self._depth += 1
+        try:
+            self._guard("step", self._advance_unguarded)
+        finally:
+            self._depth -= 1
+        if self._depth == 0:
+            self._signals.resume()
         self._raise_strict()
 
     def _advance_unguarded(self) -> None:
@@ -294,6 +415,8 @@ class RankProfiler:
         results = prof.profiler.kineto_results if prof.profiler is not None else None
         if results is None:
             return
+        if not complete:
+            self._cut_short.append(window)
         self._submit(results, window, complete=complete, stop_s=0.0, memsnap=memsnap)
 
     def _submit(self, results, window: int, *, complete: bool, stop_s: float, ready_s: float = 0.0,
@@ -302,11 +425,13 @@ class RankProfiler:
         peaks, self._cuda_peaks = self._cuda_peaks, {}
         memhist = ({"max_entries": self._memhist.max_entries, "stacks": self._memhist.stacks}
                    if self._memhist is not None else None)
+        first, last = self._plan.steps_of(window)
+        last = last if complete else self.step_num
         self._writer.submit(WindowJob(
             results, window, complete, self._info, stop_s, ready_s, peaks, dict(self._cuda_baseline),
             groups.gloo_thread_pg(), groups.process_groups(), groups.backend_name(self._info.device_type),
             groups.backend_config(), dict(self._step_end_ns), memsnap=memsnap, memhist=memhist,
-            p2p_calls=p2p.drain(), trigger=self._trigger_attr(window)))
+            p2p_calls=p2p.drain(), trigger=self._trigger_attr(window), steps=(first, last)))
 
     def _trigger_attr(self, window: int) -> dict[str, Any] | None:
         """A triggered window's request and why it was asked for (its shards' ``trigger`` attribute)."""
@@ -380,19 +505,51 @@ class RankProfiler:
             self._fail(stage, e)
 
     def _fail(self, stage: str, exc: BaseException, disable: bool = True) -> None:
+        message = str(exc) if isinstance(exc, (ClaimError, clock.ClockSyncError)) else f"{type(exc).__name__}: {exc}"
         with self._lock:
-            self.errors.append({"stage": stage, "message": f"{type(exc).__name__}: {exc}"})
+            self.errors.append({"stage": stage, "message": message})
             first = not self._warned
             self._warned = True
         if self.config.strict:
             self._strict_error = exc
         elif first:
             stops = disable and stage != "write"
-            log.warning("distprof: rank %s: %s failed (%s: %s); %s, training goes on (--strict raises instead)",
-                        self._rank_label(), stage, type(exc).__name__, exc,
-                        "profiling stops" if stops else "capture goes on without it")
+            if isinstance(exc, ClaimError):
+                log.warning("distprof: rank %s: %s; nothing is recorded, training goes on (--strict raises instead)",
+                            self._rank_label(), exc)
+            else:
+                log.warning("distprof: rank %s: %s failed (%s); %s, training goes on (--strict raises instead)",
+                            self._rank_label(), stage, message,
+                            "profiling stops" if stops else "capture goes on without it")
         if disable and stage != "write":
+            if not self._disabled:
+                inflight = self._recording_window()
+                if inflight is not None and not self._in_callback:
+                    self._lose_extra(LostWindow(inflight[0], inflight[1], self.step_num, "profiling stopped",
+                                                f"profiling stopped ({stage} failed: {message})"))
             self._disable()
+
+    def _window_lost(self, lw: LostWindow) -> None:
+        """The writer could not store a window: recorded; one warning per kind of reason (strict: raised)."""
+        with self._lock:
+            self.errors.append({"stage": "write", "message": f"window {lw.window} lost: {lw.reason}"})
+            kind = status.kind_of(lw.reason)
+            first = kind not in self._lost_kinds
+            self._lost_kinds.add(kind)
+            self._warned = True
+        if self.config.strict:
+            self._strict_error = OSError(f"window {lw.window} not saved: {lw.reason}")
+        elif first:
+            log.warning("distprof: rank %s: window %s not saved: %s; capture goes on, training is unaffected "
+                        "(--strict raises instead)", self._rank_label(), lw.label(), lw.reason)
+        else:
+            log.info("distprof: rank %s: window %s not saved: %s", self._rank_label(), lw.label(), lw.reason)
+
+    def _lose_extra(self, lw: LostWindow) -> None:
+        with self._lock:
+            if any(w.window == lw.window for w in self._extra_lost):
+                return
+            self._extra_lost.append(lw)
 
     def _disable(self) -> None:
         if self._disabled:
@@ -420,25 +577,30 @@ class RankProfiler:
             e, self._strict_error = self._strict_error, None
             raise RuntimeError(f"distprof (strict mode): {e}") from e
 
-    def _write_status(self) -> None:
+    def _write_status(self, *, final: bool) -> None:
         if self.run_dir is None:
             return
         rank = self._info.rank if self._info else int(os.environ.get("RANK", 0))
-        doc = {
-            "rank": rank,
-            "run_id": self.run_id,
-            "steps_seen": self.step_num,
-            "iterations": self.iterations,
-            "skipped_steps": self._stepper.skipped if self._stepper else 0,
-            "windows": self.windows_written,
-            "triggered_windows": self._trigger.records() if self._trigger is not None else [],
-            "errors": self.errors,
-            "closed_ns": time.time_ns(),
-        }
-        path = self.run_dir / schema.STATUS_TEMPLATE.format(rank=rank)
-        tmp = path.with_name(path.name + schema.TMP_SUFFIX)
-        try:
-            tmp.write_text(json.dumps(doc, indent=1))
-            os.replace(tmp, path)
-        except OSError as e:
-            log.warning("distprof: rank %s: cannot write %s (%s)", rank, path, e)
+        status.write(self.run_dir, rank, status.document(
+            rank=rank, run_id=self.run_id, job=self._setup.job.to_dict() if self._setup.job else None,
+            note=self._setup.note, steps_seen=self.step_num, iterations=self.iterations,
+            skipped_steps=self._stepper.skipped if self._stepper else 0, windows=list(self.windows_written),
+            lost=self.lost, errors=list(self.errors), signal_num=self._signal, final=final,
+            triggered_windows=self._trigger.records() if self._trigger is not None else []))
+
+    def closing_line(self) -> str | None:
+        """What the launcher prints for this rank when it closes (status.closing_line)."""
+        hint = None
+        if self.config.schedule.kind == "none":
+            hint = ("no window was recorded: --schedule none records only windows asked for with `distprof trigger "
+                    f"{self.run_dir or '<out>/<run-id>'}` while the job runs (none came)")
+        elif self.config.step_on == "optimizer" and self.iterations == 0:
+            hint = ("no optimizer step was seen, so no step was recorded: a loop without torch.optim needs "
+                    "--step-on manual and a distprof.step() call at the end of each iteration")
+        elif not self._disabled:
+            hint = ("no window was recorded (the job ran fewer steps than the schedule needs: "
+                    f"see --wait/--warmup/--active; steps seen: {self.iterations})")
+        rank = self._info.rank if self._info else int(os.environ.get("RANK", 0))
+        return status.closing_line(rank=rank, run_dir=self.run_dir, written=len(self.windows_written),
+                                   lost=self.lost, errors=list(self.errors), note=self._setup.note,
+                                   signal_num=self._signal, cut_short=list(self._cut_short), no_window_hint=hint)

@@ -111,6 +111,11 @@ class WindowPlan:
                 return t.index
         return window_of(self.cfg, step)
 
+    def steps_of(self, window: int) -> tuple[int, int]:
+        """First and last step (inclusive) window `window` records: a triggered window's, else the schedule's."""
+        t = next((t for t in self.triggered if t.index == window), None)
+        return (t.first, t.last) if t is not None else window_steps(self.cfg, window)
+
     def busy(self, step: int) -> tuple[int, int, int, int] | None:
         """(window, begin, first, last) of the window warming up or recording at `step`, else None."""
         for t in self._recorded:

@@ -1,11 +1,17 @@
-"""Where a rank's run goes and whom it syncs clocks with, settled once at a point every rank reaches.
+"""Where a rank's run goes, which job it is, and whom it syncs clocks with, settled once at a point every rank reaches.
 
-The run id and the host roles need every rank (:func:`clock.agree`), so they are agreed only where every rank of the
-job is guaranteed to be: when the default process group registers inside ``init_process_group`` (the capture's
-listener in ``groups.py``), or when a profiler starts on a job whose group already exists. Never at a window
-boundary: a rank there may be blocked on a peer (a pipeline stage waiting in ``recv``) that cannot get to the same
-point. Without an agreement the run id still comes from ``--run-id`` / ``SLURM_JOB_ID`` / ``TORCHELASTIC_RUN_ID``
-(the same on every rank), and a job of one process makes its own.
+The run id, the job identity and the host roles need every rank (:func:`clock.agree`), so they are agreed only where
+every rank of the job is guaranteed to be: when the default process group registers inside ``init_process_group``
+(the capture's listener in ``groups.py``), when a profiler starts on a job whose group already exists, or — a job
+started by ``mpiexec`` whose script does not make a torch.distributed group first — over MPI when the profiler
+starts (``mpi.py``). Never at a window boundary: a rank there may be blocked on a peer (a pipeline stage waiting in
+``recv``) that cannot get to the same point.
+
+Rank 0 decides for everyone (:meth:`RunSetup.rank0_run`): the run id (``--run-id``, else ``SLURM_JOB_ID``, else
+``TORCHELASTIC_RUN_ID``, else a new one), a new job identity, the run directory it claims for the job
+(``rundir.py``: a directory another job holds is never written into; the run then goes to ``<run-id>.2``, …), and
+where its clock server listens. Without an agreement the run id still comes from the environment (the same on every
+rank), the job from the launcher's ids, and a job of one process makes its own.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from ..config import ProfileConfig
-from ..storage.writer import remove_orphans
-from . import clock, dist_info
+from ..storage.writer import cause, remove_orphans
+from . import clock, dist_info, rundir
 from .sim import sim_clock, sim_host_index
 
 log = logging.getLogger(__name__)
@@ -51,7 +57,7 @@ def is_distributed() -> bool:
 
 
 class RunSetup:
-    """The agreement (run id, roles, side channel) and the run directory, for one profiler. Thread-safe."""
+    """The agreement (run id, job, roles, clock channel) and the run directory, for one profiler. Thread-safe."""
 
     def __init__(self, config: ProfileConfig, clock_sync: clock.ClockSync) -> None:
         self.config = config
@@ -59,25 +65,73 @@ class RunSetup:
         self.agreement: clock.Agreement | None = None
         self.run_id: str | None = None
         self.run_dir: Path | None = None
+        self.job: rundir.JobIdentity | None = None
+        #: why the run is not under the requested run id ('' when it is), for the closing line
+        self.note = ""
+        #: rank 0 could not claim a run directory: why (every rank then records nothing)
+        self.dir_error: str | None = None
+        self._claim: rundir.Claim | None = None
         self._agreed = threading.Event()
         self._lock = threading.Lock()
         self._local_id: str | None = None
 
     # -- the agreement (a point every rank reaches; blocking) ------------------------------------------------------
     def agree(self, store, rank: int, world_size: int, timeout: timedelta | None = None) -> None:
-        """Agree the run id and host roles with every rank, open the leaders' side channel, start clock sync.
+        """Agree the run id, job and host roles with every rank over the c10d store, then start clock sync.
 
-        `timeout`: how long to wait for the other ranks (default: the store's own, what torch waits for peers).
+        `timeout`: how long to wait for the other ranks (default: the store's own, what torch waits for peers with).
         """
         if self.agreement is not None:
             return
         self.clock.sim = sim_clock(sim_host_index(rank))
+        server: list[clock.ClockServer] = []
+        agreement = clock.agree(store, rank, world_size, dist_info.host_of(rank),
+                                lambda: self.rank0_run(world_size, server), timeout)
+        self.adopt(agreement, server[0] if server else None)
+
+    def rank0_run(self, world_size: int, server_out: list) -> dict:
+        """Rank 0, inside the agreement: the run document every rank takes. Claims the run directory (or says why it
+        cannot), opens the clock server when there are other ranks. Never raises (the others wait for it)."""
+        try:
+            return self._rank0_run(world_size, server_out)
+        except Exception as e:  # noqa: BLE001
+            return {"run_id": self.config.run_id or env_run_id() or clock.new_run_id(),
+                    "error": f"rank 0 could not set the run up ({type(e).__name__}: {e})"}
+
+    def _rank0_run(self, world_size: int, server_out: list) -> dict:
         explicit = self.config.run_id or env_run_id()
-        agreement = clock.agree(store, rank, world_size, dist_info.host_of(rank), explicit, timeout)
-        channel = clock.open_side_channel(store, agreement, timedelta(seconds=self.config.sync_timeout_s))
-        self.agreement = agreement
-        self.clock.start(agreement.roles, channel)
+        run_id = explicit or clock.new_run_id()
+        job = rundir.new_job()
+        doc: dict = {"run_id": run_id, "requested": run_id, "job": job.to_dict()}
+        try:
+            c = rundir.claim(self.config.out, run_id, job)
+            self._claim = c
+            doc.update(run_id=c.run_id, note=c.note())
+        except rundir.ClaimError as e:
+            doc["error"] = str(e)
+        if world_size > 1:
+            try:
+                srv = clock.ClockServer()
+                server_out.append(srv)
+                doc["clock"] = srv.endpoint()
+            except OSError as e:  # no clock samples; the merger aligns from collectives
+                log.warning("distprof: rank 0: cannot open the clock-sync server (%s); hosts will be aligned from "
+                            "collectives", e)
+        return doc
+
+    def adopt(self, agreement: clock.Agreement, server: clock.ClockServer | None) -> None:
+        """Take the agreed run document and start the clock side thread (store or MPI agreement alike)."""
+        run = agreement.run
+        with self._lock:
+            self.agreement = agreement
+            self.run_id = run.get("run_id")
+            self.job = rundir.JobIdentity(**run["job"]) if isinstance(run.get("job"), dict) else None
+            self.note = run.get("note") or ""
+            self.dir_error = run.get("error")
+        self.clock.start(agreement.roles, agreement.rank, server, run.get("clock"))
         self._agreed.set()
+        if self.note and agreement.rank == 0:
+            log.warning("distprof: %s (nothing of the other job's is touched)", self.note)
 
     def agree_with_existing_group(self) -> bool:
         """The profiler starts on a job whose default group exists: agree now (every rank enters the profiler),
@@ -92,6 +146,25 @@ class RunSetup:
                    timedelta(seconds=self.config.sync_timeout_s))
         return True
 
+    def agree_over_mpi(self) -> bool:
+        """An MPI launcher's job with no process group yet (the profiler starts before the script): agree over MPI
+        when mpi4py's world is the job (mpi.py). True when agreed."""
+        import torch.distributed as dist
+
+        if self.agreement is not None or (dist.is_available() and dist.is_initialized()):
+            return False
+        from . import mpi
+
+        comm = mpi.job_world()
+        if comm is None:
+            return False
+        rank = comm.Get_rank()
+        self.clock.sim = sim_clock(sim_host_index(rank))
+        server: list[clock.ClockServer] = []
+        agreement = mpi.agree(comm, dist_info.host_of(rank), lambda: self.rank0_run(comm.Get_size(), server))
+        self.adopt(agreement, server[0] if server else None)
+        return True
+
     def roles(self) -> clock.ClockRoles | None:
         """Host roles: agreed, or this rank alone when the job is one process; None when not (yet) known."""
         if self.agreement is not None:
@@ -101,38 +174,64 @@ class RunSetup:
         return None
 
     # -- the run directory ------------------------------------------------------------------------------------------
-    def _run_id(self, gave_up: bool) -> str | None:
-        if self.agreement is not None:
-            return self.agreement.run_id
+    def give_up_waiting(self) -> None:
+        """The profiler closes: no agreement is coming any more (the job never made a process group distprof saw);
+        a writer waiting for one goes on at once without it."""
+        self._agreed.set()
+
+    def _unagreed_run(self) -> tuple[str, rundir.JobIdentity]:
+        """No agreement: the run id and job from the environment, or this process's own."""
         explicit = self.config.run_id or env_run_id()
-        if explicit:
-            return explicit
-        if is_distributed() and not gave_up:
-            return None
+        if is_distributed() and explicit:
+            # every rank computes the same job: the launcher's ids, else only the run id (then a second job with this
+            # run id cannot be told from this one: nothing to agree through)
+            job = rundir.launcher_job() or rundir.JobIdentity(id=f"unagreed-{explicit}", started="", host="", pid=-1)
+            log.warning("distprof: no run id agreed with the other ranks (the process group was made where distprof "
+                        "could not see it, or there is none); the ranks write to %s/%s as job %s", self.config.out,
+                        explicit, job.id)
+            return explicit, job
         if is_distributed():
             log.warning("distprof: no run id agreed with the other ranks within %.0f s (the process group was made "
                         "where distprof could not see it); this rank writes to its own run directory; pass --run-id "
                         "to keep the ranks together", self.config.sync_timeout_s)
-        self._local_id = self._local_id or clock.new_run_id()
-        return self._local_id
+        self._local_id = self._local_id or explicit or clock.new_run_id()
+        self.job = self.job or rundir.new_job()
+        return self._local_id, self.job
 
     def ensure_run_dir(self, rank: int, *, wait: bool) -> Path | None:
-        """The run directory (created, this rank's orphans removed) once the run id is known; None when not yet.
+        """The run directory (created, this rank's orphans removed) once it is known; None when not yet.
 
-        `wait` (background threads only): wait for the agreement first, bounded by the sync timeout.
+        A job of several ranks learns it from the agreement; `wait` (background threads only) waits for that,
+        bounded by the sync timeout (or until the profiler closes), then goes on without. Raises rundir.ClaimError
+        when no directory can be had (rank 0 could not claim one, or this rank cannot create it).
         """
         if self.run_dir is not None:
             return self.run_dir
-        if wait and self.agreement is None and not (self.config.run_id or env_run_id()) and is_distributed():
+        if self.agreement is None and is_distributed():
+            if not wait:
+                return None
             self._agreed.wait(self.config.sync_timeout_s)
         with self._lock:
             if self.run_dir is not None:
                 return self.run_dir
-            run_id = self._run_id(gave_up=wait)
-            if run_id is None:
-                return None
-            run_dir = Path(self.config.out) / run_id
-            run_dir.mkdir(parents=True, exist_ok=True)
+            if self.dir_error:
+                raise rundir.ClaimError(self.dir_error)
+            if self.agreement is not None:
+                if self._claim is not None:
+                    run_dir = self._claim.run_dir
+                else:  # rank 0 claimed it for the job; here it only has to exist
+                    run_dir = Path(self.config.out) / self.run_id
+                    try:
+                        run_dir.mkdir(parents=True, exist_ok=True)
+                    except OSError as e:
+                        raise rundir.ClaimError(f"cannot create the run directory {run_dir} ({cause(e)})") from None
+            else:
+                run_id, job = self._unagreed_run()
+                c = rundir.claim(self.config.out, run_id, job)
+                self._claim, self.job, self.note = c, job, c.note()
+                if self.note:
+                    log.warning("distprof: rank %d: %s (nothing of the other job's is touched)", rank, self.note)
+                self.run_id, run_dir = c.run_id, c.run_dir
             remove_orphans(run_dir, rank)
-            self.run_id, self.run_dir = run_id, run_dir
+            self.run_dir = run_dir
             return run_dir

@@ -3,7 +3,10 @@
 The training thread only builds a :class:`WindowJob` (torch's results and the little state they need) and queues
 it; :class:`ShardWriter` extracts the events, collects the window's clock samples (waiting for the side thread's
 exchanges, bounded by the sync timeout), summarises the CUDA allocator history, and writes the shard in window
-order. Its failures are reported through `on_error` ("write"), never raised into training.
+order. Nothing it does is raised into training: a window that cannot be stored (no space, the file-size limit, an
+unwritable directory: ``storage.writer`` says which) or extracted is *lost* — reported through `on_lost` with its
+steps and the reason — and the next window is tried as usual. When the file system clearly lacks room for another
+window (less free than the last shard's size above the writer's reserve), the window is not even extracted.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from typing import Any, Callable
 from ..config import ProfileConfig
 from ..events.p2p import P2PCalls
 from ..storage import schema
-from ..storage.writer import write_shard
+from ..storage.writer import ShardWriteError, free_bytes, no_space, reserve_bytes, shard_image, write_durably
 from . import clock, groups
 from .dist_info import RankInfo
 from .extract import extract
 from .memhistory import SNAPSHOT_TEMPLATE, dump_snapshot, summarize_snapshot
+from .rundir import ClaimError
 from .setup import RunSetup
+from .status import LostWindow
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +55,30 @@ class WindowJob:
     memhist: dict[str, Any] | None = None  # {"max_entries", "stacks"} of the history recorder
     p2p_calls: P2PCalls | None = None  # the point-to-point calls since the last window (capture.p2p)
     trigger: dict[str, Any] | None = None  # a triggered window: request_id, reason, plan (capture/trigger.py)
+    steps: tuple[int, int] = (-1, -1)  # first and last step the window was to record (for a lost window's message)
     t_queued: float = field(default_factory=time.perf_counter)
+
+    def lost(self, stage: str, reason: str) -> LostWindow:
+        return LostWindow(self.window, self.steps[0], self.steps[1], stage, reason)
 
 
 class ShardWriter:
-    """One background thread that extracts and writes windows in order; `written` lists what it wrote."""
+    """One background thread that extracts and writes windows in order; `written` lists what it wrote, `lost`
+    what it could not."""
 
     def __init__(self, config: ProfileConfig, setup: RunSetup, clock_sync: clock.ClockSync, *, main_tid: int,
-                 errors: Callable[[], list[dict[str, str]]], on_error: Callable[..., None]) -> None:
+                 errors: Callable[[], list[dict[str, str]]], on_error: Callable[..., None],
+                 on_lost: Callable[[LostWindow], None]) -> None:
         self.config = config
         self.written: list[dict[str, Any]] = []
+        self.lost: list[LostWindow] = []
         self._setup = setup
         self._clock = clock_sync
         self._main_tid = main_tid
         self._errors = errors
         self._on_error = on_error
+        self._on_lost = on_lost
+        self._last_size = 0  # bytes of the last shard built: what the next one likely needs
         self._q: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="distprof-writer", daemon=True)
         self._thread.start()
@@ -72,10 +86,54 @@ class ShardWriter:
     def submit(self, job: WindowJob) -> None:
         self._q.put(job)
 
-    def close(self, timeout: float | None = 120.0) -> bool:
+    def drain(self, timeout: float) -> bool:
+        """Wait until every window queued so far is written or lost (at most `timeout` s). True when done."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._q.all_tasks_done:
+            while self._q.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._q.all_tasks_done.wait(min(left, 0.25))
+        return True
+
+    def close(self, timeout: float | None = 120.0, *, why: str = "") -> bool:
+        """Finish the queued windows and stop (at most `timeout` s). Windows still queued then are lost (`why`)."""
         self._q.put(None)
         self._thread.join(timeout)
-        return not self._thread.is_alive()
+        if not self._thread.is_alive():
+            return True
+        self.abandon(why or f"not written within {timeout:.0f} s of the close")
+        return False
+
+    def abandon(self, why: str) -> list[LostWindow]:
+        """The windows still queued (not the one being written now) are lost, for `why`."""
+        out = []
+        while True:
+            try:
+                job = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self._q.put(None)  # keep the stop request for the thread
+                self._q.task_done()
+                break
+            out.append(job.lost("deadline", why))
+            self._q.task_done()
+        for lw in out:
+            self._lose(lw)
+        return out
+
+    @property
+    def busy_window(self) -> int | None:
+        """The window being written now, if any."""
+        return self._current
+
+    _current: int | None = None
+
+    def _lose(self, lw: LostWindow) -> None:
+        self.lost.append(lw)
+        self._on_lost(lw)
 
     def _run(self) -> None:
         try:  # Linux: a per-thread nice value, so extraction yields the CPU to training
@@ -85,17 +143,43 @@ class ShardWriter:
         while True:
             job = self._q.get()
             if job is None:
+                self._q.task_done()
                 return
+            self._current = job.window
             try:
                 self._write(job)
+            except (ShardWriteError, ClaimError) as e:
+                self._lose(job.lost("write", getattr(e, "reason", None) or str(e)))
             except BaseException as e:  # noqa: BLE001 -- reported, never raised into training
-                self._on_error("write", e)
+                self._lose(job.lost("write", f"{type(e).__name__}: {e}"))
+            finally:
+                self._current = None
+                job.results = None  # torch's events: freed now, not when the queue forgets the job
+                self._q.task_done()
+
+    def _room_for(self, run_dir) -> str | None:
+        """Why there is clearly no room for a window like the last one (None: try)."""
+        if not self._last_size:
+            return None
+        try:
+            avail, size = free_bytes(run_dir)
+        except OSError:
+            return None  # write_durably says why
+        if avail >= self._last_size + reserve_bytes(size):
+            return None
+        return no_space(run_dir, self._last_size, avail, size, estimated=True) + " (the last window's size; not extracted)"
 
     def _write(self, job: WindowJob) -> None:
         """Extract the window's events and write its shard."""
         t0 = time.perf_counter()
         info = job.info
         run_dir = self._setup.ensure_run_dir(info.rank, wait=True)
+        if run_dir is None:
+            raise ClaimError("no run id was agreed with the other ranks")
+        no_room = self._room_for(run_dir)
+        if no_room:
+            self._clock.take(job.window)  # forget its samples
+            raise ShardWriteError(run_dir, no_room)
         ex = extract(
             job.results.events(),
             main_tid=self._main_tid,
@@ -130,6 +214,7 @@ class ShardWriter:
         attrs: dict[str, Any] = {
             **info.attrs(),
             "run_id": self._setup.run_id,
+            **({"job": self._setup.job.to_dict()} if self._setup.job is not None else {}),
             "backend": job.backend,
             "backend_config": job.backend_config,
             "process_groups": job.process_groups,
@@ -148,7 +233,7 @@ class ShardWriter:
             "clock_leader": roles.leader_of_me if roles else info.rank,
             "clock_reference": roles.reference if roles else 0,
             "created_ns": time.time_ns(),
-            "timings": timings,  # write_shard adds write_s
+            "timings": timings,  # the writer adds write_s (compression + HDF5, in memory)
         }
         if job.trigger is not None:
             attrs["trigger"] = job.trigger
@@ -156,11 +241,19 @@ class ShardWriter:
             attrs["memory_history"] = mem_attr
             timings["memhist_s"] = mem_attr.pop("summary_s")
         path = run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=job.window)
-        size = write_shard(path, tables, strings, attrs, codec=self.config.codec)
+        t2 = time.perf_counter()
+        image = shard_image(tables, strings, attrs, codec=self.config.codec)
+        self._last_size = len(image)
+        n_events = ex.stats["n_events"]
+        del tables, ex
+        t3 = time.perf_counter()
+        size = write_durably(path, image)
+        timings["build_s"] = round(t3 - t2, 6)
+        timings["disk_s"] = round(time.perf_counter() - t3, 6)
         durable = time.perf_counter() - job.t_queued
         self.written.append({"window": job.window, "path": str(path), "bytes": size, "steps": steps,
                              "complete": job.complete, **timings, "durable_after_s": round(durable, 6)})
-        log.info("distprof: rank %d wrote %s (%d events, %.1f KB)", info.rank, path, ex.stats["n_events"], size / 1e3)
+        log.info("distprof: rank %d wrote %s (%d events, %.1f KB)", info.rank, path, n_events, size / 1e3)
 
     @staticmethod
     def _memory_tables(job: WindowJob, snap: dict, run_dir, steps: dict, strings: list[str]) -> tuple[dict, dict]:

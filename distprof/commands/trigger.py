@@ -40,7 +40,8 @@ def register(sub) -> None:
     )
     p.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
                    help="the job's <out>/<run-id> folder (or give --job)")
-    p.add_argument("--job", metavar="ID", help="the run id (Slurm: the job id): RUN_DIR is OUT/ID")
+    p.add_argument("--job", metavar="ID", help="the run id (Slurm: the job id): RUN_DIR is OUT/ID, or the latest "
+                                                  "OUT/ID.N a later job with that id took")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="the job's --out, with --job [DISTPROF_OUT, else distprof]")
     p.add_argument("--steps", metavar="N", type=int, default=None,
@@ -88,8 +89,10 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _run_dir(args: argparse.Namespace) -> Path:
     if args.job is not None:
+        from ..capture.rundir import latest_run_dir
+
         out = args.out or os.environ.get("DISTPROF_OUT") or "distprof"
-        return Path(out) / args.job
+        return latest_run_dir(out, args.job)  # a later job step with this id took <id>.2, ... (capture/rundir.py)
     return Path(args.run_dir)
 
 

@@ -1,11 +1,17 @@
-"""Write one shard file atomically: temporary name, fsync, rename.
+"""Write one shard file so that a failure can neither crash the process nor leave a partial file under a final name.
 
-A crash while writing leaves at most an orphan ``*.tmp`` (removed by the next writer in that
-directory), never a partial file under a final name.
+The shard is built in memory by HDF5 (the core driver without a backing store: no HDF5 call ever touches the disk,
+so a full disk cannot reach HDF5's error paths, which are not safe on ENOSPC -- a segfault in ``File.close()`` was
+measured), then its bytes are written by :func:`write_durably`: free space checked first (``os.statvfs``), a
+temporary file written with plain ``os.write`` calls, fsynced, its size verified, renamed. A crash while writing
+leaves at most an orphan ``*.tmp`` (removed by the next writer in that directory), never a partial file under a
+final name. Every failure to store is a :class:`ShardWriteError` saying why in words (no space, the file-size limit,
+a read-only file system), with nothing left behind.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -23,6 +29,20 @@ log = logging.getLogger(__name__)
 CODECS = ("zstd", "gzip")
 #: HDF5 1.14 readers (PyTables, h5dump 1.14) must open what we write: never libver 'latest' (= v200 on HDF5 2.0).
 LIBVER = ("earliest", "v114")
+#: The core driver grows its in-memory image by this much at a time.
+_CORE_BLOCK = 1 << 20
+#: A file is written only when the file system keeps this much free after it: 1 % of its size, at most 256 MiB
+#: (the job's own checkpoints and logs need the space more than a profile does).
+RESERVE_FRACTION, RESERVE_MAX = 0.01, 256 << 20
+
+
+class ShardWriteError(OSError):
+    """A file could not be stored; ``reason`` says why in words (``no space left on /out: 1.2 MB needed, ...``)."""
+
+    def __init__(self, path: os.PathLike | str, reason: str, err: int | None = None):
+        super().__init__(err or 0, f"{path}: {reason}")
+        self.path = Path(path)
+        self.reason = reason
 
 
 def _filter_kwargs(codec: str) -> dict[str, Any]:
@@ -59,6 +79,41 @@ def _attr_value(key: str, value: Any) -> Any:
     return value
 
 
+def populate(f: h5py.File, tables: Mapping[str, Mapping[str, np.ndarray]], strings: list[str],
+             attrs: Mapping[str, Any], codec: str) -> None:
+    """Fill an open, empty HDF5 file with a shard's attributes, strings and tables (``timings.write_s`` added)."""
+    filt = _filter_kwargs(codec)
+    f.attrs["format"] = schema.FORMAT_NAME
+    f.attrs["schema_version"] = schema.SCHEMA_VERSION
+    f.attrs["codec"] = codec
+    for key, value in attrs.items():
+        try:
+            f.attrs[key] = _attr_value(key, value)
+        except TypeError as e:
+            raise TypeError(f"shard attribute {key!r} = {value!r}: {e}") from None
+    f.create_dataset(
+        "strings/names",
+        data=np.array(strings, dtype=h5py.string_dtype("utf-8")),
+        dtype=h5py.string_dtype("utf-8"),
+    )
+    t0 = time.perf_counter()
+    for name, columns in tables.items():
+        _write_table(f.require_group(name), columns, filt)
+    timings = dict(attrs.get("timings") or {})
+    timings["write_s"] = round(time.perf_counter() - t0, 6)  # compression + HDF5 (in memory)
+    f.attrs["timings"] = json.dumps(timings)
+
+
+def shard_image(tables: Mapping[str, Mapping[str, np.ndarray]], strings: list[str], attrs: Mapping[str, Any],
+                codec: str = "zstd") -> bytes:
+    """A complete shard file's bytes, built in memory (HDF5's core driver, no backing store: nothing on disk)."""
+    with h5py.File(f"distprof-shard-{os.getpid()}-{time.perf_counter_ns()}.h5", "w", driver="core",
+                   backing_store=False, block_size=_CORE_BLOCK, libver=LIBVER, track_order=False) as f:
+        populate(f, tables, strings, attrs, codec)
+        f.flush()
+        return f.id.get_file_image()
+
+
 def write_shard(
     path: str | os.PathLike,
     tables: Mapping[str, Mapping[str, np.ndarray]],
@@ -66,39 +121,103 @@ def write_shard(
     attrs: Mapping[str, Any],
     codec: str = "zstd",
 ) -> int:
-    """Write a complete shard to `path` (tmp → fsync → rename). Returns its size in bytes."""
+    """Write a complete shard to `path` (in memory, then :func:`write_durably`). Returns its size in bytes.
+
+    Raises ShardWriteError when the file system cannot take it (nothing written), ValueError/TypeError for tables
+    or attributes that do not fit the schema."""
+    return write_durably(path, shard_image(tables, strings, attrs, codec))
+
+
+def free_bytes(directory: str | os.PathLike) -> tuple[int, int]:
+    """(bytes an unprivileged writer may still use, the file system's size) for the file system of `directory`."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def reserve_bytes(fs_size: int) -> int:
+    """Bytes a write leaves free on a file system of `fs_size` bytes."""
+    return min(RESERVE_MAX, int(fs_size * RESERVE_FRACTION))
+
+
+def human_bytes(n: int) -> str:
+    """1234567 -> '1.23 MB', 4096 -> '4.1 kB', 12 -> '12 bytes'."""
+    if n >= 1_000_000:
+        return f"{n / 1e6:.2f} MB"
+    return f"{n / 1e3:.1f} kB" if n >= 1000 else f"{n} bytes"
+
+
+def no_space(directory: Path, size: int, avail: int, fs_size: int, *, estimated: bool = False) -> str:
+    """The reason a file of `size` bytes is not written for lack of space, in words (one format for every case)."""
+    return (f"not enough space on {directory}: {human_bytes(avail)} free, {'about ' if estimated else ''}"
+            f"{human_bytes(size)} to write and {human_bytes(reserve_bytes(fs_size))} kept free for the job")
+
+
+#: errno -> what it means for a file being written, in words
+_CAUSES = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file-size limit reached (ulimit -f / RLIMIT_FSIZE)",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EIO: "I/O error",
+}
+
+
+def cause(e: OSError) -> str:
+    """An OSError while storing a file, in words."""
+    return _CAUSES.get(e.errno, e.strerror or type(e).__name__)
+
+
+def write_durably(path: str | os.PathLike, data: bytes | memoryview) -> int:
+    """Store `data` at `path`: free space checked, written to ``path.tmp`` with os.write, fsynced, size verified,
+    renamed, directory fsynced. Returns the size. On any failure the temporary is removed and ShardWriteError says
+    why; a file already at `path` is then untouched."""
     path = Path(path)
-    tmp = path.with_name(path.name + schema.TMP_SUFFIX)
-    filt = _filter_kwargs(codec)
+    size = len(data)
     try:
-        with h5py.File(tmp, "w", libver=LIBVER, track_order=False) as f:
-            f.attrs["format"] = schema.FORMAT_NAME
-            f.attrs["schema_version"] = schema.SCHEMA_VERSION
-            f.attrs["codec"] = codec
-            for key, value in attrs.items():
-                try:
-                    f.attrs[key] = _attr_value(key, value)
-                except TypeError as e:
-                    raise TypeError(f"shard attribute {key!r} = {value!r}: {e}") from None
-            f.create_dataset(
-                "strings/names",
-                data=np.array(strings, dtype=h5py.string_dtype("utf-8")),
-                dtype=h5py.string_dtype("utf-8"),
-            )
-            t0 = time.perf_counter()
-            for name, columns in tables.items():
-                _write_table(f.require_group(name), columns, filt)
-            timings = dict(attrs.get("timings") or {})
-            timings["write_s"] = round(time.perf_counter() - t0, 6)  # compression + HDF5 writes
-            f.attrs["timings"] = json.dumps(timings)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
+        avail, fs_size = free_bytes(path.parent)
+    except OSError as e:
+        raise ShardWriteError(path, f"cannot reach {path.parent} ({cause(e)})", e.errno) from None
+    if avail < size + reserve_bytes(fs_size):
+        raise ShardWriteError(path, no_space(path.parent, size, avail, fs_size), errno.ENOSPC)
+    tmp = path.with_name(path.name + schema.TMP_SUFFIX)
+    fd = -1
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < size:
+            n = os.write(fd, view[done:done + (8 << 20)])
+            if n <= 0:
+                raise OSError(errno.EIO, "write returned 0")
+            done += n
+        os.fsync(fd)
+        written = os.fstat(fd).st_size
+        if written != size:
+            raise OSError(errno.EIO, f"{written} of {size} bytes on disk after fsync")
+        os.close(fd)
+        fd = -1
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+    except OSError as e:
+        if fd >= 0:
+            os.close(fd)
+        _unlink(tmp)
+        raise ShardWriteError(path, f"{cause(e)} in {path.parent}: {human_bytes(size)} not written", e.errno) from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if fd >= 0:
+            os.close(fd)
+        _unlink(tmp)
         raise
-    return path.stat().st_size
+    _fsync_dir(path.parent)
+    return size
+
+
+def _unlink(p: Path) -> None:
+    try:
+        p.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _fsync_dir(directory: Path) -> None:
