@@ -77,10 +77,13 @@ def _replace(name: str, make: Callable[[h5py.Dataset], np.ndarray]) -> Callable[
     return _edit(fn)
 
 
-def _garbage_from(offset: int) -> Callable[[Path], None]:
-    """Deterministic random bytes over the file from `offset` on (a valid HDF5 header before it)."""
+def _garbage_from(at: int | float) -> Callable[[Path], None]:
+    """Deterministic random bytes over the file from `at` on (a byte offset, or a share of the file's size; a valid
+    HDF5 header before it)."""
     def apply(path: Path) -> None:
         b = path.read_bytes()
+        offset = int(len(b) * at) if isinstance(at, float) else at
+        assert offset < len(b), f"{path} has {len(b)} bytes: nothing to damage from {offset}"
         rnd = random.Random(offset)
         path.write_bytes(b[:offset] + bytes(rnd.randrange(256) for _ in range(len(b) - offset)))
     return apply
@@ -168,6 +171,8 @@ def _other_run(path: Path) -> None:
 
 
 L = re.escape  # a literal phrase as a pattern
+#: garbage over HDF5's metadata: caught by its checksums (superblock v3) or as damaged data, either said in words
+_DAMAGED = "damaged HDF5|the shard is damaged"
 
 
 def _full(value: int, dtype: str) -> Callable[[h5py.Dataset], np.ndarray]:
@@ -177,9 +182,9 @@ def _full(value: int, dtype: str) -> Callable[[h5py.Dataset], np.ndarray]:
 #: kind -> how to make it and what its one-line reason says.
 BAD_SHARDS: dict[str, BadKind] = {
     # measured in issue 10 (each raised a traceback or a misleading message before)
-    "garbage_after_header_8k": BadKind(_garbage_from(8192), L("damaged HDF5")),
-    "garbage_after_header_20k": BadKind(_garbage_from(20000), L("damaged HDF5")),
-    "garbage_after_header_50k": BadKind(_garbage_from(50000), L("damaged HDF5")),
+    "garbage_after_header_8k": BadKind(_garbage_from(8192), _DAMAGED),
+    "garbage_after_header_16k": BadKind(_garbage_from(16384), _DAMAGED),
+    "garbage_last_fifth": BadKind(_garbage_from(0.8), _DAMAGED),
     "no_strings": BadKind(_del("strings"), L("no string table /strings/names")),
     "window_is_a_string": BadKind(_attr("window", "abc"), L("attribute 'window' is str 'abc', not an integer")),
     "float_ids": BadKind(_replace("events/name_id", lambda d: d[()].astype("f8") + 0.5),
