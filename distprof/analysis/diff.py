@@ -54,6 +54,7 @@ class DiffRules:
     floor_pct: float = 5.0  # least band, % of A's step time (comparisons: of their A value)
     top_ops: int = 10  # ops listed
     top_parts: int = 8  # rank / collective parts listed (the rest summed into one part)
+    op_floor_pct: float = 1.0  # an op's least band, % of A's step time (a 10 us change is not worth naming)
 
 
 @dataclass
@@ -257,8 +258,9 @@ def _lateness(a: RunSummary, b: RunSummary) -> dict[str, Any]:
                        "lateness_b_ms": (lb.get(r) or {}).get("mean_lateness_ms")} for r in named]}
 
 
-def diff_runs(a: RunSummary, b: RunSummary, *, rules: DiffRules | None = None) -> RunDiff:
-    """Compare run `b` with run `a` (see the module docstring)."""
+def diff_runs(a: RunSummary, b: RunSummary, *, rules: DiffRules | None = None,
+              labels: tuple[str, str] | None = None) -> RunDiff:
+    """Compare run `b` with run `a` (see the module docstring); `labels` name them (default: their run ids)."""
     rules = rules or DiffRules()
     ra, rb = _Run(a), _Run(b)
     base = float(ra.step_ms.mean()) if ra.step_ms.size else 0.0
@@ -278,14 +280,15 @@ def diff_runs(a: RunSummary, b: RunSummary, *, rules: DiffRules | None = None) -
     memory = [_rel_floor(p, rules) for p in memory]
     flops = _flops(a, b, ra, rb, rules)
     lat = _lateness(a, b)
-    d = RunDiff(a.run_id, b.run_id, a.world_size, b.world_size, step, splits, ops, memory, flops, lat, "", rules)
+    la, lb = labels or (a.run_id, b.run_id)
+    d = RunDiff(la, lb, a.world_size, b.world_size, step, splits, ops, memory, flops, lat, "", rules)
     d.verdict = verdict(d)
     return d
 
 
-def _rel_floor(p: Part, rules: DiffRules) -> Part:
-    """A comparison's band: at least floor_pct % of its A value."""
-    floor = rules.floor_pct / 100.0 * abs(p.a or 0.0)
+def _rel_floor(p: Part, rules: DiffRules, least: float = 0.0) -> Part:
+    """A comparison's band: at least floor_pct % of its A value (and `least`)."""
+    floor = max(rules.floor_pct / 100.0 * abs(p.a or 0.0), least)
     if p.band < floor:
         p.band = floor
         p.significant = bool(abs(p.delta) > floor and p.delta != 0.0)
@@ -294,11 +297,12 @@ def _rel_floor(p: Part, rules: DiffRules) -> Part:
 
 def _ops(ra: _Run, rb: _Run, rules: DiffRules) -> list[Part]:
     sa, sb = ra.op_series(), rb.op_series()
+    base = float(ra.step_ms.mean()) if ra.step_ms.size else 0.0
     out = []
     for nm in set(sa) | set(sb):
         a_ms, a_calls = sa.get(nm, (None, None))
         b_ms, b_calls = sb.get(nm, (None, None))
-        p = _rel_floor(_part(nm, a_ms, b_ms, 0.0, rules), rules)
+        p = _rel_floor(_part(nm, a_ms, b_ms, 0.0, rules), rules, rules.op_floor_pct / 100.0 * base)
         ca = float(a_calls.mean()) if a_calls is not None and a_calls.size else 0.0
         cb = float(b_calls.mean()) if b_calls is not None and b_calls.size else 0.0
         p.extra = {"calls_a": ca, "calls_b": cb,

@@ -10,7 +10,8 @@ Changes (each optionally limited to some ``ranks``):
 
 * :class:`Straggler` — the ranks' work at their peers' median: each work segment before a collective becomes the
   median of the same segment (before the same instance) on the instance's other members, the tail after the last
-  sync the median of the other ranks' tails in that step; segments before point-to-point events (pipeline stages
+  sync the median of the other ranks' tails in that step — where that is shorter (a segment in which the rank was
+  faster than its peers stays as it was); segments before point-to-point events (pipeline stages
   do different work) are scaled by the ratio of those medians to the rank's own. The replay then starts every
   collective at its new latest arrival: the waiting the straggler caused on the others goes too.
 * :class:`OverlapComm` — exposed communication fully overlapped: every transfer (an event's time after its last
@@ -174,13 +175,13 @@ def _straggler(g: StepGraph, c: Change) -> StepGraph:
     med = group_median(g.ev_group[peers], g.ev_gap[peers], g.n_groups) if g.n_groups else np.zeros(0)
     mine = coll & who_ev
     m = med[g.ev_group[mine]] if mine.any() else np.zeros(0)
-    gap[mine] = np.where(np.isnan(m), gap[mine], m)
+    gap[mine] = np.where(np.isnan(m), gap[mine], np.minimum(gap[mine], m))
     steps, si = np.unique(g.rs_step, return_inverse=True)
     si = si.reshape(-1)
     tmed = group_median(si[~who_rs], g.rs_tail[~who_rs], steps.size) if (~who_rs).any() else \
         np.full(steps.size, np.nan)
     t = tmed[si[who_rs]]
-    tail[who_rs] = np.where(np.isnan(t), tail[who_rs], t)
+    tail[who_rs] = np.where(np.isnan(t), tail[who_rs], np.minimum(tail[who_rs], t))
     # point-to-point segments: scaled by the rank-step's ratio of new to old (collective and tail) work
     p2p = who_ev & ((g.ev_kind == KIND_SEND) | (g.ev_kind == KIND_RECV))
     if p2p.any():
