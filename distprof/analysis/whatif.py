@@ -11,7 +11,9 @@ Changes (each optionally limited to some ``ranks``):
 * :class:`Straggler` — the ranks' work at their peers' median: each work segment before a collective becomes the
   median of the same segment (before the same instance) on the instance's other members, the tail after the last
   sync the median of the other ranks' tails in that step — where that is shorter (a segment in which the rank was
-  faster than its peers stays as it was); segments before point-to-point events (pipeline stages
+  faster than its peers stays as it was; a peer's segment that is only a hand-over from the previous event's end,
+  shorter than ``HANDOFF_NS``, is not counted: its communication thread was still busy, the work it did meanwhile is
+  hidden in that wait); segments before point-to-point events (pipeline stages
   do different work) are scaled by the ratio of those medians to the rank's own. The replay then starts every
   collective at its new latest arrival: the waiting the straggler caused on the others goes too.
 * :class:`OverlapComm` — exposed communication fully overlapped: every transfer (an event's time after its last
@@ -42,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
-from .critical_path import (KIND_COLL, KIND_RECV, KIND_SEND, NS_PER_MS, StepGraph, group_median, replay,
+from .critical_path import (KIND_COLL, KIND_RECV, KIND_SEND, LINK_END, NS_PER_MS, StepGraph, group_median, replay,
                             step_graph)
 
 if TYPE_CHECKING:
@@ -58,7 +60,14 @@ __all__ = ["Change", "Straggler", "OverlapComm", "FasterCollective", "NoIdle", "
 class Change:
     """A change to replay; ``ranks`` limits it (None: every rank)."""
 
-    ranks: tuple[int, ...] | None = None
+    ranks: tuple[int, ...] | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.ranks is not None:
+            object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
+        f = getattr(self, "factor", None)
+        if f is not None and not (isinstance(f, (int, float)) and f > 0 and np.isfinite(f)):
+            raise ValueError(f"{type(self).__name__}: factor {f!r} must be a positive finite number")
 
     def describe(self) -> str:  # pragma: no cover - every change overrides it
         raise NotImplementedError
@@ -74,6 +83,11 @@ class Change:
 
 @dataclass(frozen=True)
 class Straggler(Change):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.ranks:
+            raise ValueError("Straggler: name the straggling rank(s), e.g. Straggler(ranks=(3,))")
+
     def describe(self) -> str:
         from .names import rank_ranges
 
@@ -115,13 +129,6 @@ class FasterOp(Change):
 
     def describe(self) -> str:
         return f"{self.name} {self.factor:g}x faster" + self._where()
-
-
-def _check_factor(c: Change) -> None:
-    for attr in ("factor",):
-        f = getattr(c, attr, None)
-        if f is not None and not (f > 0 and np.isfinite(f)):
-            raise ValueError(f"{type(c).__name__}.factor {f!r}: must be a positive finite number")
 
 
 @dataclass
@@ -166,12 +173,20 @@ def _remove_work(g: StepGraph, remove_ms: np.ndarray) -> tuple[np.ndarray, np.nd
     return g.ev_gap * (keep[g.ev_rs] if g.n_events else 1.0), g.rs_tail * keep
 
 
+#: A segment this short after the previous event's end is a hand-over (the event queued behind the previous one on
+#: the communication thread or stream), not work.
+HANDOFF_NS = 200_000
+
+
 def _straggler(g: StepGraph, c: Change) -> StepGraph:
     who_ev = c._mask(g.ev_rank)
     who_rs = c._mask(g.rs_rank)
     gap, tail = g.ev_gap.copy(), g.rs_tail.copy()
     coll = g.ev_kind == KIND_COLL
-    peers = coll & ~who_ev
+    # a peer's segment that only hands its arrival over from the previous event's end (its communication thread or
+    # stream was busy: the work it did meanwhile is hidden there) says nothing about how long the work takes
+    handoff = (g.ev_link == LINK_END) & (g.ev_gap < HANDOFF_NS)
+    peers = coll & ~who_ev & ~handoff
     med = group_median(g.ev_group[peers], g.ev_gap[peers], g.n_groups) if g.n_groups else np.zeros(0)
     mine = coll & who_ev
     m = med[g.ev_group[mine]] if mine.any() else np.zeros(0)
@@ -229,7 +244,6 @@ def _op_ms(run: RunSummary, g: StepGraph, name: str) -> np.ndarray:
 
 def apply(run: RunSummary, g: StepGraph, c: Change) -> StepGraph:
     """The graph with change `c` applied to its segments."""
-    _check_factor(c)
     if isinstance(c, Straggler):
         return _straggler(g, c)
     if isinstance(c, (OverlapComm, FasterCollective)):
