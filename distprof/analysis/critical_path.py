@@ -232,28 +232,45 @@ def step_graph(run: RunSummary) -> StepGraph:
     return g
 
 
-def _starts(g: StepGraph, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """S of every event from the arrivals `a`, and the event whose arrival set it."""
+def _group_order(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
+    """Collective events sorted by group, and where each group begins (computed once per graph)."""
+    cached = getattr(g, "_order", None)
+    if cached is None:
+        idx = np.flatnonzero(g.ev_group >= 0)
+        idx = idx[np.argsort(g.ev_group[idx], kind="stable")]
+        gg = g.ev_group[idx]
+        bounds = np.flatnonzero(np.r_[True, gg[1:] != gg[:-1]]) if idx.size else np.zeros(0, np.int64)
+        cached = (idx, bounds)
+        g._order = cached
+    return cached
+
+
+def _starts(g: StepGraph, a: np.ndarray, *, who: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """S of every event from the arrivals `a`, and (`who`) the event whose arrival set it."""
     n = a.size
     s = a.copy()
-    who = np.arange(n)
-    coll = g.ev_group >= 0
-    if coll.any():
-        idx = np.flatnonzero(coll)
-        gg = g.ev_group[idx]
-        o = np.lexsort((a[idx], gg))
-        last_pos = np.r_[gg[o][1:] != gg[o][:-1], True]
-        latest = np.full(g.n_groups, -1, np.int64)
-        latest[gg[o][last_pos]] = idx[o][last_pos]
-        who[idx] = latest[gg]
-        s[idx] = a[who[idx]]
+    last = np.arange(n) if who else None
+    idx, bounds = _group_order(g)
+    if idx.size:
+        av = a[idx]
+        latest = np.maximum.reduceat(av, bounds)
+        counts = np.diff(np.r_[bounds, idx.size])
+        s[idx] = np.repeat(latest, counts)
+        if who:
+            gpos = np.repeat(np.arange(bounds.size), counts)
+            hit = av == latest[gpos]
+            first_hit = np.full(bounds.size, -1, np.int64)
+            rev = np.flatnonzero(hit)[::-1]  # the first member (by group order) arriving at the latest time wins
+            first_hit[gpos[rev]] = idx[rev]
+            last[idx] = first_hit[gpos]
     rv = np.flatnonzero((g.ev_kind == KIND_RECV) & (g.ev_partner >= 0))
     if rv.size:
         snd = g.ev_partner[rv]
-        later = a[snd] > a[rv]
-        who[rv[later]] = snd[later]
+        if who:
+            later = a[snd] > a[rv]
+            last[rv[later]] = snd[later]
         s[rv] = np.maximum(a[rv], a[snd])
-    return s, who
+    return s, last
 
 
 def replay(g: StepGraph, *, max_passes: int | None = None) -> Replay:
@@ -264,10 +281,9 @@ def replay(g: StepGraph, *, max_passes: int | None = None) -> Replay:
     start_of = g.rs_start[g.ev_rs] if n else np.zeros(0)
     prev = np.maximum(g.ev_prev, 0)
     converged, passes = n == 0, 0
-    s, who, z = a, np.arange(n), a
     while passes < limit:
         passes += 1
-        s, who = _starts(g, a)
+        s, _ = _starts(g, a, who=False)
         z = s + g.ev_transfer
         anchor = np.where(g.ev_link == LINK_START, start_of, np.where(g.ev_link == LINK_END, z[prev], a[prev]))
         a_new = anchor + g.ev_gap

@@ -8,13 +8,17 @@ faster the step would be.
 
 Changes (each optionally limited to some ``ranks``):
 
-* :class:`Straggler` — the ranks' work at their peers' median: each work segment before a collective becomes the
-  median of the same segment (before the same instance) on the instance's other members, the tail after the last
-  sync the median of the other ranks' tails in that step — where that is shorter (a segment in which the rank was
-  faster than its peers stays as it was; a peer's segment that is only a hand-over from the previous event's end,
-  shorter than ``HANDOFF_NS``, is not counted: its communication thread was still busy, the work it did meanwhile is
-  hidden in that wait); segments before point-to-point events (pipeline stages
-  do different work) are scaled by the ratio of those medians to the rank's own. The replay then starts every
+* :class:`Straggler` — the ranks' work at their peers' median: each work segment before a collective is compared
+  with the median of the same segment (before the same instance) on the instance's other members, the tail after
+  the last sync with the median of the other ranks' tails in that step; the rank's systematic excess (per segment
+  position in the step, the median over steps of own − peers', where positive) is taken off each step's segment, so
+  its step-to-step noise stays, as it would in a run without the delay (taking the peers' median itself would
+  replace two noisy ranks by one, and the step, a maximum over ranks, would come out too short). A peer's segment
+  that is only a hand-over from the previous event's end, shorter than ``HANDOFF_NS``, is not counted: its
+  communication thread was still busy, the work it did meanwhile is hidden in that wait. Segments before
+  point-to-point events (pipeline stages do different work) are scaled by the ratio of the rank-step's new
+  collective-and-tail work to its old one (in a pure pipeline: the peers' median work per step to its own).
+  The replay then starts every
   collective at its new latest arrival: the waiting the straggler caused on the others goes too.
 * :class:`OverlapComm` — exposed communication fully overlapped: every transfer (an event's time after its last
   member arrived) takes no step time; the collective still waits for its latest member.
@@ -178,6 +182,19 @@ def _remove_work(g: StepGraph, remove_ms: np.ndarray) -> tuple[np.ndarray, np.nd
 HANDOFF_NS = 200_000
 
 
+def _less_excess(own: np.ndarray, ref: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """`own` less its systematic excess over `ref` (NaN: no reference): per `key`, the median over its rows of
+    own − ref, where positive."""
+    ok = np.isfinite(ref)
+    if not ok.any():
+        return own
+    _, k = np.unique(key, return_inverse=True)
+    k = k.reshape(-1)
+    e = group_median(k[ok], (own - ref)[ok], int(k.max()) + 1)
+    e = np.where(np.isfinite(e), np.maximum(e, 0.0), 0.0)
+    return np.maximum(own - e[k], 0.0)
+
+
 def _straggler(g: StepGraph, c: Change) -> StepGraph:
     who_ev = c._mask(g.ev_rank)
     who_rs = c._mask(g.rs_rank)
@@ -188,15 +205,18 @@ def _straggler(g: StepGraph, c: Change) -> StepGraph:
     handoff = (g.ev_link == LINK_END) & (g.ev_gap < HANDOFF_NS)
     peers = coll & ~who_ev & ~handoff
     med = group_median(g.ev_group[peers], g.ev_gap[peers], g.n_groups) if g.n_groups else np.zeros(0)
-    mine = coll & who_ev
-    m = med[g.ev_group[mine]] if mine.any() else np.zeros(0)
-    gap[mine] = np.where(np.isnan(m), gap[mine], np.minimum(gap[mine], m))
+    mine = np.flatnonzero(coll & who_ev)
+    m = med[g.ev_group[mine]] if mine.size else np.zeros(0)
+    # the rank's systematic excess per segment (its position in the rank-step), the median over steps of
+    # (own − peers' median), is taken off every step's segment: its step-to-step noise stays, as it would
+    first = np.r_[0, np.flatnonzero(g.ev_rs[1:] != g.ev_rs[:-1]) + 1] if g.n_events else np.zeros(0, np.int64)
+    pos = np.arange(g.n_events) - np.repeat(first, np.diff(np.r_[first, g.n_events]))
+    gap[mine] = _less_excess(g.ev_gap[mine], m, g.ev_rank[mine] * (int(pos.max(initial=0)) + 1) + pos[mine])
     steps, si = np.unique(g.rs_step, return_inverse=True)
     si = si.reshape(-1)
     tmed = group_median(si[~who_rs], g.rs_tail[~who_rs], steps.size) if (~who_rs).any() else \
         np.full(steps.size, np.nan)
-    t = tmed[si[who_rs]]
-    tail[who_rs] = np.where(np.isnan(t), tail[who_rs], np.minimum(tail[who_rs], t))
+    tail[who_rs] = _less_excess(g.rs_tail[who_rs], tmed[si[who_rs]], g.rs_rank[who_rs])
     # point-to-point segments: scaled by the rank-step's ratio of new to old (collective and tail) work
     p2p = who_ev & ((g.ev_kind == KIND_SEND) | (g.ev_kind == KIND_RECV))
     if p2p.any():
