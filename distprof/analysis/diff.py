@@ -200,25 +200,26 @@ class _Run:
         return out
 
     def op_series(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Per op name: per step the mean over ranks of its own time (ms) and of its calls."""
-        ms: dict[str, np.ndarray] = {}
-        calls: dict[str, np.ndarray] = {}
-        nr = np.bincount(self.si, minlength=self.steps.size).astype(np.float64)
-        for s in self.run.ranks.values():
+        """Per op name: per step the mean over ranks of its own time (ms) and of its calls (one bincount per rank
+        into a names × steps grid; no loop over names)."""
+        ranks = [s for s in self.run.ranks.values() if s.op_totals["name"].size]
+        if not ranks or not self.steps.size:
+            return {}
+        names = np.unique(np.concatenate([np.asarray(s.op_names, dtype=object) for s in ranks]))
+        ns = self.steps.size
+        ms = np.zeros(names.size * ns)
+        calls = np.zeros(names.size * ns)
+        for s in ranks:
             t = s.op_totals
-            if not t["name"].size:
-                continue
             keep = np.isin(t["step"], self.steps)
-            si = np.searchsorted(self.steps, t["step"][keep])
-            names = np.asarray(s.op_names, dtype=object)[t["name"][keep]]
-            for nm in np.unique(names).tolist():
-                sel = names == nm
-                ms.setdefault(nm, np.zeros(self.steps.size))
-                calls.setdefault(nm, np.zeros(self.steps.size))
-                ms[nm] += np.bincount(si[sel], weights=t["dur_ms"][keep][sel], minlength=self.steps.size)
-                calls[nm] += np.bincount(si[sel], weights=t["calls"][keep][sel], minlength=self.steps.size)
-        den = np.maximum(nr, 1)
-        return {k: (ms[k] / den, calls[k] / den) for k in ms}
+            gid = np.searchsorted(names, np.asarray(s.op_names, dtype=object))[t["name"][keep]]
+            cell = gid * ns + np.searchsorted(self.steps, t["step"][keep])
+            ms += np.bincount(cell, weights=t["dur_ms"][keep], minlength=ms.size)
+            calls += np.bincount(cell, weights=t["calls"][keep], minlength=calls.size)
+        den = np.maximum(np.bincount(self.si, minlength=ns).astype(np.float64), 1)
+        ms, calls = ms.reshape(names.size, ns) / den, calls.reshape(names.size, ns) / den
+        seen = np.flatnonzero(calls.sum(axis=1) > 0)
+        return {str(names[i]): (ms[i], calls[i]) for i in seen.tolist()}
 
     def per_step_max(self, col: str) -> np.ndarray:
         st = self.run.steps
