@@ -1,7 +1,6 @@
 """DDP MLP (the seed's model) that records its own per-step wall times; used by capture_overhead.py."""
 
 import json
-import os
 import sys
 import time
 

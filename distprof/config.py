@@ -11,6 +11,8 @@ from .errors import ConfigError
 
 STEP_MODES = ("optimizer", "manual")
 CODECS = ("zstd", "gzip")
+#: "steps": the wait/warmup/active cycles below; "none": no window of its own, only triggered ones (`distprof trigger`).
+SCHEDULE_KINDS = ("steps", "none")
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,9 @@ class ScheduleConfig:
     """Which global steps are profiled. Same meaning as torch.profiler.schedule.
 
     Steps ``skip_first`` .. are grouped in cycles of ``wait`` idle, ``warmup`` warm-up and ``active`` recorded steps;
-    ``repeat`` cycles (0 = until the job ends).
+    ``repeat`` cycles (0 = until the job ends). ``kind="none"`` records no window of its own: only windows asked for
+    by ``distprof trigger`` (which take ``warmup`` warm-up steps and, unless the request says otherwise, ``active``
+    recorded steps).
     """
 
     wait: int = 3
@@ -26,8 +30,11 @@ class ScheduleConfig:
     active: int = 5
     repeat: int = 1
     skip_first: int = 0
+    kind: str = "steps"
 
     def __post_init__(self) -> None:
+        if self.kind not in SCHEDULE_KINDS:
+            raise ConfigError(f"schedule={self.kind!r}: choose one of {', '.join(SCHEDULE_KINDS)}")
         bad = [
             f"{k}={getattr(self, k)} (need >= {lo})"
             for k, lo in (("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 0), ("skip_first", 0))
@@ -39,6 +46,10 @@ class ScheduleConfig:
     @property
     def cycle(self) -> int:
         return self.wait + self.warmup + self.active
+
+
+#: The most steps a trigger may put between now and its window (``--trigger-margin``, ``distprof trigger --in``).
+MAX_TRIGGER_MARGIN = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,10 @@ class ProfileConfig:
     sync_timeout_s: float = 30.0
     memory_history: bool = False  # CUDA only: allocator history per window (torch.cuda.memory._record_memory_history)
     memory_history_entries: int = 100_000  # its ring buffer: the most alloc/free entries kept per window
+    trigger: bool = True  # answer `distprof trigger` (rank 0 looks for a request file, the others at the store)
+    trigger_poll_s: float = 0.5  # how often rank 0 looks for a request; the others check the store at least this
+    # far apart, more with many ranks (capture/trigger.py: check_interval_s)
+    trigger_margin: int = 3  # fewest steps between rank 0 seeing a request and its window's first (warm-up) step
 
     def __post_init__(self) -> None:
         if self.step_on not in STEP_MODES:
@@ -71,6 +86,13 @@ class ProfileConfig:
             raise ConfigError(f"sync_timeout_s={self.sync_timeout_s}: need > 0")
         if not isinstance(self.memory_history_entries, int) or self.memory_history_entries < 1:
             raise ConfigError(f"memory_history_entries={self.memory_history_entries!r}: need an integer >= 1")
+        if self.schedule.kind == "none" and not self.trigger:
+            raise ConfigError("--schedule none records only triggered windows, and --no-trigger turns them off: "
+                              "nothing would be recorded; drop one of them")
+        if not 0.05 <= self.trigger_poll_s <= 3600:
+            raise ConfigError(f"trigger_poll_s={self.trigger_poll_s}: need a number of seconds in 0.05..3600")
+        if not isinstance(self.trigger_margin, int) or not 0 <= self.trigger_margin <= MAX_TRIGGER_MARGIN:
+            raise ConfigError(f"trigger_margin={self.trigger_margin!r}: need an integer in 0..{MAX_TRIGGER_MARGIN}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -113,15 +135,21 @@ def _parse_str(value: str, name: str) -> str | None:
     return value or None  # an empty variable means unset
 
 
-_SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat", "skip_first")
+#: option -> its field of ScheduleConfig (``schedule`` is the kind: ``--schedule none`` / DISTPROF_SCHEDULE=none)
+_SCHEDULE_FIELDS = {"wait": "wait", "warmup": "warmup", "active": "active", "repeat": "repeat",
+                    "skip_first": "skip_first", "schedule": "kind"}
+_SCHEDULE_KEYS = tuple(_SCHEDULE_FIELDS)
 #: option -> parser of its DISTPROF_* variable; schedule keys go into ScheduleConfig, the rest into ProfileConfig.
 _PARSERS = {
-    **{k: parse_int for k in _SCHEDULE_KEYS},
-    **{k: parse_bool for k in ("flops", "memory", "shapes", "stack", "strict", "memory_history")},
+    **{k: parse_int for k in _SCHEDULE_KEYS if k != "schedule"},
+    "schedule": _parse_str,
+    **{k: parse_bool for k in ("flops", "memory", "shapes", "stack", "strict", "memory_history", "trigger")},
     **{k: _parse_str for k in ("out", "run_id", "step_on", "codec")},
     "sync_rounds": parse_int,
     "sync_timeout_s": parse_float,
     "memory_history_entries": parse_int,
+    "trigger_poll_s": parse_float,
+    "trigger_margin": parse_int,
 }
 
 
@@ -138,5 +166,8 @@ def config_from_mapping(values: Mapping[str, Any], environ: Mapping[str, str] | 
         if v is None and env_name(key) in env:
             v = parse(env[env_name(key)], env_name(key))
         if v is not None and v != "":
-            (sched if key in _SCHEDULE_KEYS else top)[key] = v
+            if key in _SCHEDULE_FIELDS:
+                sched[_SCHEDULE_FIELDS[key]] = v
+            else:
+                top[key] = v
     return ProfileConfig(schedule=ScheduleConfig(**sched), **top)

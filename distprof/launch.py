@@ -53,6 +53,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--active", type=int, default=None, help=f"recorded steps per window [{s.active}]")
     g.add_argument("--repeat", type=int, default=None, help=f"number of windows, 0 = until the job ends [{s.repeat}]")
     g.add_argument("--skip-first", type=int, default=None, help=f"steps to skip before the first cycle [{s.skip_first}]")
+    g.add_argument("--schedule", choices=("steps", "none"), default=None,
+                   help="steps: the windows above; none: no window of its own, only those asked for with "
+                        f"`distprof trigger` [{s.kind}]")
     g.add_argument("--step-on", choices=("optimizer", "manual"), default=None,
                    help="what advances a step: the optimizer-step hook (no code change), or distprof.step() "
                         f"[{d.step_on}]")
@@ -74,6 +77,16 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--sync-timeout", dest="sync_timeout_s", type=float, default=None,
                    help="seconds a clock-sync message may wait for its peer (on a side thread; training never "
                         f"waits for it), and the reference rank for the host leaders at close [{d.sync_timeout_s:g}]")
+    g = p.add_argument_group("on-demand windows (distprof trigger RUN_DIR)")
+    _bool(g, "trigger", d.trigger, "answer `distprof trigger`: rank 0 looks for a request in the run directory, the "
+                                   "other ranks learn the window through the c10d store, on side threads")
+    g.add_argument("--trigger-poll", dest="trigger_poll_s", type=float, default=None,
+                   help="seconds between two looks for a request (rank 0) and, at least, between two store checks of "
+                        f"each other rank (more apart with many ranks: at most 200 checks/s in all) [{d.trigger_poll_s:g}]")
+    g.add_argument("--trigger-margin", type=int, default=None,
+                   help="fewest steps between rank 0 taking a request and the window's first (warm-up) step; more "
+                        "when the ranks need longer to hear of it at the job's step rate (`distprof trigger --in` "
+                        f"overrides it per request) [{d.trigger_margin}]")
     p.add_argument("script", help="the training script, run unchanged as __main__")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return p
@@ -111,7 +124,10 @@ def _summary(prof) -> None:
     if n == 0 and not prof.errors:
         if rank != "0":
             return
-        if prof.config.step_on == "optimizer" and prof.iterations == 0:
+        if prof.config.schedule.kind == "none":
+            print(f"distprof: no window was recorded: --schedule none records only windows asked for with `distprof "
+                  f"trigger {prof.run_dir or '<out>/<run-id>'}` while the job runs (none came)", file=sys.stderr)
+        elif prof.config.step_on == "optimizer" and prof.iterations == 0:
             print("distprof: no optimizer step was seen, so no step was recorded: a loop without torch.optim needs "
                   "--step-on manual and a distprof.step() call at the end of each iteration", file=sys.stderr)
         else:

@@ -293,7 +293,6 @@ def make_run(
             # --- forward, loss, optional delay, backward compute + enqueue per bucket (per rank) ---
             t = starts.copy()
             enq = np.zeros((len(buckets), world_size), dtype=np.int64)
-            main_events: dict[int, list] = {r: [] for r in range(world_size)}
             for r in range(world_size):
                 rec = recs[(r, w)]
                 tm, s = tid_main[r], scale[r]

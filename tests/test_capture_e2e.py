@@ -57,7 +57,8 @@ def test_metadata_is_complete(ddp2):
         assert a["world_size"] == 2 and a["backend"] == "gloo" and a["device"] == "cpu"
         assert a["schema_version"] == schema.SCHEMA_VERSION
         assert a["run_id"] == run.name
-        assert a["config"]["schedule"] == {"wait": 1, "warmup": 1, "active": 3, "repeat": 1, "skip_first": 0}
+        assert a["config"]["schedule"] == {"wait": 1, "warmup": 1, "active": 3, "repeat": 1, "skip_first": 0,
+                                             "kind": "steps"}
         assert a["process_groups"][0]["ranks"] == [0, 1]
         assert {"stop_s", "extract_s", "write_s", "n_events"} <= set(a["timings"])
         assert a["local_rank"] in (0, 1) and a["host"] and a["pid"] > 0

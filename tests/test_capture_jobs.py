@@ -282,6 +282,32 @@ def test_pipeline_transfers_are_paired_not_matched_as_collectives(job, request):
     assert len(rs.p2p) >= 0.8 * rs.p2p.n_sends and rs.p2p.n_edge <= 0.2 * rs.p2p.n_sends
 
 
+def test_pipeline_timeline_draws_each_transfer_from_send_to_recv(sendrecv, tmp_path):
+    """The merged timeline has one p2p arrow per paired transfer, from the send slice on the sender's track to the
+    receive slice on the receiver's; no collective arrows (there are no collectives)."""
+    from distprof.cli import main
+    from distprof.render.timeline import read_timeline
+
+    run, _, _ = sendrecv
+    rs, _ = report_of(run)
+    out = tmp_path / "merged.json"
+    assert main(["timeline", str(run), "-o", str(out)]) == 0
+    evs = read_timeline(out)["traceEvents"]
+    slices = {(e["pid"], e["tid"], e["ts"]): e["name"] for e in evs if e.get("ph") == "X"}
+    flows: dict[int, dict[str, dict]] = {}
+    for e in evs:
+        if e.get("ph") in ("s", "f"):
+            flows.setdefault(e["id"], {})[e["ph"]] = e
+    p2p = [f for f in flows.values() if f["s"]["cat"] == "p2p"]
+    assert not [f for f in flows.values() if f["s"]["cat"] == "collective"]
+    assert len(p2p) == len(rs.p2p) > 0
+    for f in p2p:
+        s_, d_ = f["s"], f["f"]
+        assert s_["pid"] != d_["pid"]
+        assert "send" in slices[(s_["pid"], s_["tid"], s_["ts"])]
+        assert "recv" in slices[(d_["pid"], d_["tid"], d_["ts"])]
+
+
 def test_pipeline_slow_stage_holds_the_other(sendrecv):
     """Stage 0 sleeps 40 ms per step: stage 1 waits for it, the pipeline finding says so with pipeline advice; no
     collective straggler is named and no DDP advice is given."""

@@ -103,3 +103,25 @@ def test_a_failing_process_gives_one_error_and_no_hang(run_dir, tmp_path):
         assert len(errors) == 1 and "rank00005.w0001.h5" in errors[0], par.stderr[-2000:]
     else:  # the bad shard is skipped with a warning naming it, and the report carries on
         assert "rank00005.w0001.h5" in par.stderr and par.stdout.count("distprof report: run") == 1
+
+
+def test_shards_checked_in_parallel_are_skipped_as_serially(run_dir, tmp_path):
+    """The shards are checked by every MPI process (each a share), not by rank 0 alone: a damaged file found by
+    process 1 and a forged attribute found by process 0 are skipped and named exactly as a serial run does."""
+    mpi = _mpiexec()
+    bad = tmp_path / "bad"
+    shutil.copytree(run_dir, bad)
+    import h5py
+
+    victim = bad / "rank00000.w0001.h5"  # second of the sorted shards: checked by MPI process 1
+    victim.write_bytes(victim.read_bytes()[:4096])
+    with h5py.File(bad / "rank00003.w0000.h5", "r+") as f:  # seventh: MPI process 0
+        f.attrs["world_size"] = -3
+    outs = {}
+    for tag, how in (("serial", None), ("mpi", mpi)):
+        p = _distprof(["report", bad, "--json", tmp_path / f"{tag}.json", "--no-progress"], mpi=how, cwd=tmp_path)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+        outs[tag] = json.loads((tmp_path / f"{tag}.json").read_text())
+    assert outs["serial"] == outs["mpi"]
+    skipped = {Path(s["path"]).name for s in outs["mpi"]["skipped_shards"]}
+    assert skipped == {"rank00000.w0001.h5", "rank00003.w0000.h5"}

@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -98,13 +98,15 @@ def bar(items: Sequence, show: bool, desc: str, unit: str = "shard"):
 
 
 def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None,
-             progress: bool | None = None, strict: bool = False) -> RunCatalog:
+             progress: bool | None = None, strict: bool = False,
+             check: Callable[[os.PathLike | str], Shard] | None = None) -> RunCatalog:
     """Open and check every shard of `run_dir` (attributes and layout, ``storage.selection``) and keep one run's.
 
     A bad shard, one of another run (run_id / job / world_size / schedule differ from the majority's) or a second copy
     of a rank's window is left out, listed in ``skipped`` and named in ``warnings``; missing ranks or windows are
     named in ``warnings``. `strict`: each of those is an error instead (BadShardError / IncompleteRunError). Raises
-    IncompleteRunError when there is nothing to load.
+    IncompleteRunError when there is nothing to load. `check`: what checks one shard (default
+    ``storage.validate.check_shard``; the MPI engine passes the answers its processes found in parallel).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -121,7 +123,8 @@ def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None
         steps = (lo, hi)
 
     show = progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
-    sel = select_shards(bar(paths, show, "checking shards"), strict=strict)  # ShardFormatError: nothing usable
+    sel = select_shards(bar(paths, show and check is None, "checking shards"), strict=strict,
+                        **({"check": check} if check is not None else {}))  # ShardFormatError: nothing usable
     shards, world_size = sel.shards, sel.world_size
     warnings: list[str] = list(sel.warnings)
 

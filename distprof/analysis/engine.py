@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import DistprofError, IncompleteRunError
+from ..errors import BadShardError, DistprofError, IncompleteRunError
 from ..progress import progress_enabled
+from ..storage.reader import find_shards
 from ..storage.selection import SkippedShard
+from ..storage.validate import check_shard
 from .catalog import PROGRESS_MIN_SHARDS, RunCatalog, bar, scan_run, with_read_skips
 from .clock import ClockModel
 from .findings.rules import FindingRules
@@ -158,13 +161,58 @@ def summarize_merged(run: MergedRun, *, rules: FindingRules | None = None) -> Ru
     return out
 
 
+def _check_one(path) -> tuple:
+    """A shard checked, as something every MPI process can send: ("ok", Shard) | ("bad", path, reason) |
+    ("error", message)."""
+    try:
+        return ("ok", check_shard(path))
+    except BadShardError as e:
+        return ("bad", str(e.path), e.reason)
+    except Exception as e:  # noqa: BLE001 -- sent to MPI rank 0, which raises it once
+        return ("error", f"{path}: {type(e).__name__}: {e}")
+
+
+def _check_shards_mpi(comm, run_dir, *, progress) -> Callable[[Any], Any] | None:
+    """Every shard of `run_dir` checked (attributes and layout), the shards dealt out to the MPI processes in turn
+    and the answers gathered on MPI rank 0; returns there the `check` that ``scan_run`` asks (None elsewhere, or
+    when there is no shard to check: scan_run then says what is wrong)."""
+    me, size = comm.Get_rank(), comm.Get_size()
+    paths = None
+    if me == 0:
+        paths = [str(p) for p in find_shards(run_dir)] if Path(run_dir).is_dir() else []
+    paths = comm.bcast(paths, root=0)
+    if not paths:
+        return None
+    mine = paths[me::size]
+    show = me == 0 and progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
+    answers = comm.gather([_check_one(p) for p in bar(mine, show, "checking shards")], root=0)
+    if me != 0:
+        return None
+    by_path = {}
+    for k, part in enumerate(answers):
+        for p, a in zip(paths[k::size], part):
+            by_path[p] = a
+
+    def check(path):
+        a = by_path.get(str(path))
+        if a is None:
+            return check_shard(path)
+        if a[0] == "ok":
+            return a[1]
+        if a[0] == "bad":
+            raise BadShardError(Path(a[1]), a[2])
+        raise DistprofError(a[1])
+    return check
+
+
 def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False) -> RunSummary | None:
     me, size = comm.Get_rank(), comm.Get_size()
     cat: RunCatalog | None = None
     failure: Exception | None = None
+    checked = _check_shards_mpi(comm, run_dir, progress=progress)
     if me == 0:
         try:
-            cat = scan_run(run_dir, steps=steps, progress=progress, strict=strict)
+            cat = scan_run(run_dir, steps=steps, progress=progress, strict=strict, check=checked)
         except Exception as e:  # noqa: BLE001 -- every process must hear about it, or they would wait forever
             failure = e
     cat, failed = comm.bcast((cat, failure is not None) if me == 0 else None, root=0)

@@ -53,6 +53,8 @@ class P2PPairs:
     # recorded that transfer just before its window began or after it ended
     n_unknown_peer: int = 0  # rows whose peer is not known and cannot be inferred
     examples: list[str] = field(default_factory=list)
+    send_row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # the send's row in its rank's
+    recv_row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # events (ev_row); −1 where unknown
 
     def __len__(self) -> int:
         return int(self.src.size)
@@ -201,10 +203,11 @@ def match_p2p(rows: Table, group_ranks: dict[int, list[int]]) -> P2PPairs:
                     f"rank {rank[i]} sent to rank {peer[i]}")
             examples.append(f"{what} (group {pg[i]}, window {win[i]}) with no matching "
                             f"{'send' if recv[i] else 'receive'} on the peer")
+    ev_row = np.asarray(rows["ev_row"], np.int64) if "ev_row" in rows else np.full(n, -1, np.int64)
     return P2PPairs(
         window=win[s], pg=pg[s], src=rank[s], dst=rank[r], send_start_ns=start[s], send_end_ns=end[s],
         recv_start_ns=start[r], recv_end_ns=end[r], send_step=step[s], recv_step=step[r],
         bytes=np.where(nbytes[s] >= 0, nbytes[s], nbytes[r]), n_sends=int((~recv).sum()), n_recvs=int(recv.sum()),
         n_unmatched=unmatched, n_edge=int(lone.size - inner.size), n_unknown_peer=int((~known).sum()),
-        examples=examples,
+        examples=examples, send_row=ev_row[s], recv_row=ev_row[r],
     )

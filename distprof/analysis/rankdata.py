@@ -12,6 +12,8 @@ string table is the rank's own (its windows' tables merged, sorted); process-gro
 
 from __future__ import annotations
 
+import sys
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -92,11 +94,16 @@ def merge_strings(names_list: list[np.ndarray]) -> tuple[np.ndarray, list[np.nda
     lens = [len(n) for n in names_list]
     if sum(lens) == 0:
         return np.zeros(0, dtype=object), [np.zeros(0, np.uint32) for _ in names_list]
-    allnames = np.concatenate([np.asarray(n, dtype=object) for n in names_list])
-    uniq, inv = np.unique(allnames, return_inverse=True)
-    bounds = np.cumsum([0] + lens)
-    remaps = [inv.reshape(-1)[bounds[i]:bounds[i + 1]].astype(np.uint32) for i in range(len(names_list))]
-    return uniq.astype(object), remaps
+    # a dict and a sort of the distinct names: ~15x faster than np.unique on an object array (whose sort compares
+    # every pair through Python), the same order
+    # interned: every rank's copy of an op name is then one string, whatever holds it (a rank's top ops, the name
+    # flags' cache) — at 1,024 ranks the names decoded per rank were a fifth of the summaries' memory
+    uniq = sorted(dict.fromkeys(sys.intern(s) if type(s) is str else s
+                                for n in names_list for s in np.asarray(n, dtype=object).tolist()))
+    index = {s: i for i, s in enumerate(uniq)}
+    remaps = [np.fromiter((index[s] for s in np.asarray(n, dtype=object).tolist()), np.uint32, len(n))
+              for n in names_list]
+    return np.array(uniq, dtype=object), remaps
 
 
 def read_rank(cat: RunCatalog, rank: int, *, columns: Mapping[str, Iterable[str] | None] | None = None,

@@ -131,7 +131,7 @@ def _exposed_in(rs, coll: Table) -> np.ndarray:
 
 def p2p_rows(rd: RankData) -> Table:
     """The rank's executed point-to-point transfers (raw clock): window, pg, peer (global rank, −1 unknown),
-    is_recv, bytes, start/end ns, step."""
+    is_recv, bytes, start/end ns, step, and their row in the rank's events (``ev_row``, as ``collective_rows``)."""
     cm = rd.comms
     sel = np.flatnonzero((np.asarray(cm["role"]) == ROLE_EXEC) & _p2p_mask(rd))
     row = np.asarray(cm["row"], np.int64)[sel]
@@ -148,6 +148,7 @@ def p2p_rows(rd: RankData) -> Table:
         "start_ns": start,
         "end_ns": start + np.asarray(ev["dur_ns"], np.int64)[row],
         "step": np.asarray(ev["step"], np.int64)[row],
+        "ev_row": row,
     }
 
 
@@ -186,8 +187,9 @@ def _op_totals(rd: RankData, ix: RankIndex, steps: np.ndarray, top: int,
     c = np.bincount(flat, minlength=cells).astype(np.float64)
     grid_n, grid_s = np.divmod(np.arange(cells), max(steps.size, 1))
     nz = c > 0
-    table = {"name": grid_n[nz].astype(np.int32), "step": steps[grid_s[nz]].astype(np.int64),
-             "dur_ms": d[nz], "calls": c[nz]}
+    # int32 step and calls: these rows are most of a rank's summary (top ops x steps), kept for every rank
+    table = {"name": grid_n[nz].astype(np.int32), "step": steps[grid_s[nz]].astype(np.int32),
+             "dur_ms": d[nz], "calls": c[nz].astype(np.int32)}
     kinds = [KINDS[x] if x < len(KINDS) else str(x) for x in kind_of[keep]]
     return table, np.asarray(rd.names, dtype=object)[u[keep]], kinds
 

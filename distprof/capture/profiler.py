@@ -20,9 +20,10 @@ from ..errors import ConfigError
 from ..storage import schema
 from . import clock, dist_info, groups, p2p
 from .memhistory import MemoryHistory
-from .schedule import Action, action_at, window_of
+from .schedule import Action, WindowPlan
 from .setup import RunSetup
 from .stepper import OptimizerStepper
+from .trigger import Trigger
 from .windows import ShardWriter, WindowJob
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class RankProfiler:
         self._clock = clock.ClockSync(config.sync_rounds, config.sync_timeout_s, None,
                                       lambda stage, e: self._fail(stage, e, disable=False))
         self._setup = RunSetup(config, self._clock)
+        self._plan = WindowPlan(config.schedule)  # the schedule's windows and the triggered ones
+        self._trigger: Trigger | None = None
         self._cuda_peaks: dict[int, int] = {}
         self._cuda_baseline: dict[int, int] = {}
         self._memhist: MemoryHistory | None = None
@@ -108,7 +111,7 @@ class RankProfiler:
         cfg = self.config
         self._prof = profile(
             activities=activities,
-            schedule=to_torch(cfg.schedule),
+            schedule=to_torch(self._plan),
             on_trace_ready=self._on_trace_ready,
             record_shapes=cfg.shapes,
             profile_memory=cfg.memory,
@@ -121,6 +124,11 @@ class RankProfiler:
             self._stepper = OptimizerStepper(self._advance)
             self._stepper.install()
         _active = self
+        if cfg.trigger:
+            self._trigger = Trigger(cfg, self._setup, self._plan, step=lambda: self.step_num,
+                                    written=lambda: self.windows_written,
+                                    on_error=lambda stage, e: self._fail(stage, e, disable=False))
+            self._trigger.start()
         # a job whose process group already exists: agree now (every rank enters the profiler there)
         self._guard("setup", self._setup.agree_with_existing_group)
         if self._disabled:  # the agreement failed: warned once, training goes on unprofiled
@@ -128,7 +136,7 @@ class RankProfiler:
             return self
         self._step_began_ns = time.time_ns()  # just before torch opens ProfilerStep#0
         self._prof.start()
-        if action_at(cfg.schedule, 0) in RECORDING:  # wait = warmup = 0: the first window begins with the profiler
+        if self._plan.action(0) in RECORDING:  # wait = warmup = 0: the first window begins with the profiler
             self._guard("step", lambda: self._window_begin(0))
         return self
 
@@ -178,6 +186,8 @@ class RankProfiler:
             ok = self._writer.close() if self._writer is not None else True
             if not ok:
                 self._fail("write", TimeoutError("background writer did not finish within 120 s"))
+            if self._trigger is not None:
+                self._trigger.close()
             self._clock.close()
             self._write_status()
         self._raise_strict()
@@ -197,12 +207,14 @@ class RankProfiler:
         self._raise_strict()
 
     def _advance_unguarded(self) -> None:
-        sched = self.config.schedule
-        cur, nxt = action_at(sched, self.step_num), action_at(sched, self.step_num + 1)
+        if self._trigger is not None and self._trigger.inbox is not None:  # a triggered window to place or learn
+            self._trigger.adopt(self.step_num)
+        plan = self._plan
+        cur, nxt = plan.action(self.step_num), plan.action(self.step_num + 1)
         if cur in RECORDING:
             self._cuda_step_end(self.step_num)
         if nxt in RECORDING and cur not in RECORDING:
-            self._window_begin(window_of(sched, self.step_num + 1))
+            self._window_begin(plan.window(self.step_num + 1))
         self.step_num += 1
         self._t_step_call = time.perf_counter()
         self._step_began_ns = time.time_ns()
@@ -232,14 +244,14 @@ class RankProfiler:
         self._in_callback = True
         try:
             stop_s = time.perf_counter() - self._t_step_call  # torch's own stop
-            window = window_of(self.config.schedule, self.step_num - 1)
+            window = self._plan.window(self.step_num - 1)
             self._clock.mark(window, 1)
             results = prof.profiler.kineto_results
             memsnap = self._memhist_end()
             self._submit(results, window, complete=True, stop_s=stop_s,
                          ready_s=time.perf_counter() - self._t_step_call - stop_s, memsnap=memsnap)
-            if action_at(self.config.schedule, self.step_num) in RECORDING:  # back to back (wait = warmup = 0)
-                self._window_begin(window_of(self.config.schedule, self.step_num))
+            if self._plan.action(self.step_num) in RECORDING:  # back to back (wait = warmup = 0)
+                self._window_begin(self._plan.window(self.step_num))
         except BaseException as e:  # noqa: BLE001
             self._fail("window end", e)
         finally:
@@ -252,8 +264,7 @@ class RankProfiler:
         a window whose last step it is, is complete; otherwise it never had an iteration (the tail after the last
         `step()`) and is left out of the steps.
         """
-        sched = self.config.schedule
-        cur = action_at(sched, self.step_num)
+        cur = self._plan.action(self.step_num)
         prof, self._prof = self._prof, None
         if cur not in RECORDING:
             prof.stop()  # nothing recorded, or only warm-up
@@ -267,7 +278,7 @@ class RankProfiler:
             complete = False
         prof.on_trace_ready = None
         prof.stop()
-        window = window_of(sched, self.step_num)
+        window = self._plan.window(self.step_num)
         self._clock.mark(window, 1)
         memsnap = self._memhist_end()
         results = prof.profiler.kineto_results if prof.profiler is not None else None
@@ -374,6 +385,8 @@ class RankProfiler:
         self._disabled = True
         if self._stepper is not None:
             self._stepper.remove()
+        if self._trigger is not None:  # no window can be recorded now: rank 0 says so in its live file
+            self._trigger.close(timeout_s=0, state="disabled")
         if not self._in_callback:  # inside torch's step() the trace is already stopped; close() finishes it
             self._stop_quietly()
 
@@ -403,6 +416,7 @@ class RankProfiler:
             "iterations": self.iterations,
             "skipped_steps": self._stepper.skipped if self._stepper else 0,
             "windows": self.windows_written,
+            "triggered_windows": self._trigger.records() if self._trigger is not None else [],
             "errors": self.errors,
             "closed_ns": time.time_ns(),
         }

@@ -20,6 +20,8 @@ Layout (Perfetto UI and chrome://tracing):
 * memory as one counter track per rank and device (``ph`` "C", ``allocated_MiB``);
 * flow arrows (``ph`` "s" → "f", ``bp`` "e", unique ids) chaining the instances of each collective across ranks in
   arrival order (the run's matched collectives): the last arrow ends at the rank everyone waited for;
+* flow arrows ``cat`` "p2p" (named ``send → recv``) from each point-to-point send to the receive it was paired with
+  on the peer (the run's matched transfers): a pipeline stage's activations and gradients;
 * flow arrows ``cat`` "enqueue" (named after the op) on one rank, from each collective's enqueue on the calling thread
   (``c10d::allreduce_``) to its execution (``gloo:all_reduce`` on the worker thread, or the NCCL kernel on its stream,
   found through the launch's correlation id): :func:`enqueue_links`;
@@ -55,8 +57,8 @@ from ..errors import ConfigError
 from ..progress import progress_enabled
 from ..storage import schema
 from .timeline_cut import Cut, format_ranges
-from .timeline_plan import (BYTES_PER_EVENT, DEFAULT_MAX_EVENTS, TimelinePlan, cells_of, kept_members, plan_timeline,
-                            rank_masks, select, step_keep)
+from .timeline_plan import (BYTES_PER_EVENT, DEFAULT_MAX_EVENTS, TimelinePlan, cells_of, kept_members, kept_p2p,
+                            p2p_rows_of, plan_timeline, rank_masks, select, step_keep)
 from .timeline_rank import (aligned_durations, collective_args, comm_args, enqueue_links, lateness, launch_links,
                             nested_ends, track_key, us)
 
@@ -108,6 +110,7 @@ class _FlowEnds:
     """Where the arrows start and end, gathered while each rank's slices are written (they are written last)."""
 
     member: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # (rank, ev_row) -> (ts, tid)
+    p2p: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # (rank, ev_row) -> (ts, tid)
     enqueue: list[tuple] = field(default_factory=list)  # (group, order, rank, i, ts_s, tid_s, ts_d, tid_d, name)
     launch: list[tuple] = field(default_factory=list)  # (rank, ts_s, tid_s, ts_d, tid_d)
 
@@ -125,6 +128,9 @@ def _rank_slices(run, plan: TimelinePlan, r: int, late, ends: _FlowEnds) -> Iter
     keys_all = track_key(ev["device"], ev["tid"])
     for row in np.flatnonzero(member & ev_keep).tolist():
         ends.member[(r, int(orig[row]))] = (int(ev["ts_ns"][row]), tid_of[int(keys_all[row])])
+    for row in p2p_rows_of(run, r, orig).tolist():
+        if ev_keep[row]:
+            ends.p2p[(r, int(orig[row]))] = (int(ev["ts_ns"][row]), tid_of[int(keys_all[row])])
     src, dst, op, group, order = enq
     both = ev_keep[src] & ev_keep[dst]
     for i, (s_, d_, o_, g_, k_) in enumerate(zip(src[both].tolist(), dst[both].tolist(), op[both].tolist(),
@@ -225,6 +231,9 @@ def iter_trace_events(run, plan: TimelinePlan) -> Iterator[dict[str, Any]]:
     for src, dst, name, cat in _collective_flows(run, plan, ends):
         fid += 1
         yield from _flow(fid, name, cat, src, dst, origin)
+    for src, dst in _p2p_flows(run, plan, ends):
+        fid += 1
+        yield from _flow(fid, "send → recv", "p2p", src, dst, origin)
     for g, k, r, i, ts_s, tid_s, ts_d, tid_d, name in sorted(ends.enqueue, key=lambda x: (x[0], x[1] if x[0] else 0,
                                                                                           x[2], x[3])):
         fid += 1
@@ -259,6 +268,18 @@ def _collective_flows(run, plan: TimelinePlan, ends: _FlowEnds):
         op = int(ops[i])
         yield ((a[0], *ends.member[a]), (b[0], *ends.member[b]),
                str(names[op]) if op < len(names) else "collective", "collective")
+
+
+def _p2p_flows(run, plan: TimelinePlan, ends: _FlowEnds):
+    """(src, dst) of each kept matched transfer: from the send to the receive on the peer, in send order."""
+    pp = run.p2p
+    keep = np.flatnonzero(kept_p2p(run, plan))
+    keep = keep[np.argsort(np.asarray(pp.send_start_ns)[keep], kind="stable")]
+    for s_rank, s_row, d_rank, d_row in zip(np.asarray(pp.src)[keep].tolist(), np.asarray(pp.send_row)[keep].tolist(),
+                                            np.asarray(pp.dst)[keep].tolist(), np.asarray(pp.recv_row)[keep].tolist()):
+        a, b = ends.p2p.get((s_rank, s_row)), ends.p2p.get((d_rank, d_row))
+        if a is not None and b is not None:
+            yield (s_rank, *a), (d_rank, *b)
 
 
 # ---- files -----------------------------------------------------------------------------------------------------------

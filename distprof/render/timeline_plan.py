@@ -124,6 +124,36 @@ def _member_rows(run, rank: int, orig: np.ndarray) -> np.ndarray:
     return np.sort(pos[ok])
 
 
+def p2p_rows_of(run, rank: int, orig: np.ndarray) -> np.ndarray:
+    """Rows (of the rank's MergedRun) of its ends of matched point-to-point transfers, sorted."""
+    pp = run.p2p
+    ev_row = np.r_[np.asarray(pp.send_row, np.int64)[np.asarray(pp.src) == rank],
+                   np.asarray(pp.recv_row, np.int64)[np.asarray(pp.dst) == rank]]
+    ev_row = np.unique(ev_row[ev_row >= 0])
+    if not orig.size or not ev_row.size:
+        return np.zeros(0, np.int64)
+    pos = np.searchsorted(orig, ev_row)
+    ok = (pos < orig.size) & (orig[np.minimum(pos, orig.size - 1)] == ev_row)
+    return np.sort(pos[ok])
+
+
+def kept_p2p(run, plan: TimelinePlan) -> np.ndarray:
+    """Mask over the matched point-to-point transfers whose two ends are both selected and kept."""
+    pp = run.p2p
+    keep = np.isin(np.asarray(pp.window), plan.sel_windows)
+    for rank, step in ((pp.src, pp.send_step), (pp.dst, pp.recv_step)):
+        rank, step = np.asarray(rank, np.int64), np.asarray(step, np.int64)
+        keep &= np.isin(rank, plan.sel_ranks)
+        if plan.cut.happened:
+            keep &= np.isin(rank, plan.cut.ranks_kept)
+        for sel in (run.steps_selection, plan.selection["steps"]):
+            if sel is not None:
+                keep &= (step >= sel[0]) & (step <= sel[1])
+        if plan.units and plan.cut.happened:
+            keep &= np.isin(step, plan.cut.steps_kept)
+    return keep
+
+
 def _rank_cells(run, rm: MergedRun, orig: np.ndarray, sel_windows, steps, units_a: np.ndarray,
                 launch_flows: bool) -> _RankCells:
     ev, mem, st = rm.events, rm.memory, rm.steps
@@ -410,9 +440,10 @@ def kept_members(run, plan: TimelinePlan) -> np.ndarray:
 def _count_flows(run, plan: TimelinePlan) -> int:
     keep = kept_members(run, plan)
     inst = np.asarray(run.collectives.members["inst"])[keep]
+    n_p2p = int(kept_p2p(run, plan).sum())
     if not inst.size:
-        return 0
-    return int(inst.size - np.unique(inst).size)
+        return n_p2p
+    return int(inst.size - np.unique(inst).size) + n_p2p
 
 
 def _bar(items: Sequence[int], progress: bool | None, desc: str):
