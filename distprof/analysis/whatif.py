@@ -117,7 +117,7 @@ class FasterCollective(Change):
 @dataclass(frozen=True)
 class NoIdle(Change):
     def describe(self) -> str:
-        return "idle time removed" + self._where()
+        return "idle time removed (an upper bound: nothing keeps the rank idle)" + self._where()
 
 
 @dataclass(frozen=True)
