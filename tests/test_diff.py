@@ -80,3 +80,14 @@ def test_bad_run_is_one_line_error(tmp_path, capsys):
     assert main(["diff", str(tmp_path / "nope"), str(tmp_path / "nope2"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope" in err[0]
+
+
+def test_different_world_sizes(synth, tmp_path_factory):
+    two = distprof.load(make_run(tmp_path_factory.mktemp("two"), world_size=2, schedule={"active": 5},
+                                 run_id="two").run_dir)
+    d = diff_runs(synth["base"], two)
+    assert (d.a_world, d.b_world) == (4, 2) and "world size 4 -> 2" in d.verdict
+    for sp in d.splits.values():
+        assert sp.total == pytest.approx(d.step.delta, abs=1e-6), sp.name
+    labels = {p.label: p for p in d.splits["rank"].parts}
+    assert labels["rank 3"].b is None and labels["rank 3"].a is not None  # only in A

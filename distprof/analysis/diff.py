@@ -205,14 +205,17 @@ class _Run:
         ranks = [s for s in self.run.ranks.values() if s.op_totals["name"].size]
         if not ranks or not self.steps.size:
             return {}
-        names = np.unique(np.concatenate([np.asarray(s.op_names, dtype=object) for s in ranks]))
+        ids: dict[str, int] = {}  # names by first appearance: a dict, not np.unique on objects (Python compares)
+        luts = [np.fromiter((ids.setdefault(str(n), len(ids)) for n in s.op_names), np.int64, len(s.op_names))
+                for s in ranks]
+        names = np.array(list(ids), dtype=object)
         ns = self.steps.size
         ms = np.zeros(names.size * ns)
         calls = np.zeros(names.size * ns)
-        for s in ranks:
+        for s, lut in zip(ranks, luts):
             t = s.op_totals
             keep = np.isin(t["step"], self.steps)
-            gid = np.searchsorted(names, np.asarray(s.op_names, dtype=object))[t["name"][keep]]
+            gid = lut[t["name"][keep]]
             cell = gid * ns + np.searchsorted(self.steps, t["step"][keep])
             ms += np.bincount(cell, weights=t["dur_ms"][keep], minlength=ms.size)
             calls += np.bincount(cell, weights=t["calls"][keep], minlength=calls.size)
