@@ -93,3 +93,18 @@ def test_point_to_point_joins_sender_to_receiver():
     gap = g.ev_gap.copy()
     gap[g.ev_rank == 1] = 0.0
     assert replay(g.with_segments(gap=gap)).rs_end[1] == pytest.approx(g.rs_end[1])
+
+
+def test_report_html_and_terminal_show_the_path_and_the_what_ifs(late):
+    from distprof.analysis.report import build_report
+    from distprof.render import render_console
+    from distprof.render.html_whatif import fig_critical_path, whatif_table
+
+    rep = build_report(late)
+    fig = fig_critical_path(rep)
+    ys = {y for trace in fig["data"] for y in trace["y"]}
+    assert "rank 2" in ys and {t["name"] for t in fig["data"]} <= {"work", "transfer"}
+    assert "at their peers&#x27; median" in whatif_table(rep) or "at their peers' median" in whatif_table(rep)
+    text = render_console(rep)
+    assert "Critical path" in text and "rank 2" in text.split("Critical path")[1].splitlines()[0]
+    assert "Estimated gain if fixed" in text and "What if" in text
