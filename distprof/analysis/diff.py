@@ -361,7 +361,8 @@ def verdict(d: RunDiff) -> str:
 
     pr = lead("rank")
     if pr is not None:
-        out.append(f"On the critical path, {pr.label} {'gained' if pr.delta > 0 else 'lost'} "
+        who = f"{pr.label}'s work" if pr.label.startswith("rank ") else pr.label
+        out.append(f"On the critical path, {who} {'grew' if pr.delta > 0 else 'shrank'} by "
                    f"{abs(pr.delta):.2f} ms per step ({_pct(pr.delta, s.delta)} of the change).")
     pp = lead("phase")
     if pp is not None:
