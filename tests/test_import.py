@@ -387,3 +387,15 @@ def test_json_without_an_event_boundary_is_refused_not_read_whole(tmp_path, monk
         p.write_text(text)
         with pytest.raises(DistprofError, match=rf"{name}: over 1 MB of JSON without the end of an event"):
             read_kineto(p)
+
+
+def test_inexact_timestamps_warned_once(tmp_path, caplog):
+    """Exponent-notation timestamps beyond 2^43 µs: one warning per file (the reader used to log its own as well)."""
+    ev = ",".join(f'{{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1.70000000000000{k}e15, '
+                  '"dur": 1}' for k in range(3))
+    p = tmp_path / "rank-0.json"
+    p.write_text('{"traceEvents": [' + ev + "]}")
+    with caplog.at_level("WARNING"):
+        res = import_traces([p], tmp_path / "run", progress=False)
+    hits = [r.getMessage() for r in caplog.records if "exact" in r.getMessage()]
+    assert len(hits) == 1 and res.warnings.count(hits[0]) == 1 and "3 timestamp(s)" in hits[0], hits

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import BadShardError, DistprofError, IncompleteRunError
+from ..parallel import deal
 from ..progress import progress_enabled
 from ..storage.reader import find_shards
 from ..storage.selection import SkippedShard
@@ -71,13 +72,8 @@ def _rank_cost(cat: RunCatalog, rank: int) -> int:
 
 def assign_ranks(cat: RunCatalog, n_procs: int) -> list[list[int]]:
     """Deal the run's ranks out to `n_procs` processes: largest first, each to the least-loaded one."""
-    shares: list[list[int]] = [[] for _ in range(n_procs)]
-    load = [0] * n_procs
-    for r in sorted(cat.ranks_read, key=lambda r: (-_rank_cost(cat, r), r)):
-        i = min(range(n_procs), key=lambda k: (load[k], k))
-        shares[i].append(r)
-        load[i] += _rank_cost(cat, r)
-    return [sorted(s) for s in shares]
+    ranks = sorted(cat.ranks_read)
+    return [[ranks[i] for i in share] for share in deal([_rank_cost(cat, r) for r in ranks], n_procs)]
 
 
 def _summarize_ranks(cat: RunCatalog, ranks: list[int], *, show: bool, rules: FindingRules | None

@@ -98,8 +98,8 @@ def merge_strings(names_list: list[np.ndarray]) -> tuple[np.ndarray, list[np.nda
     # every pair through Python), the same order
     # interned: every rank's copy of an op name is then one string, whatever holds it (a rank's top ops, the name
     # flags' cache) — at 1,024 ranks the names decoded per rank were a fifth of the summaries' memory
-    uniq = sorted(dict.fromkeys(sys.intern(s) if type(s) is str else s
-                                for n in names_list for s in np.asarray(n, dtype=object).tolist()))
+    uniq = [sys.intern(s) if type(s) is str else s
+            for s in sorted(dict.fromkeys(s for n in names_list for s in np.asarray(n, dtype=object).tolist()))]
     index = {s: i for i, s in enumerate(uniq)}
     remaps = [np.fromiter((index[s] for s in np.asarray(n, dtype=object).tolist()), np.uint32, len(n))
               for n in names_list]

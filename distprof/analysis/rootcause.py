@@ -27,7 +27,8 @@ __all__ = ["root_cause", "IDLE_NAME"]
 
 NS_PER_MS = 1e6
 IDLE_NAME = "[idle]"
-_MAX_CELLS = 20_000_000
+_MAX_CELLS = 20_000_000  # (name, step, rank) cells compared, at most (names beyond: the stragglers' lightest)
+_CHUNK_CELLS = 2_000_000  # cells held at once (16 MB per array)
 
 
 def _candidates(run: RunSummary, ranks: list[int], max_names: int) -> tuple[list[str], dict[str, str]]:
@@ -47,6 +48,38 @@ def _candidates(run: RunSummary, ranks: list[int], max_names: int) -> tuple[list
         order = np.argsort(-np.array([tot[n] for n in cand]), kind="stable")[:max_names]
         cand = sorted(cand[i] for i in order)
     return cand, kinds
+
+
+def _per_rank_cells(run: RunSummary, all_ranks: np.ndarray, steps: np.ndarray, pos: dict[str, int]) -> list:
+    """Per rank: (rank column, name index, step index, ms, calls) of its op totals among the candidate names."""
+    parts = []
+    for j, r in enumerate(all_ranks.tolist()):
+        s = run.ranks.get(int(r))
+        if s is None or not s.op_totals["name"].size:
+            continue
+        ni = np.array([pos.get(x, -1) for x in s.op_names.tolist()], np.int64)[s.op_totals["name"]]
+        ok = (ni >= 0) & np.isin(s.op_totals["step"], steps)
+        parts.append((j, ni[ok], np.searchsorted(steps, s.op_totals["step"][ok]), s.op_totals["dur_ms"][ok],
+                      s.op_totals["calls"][ok]))
+    return parts
+
+
+def _fill(parts: list, idle: tuple, a: int, b: int, n_names: int, ns: int, nr: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ms, calls) per (name, step, rank) for names a..b-1 (index n_names is the [idle] pseudo-op)."""
+    dur = np.zeros((b - a, ns, nr))
+    calls = np.zeros((b - a, ns, nr))
+    for j, ni, si, d, c in parts:
+        m = (ni >= a) & (ni < b)
+        dur[ni[m] - a, si[m], j] = d[m]
+        calls[ni[m] - a, si[m], j] = c[m]
+    if a <= n_names < b and idle[0].size:
+        dur[n_names - a, idle[0], idle[1]] = idle[2]
+    return dur, calls
+
+
+def _target_cells(present: np.ndarray, j: int) -> np.ndarray:
+    """Steps rank column `j` and at least one other rank recorded."""
+    return present[:, j] & np.delete(present, j, axis=1).any(axis=1)
 
 
 def root_cause(
@@ -76,45 +109,39 @@ def root_cause(
     present[np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"])] = True
 
     cand, kind_of = _candidates(run, ranks, max(1, _MAX_CELLS // (ns * nr)))
-    nn = len(cand)
-    pos = {n: i for i, n in enumerate(cand)}
-    dur = np.zeros((nn, ns, nr))
-    calls = np.zeros((nn, ns, nr))
-    for j, r in enumerate(all_ranks.tolist()):
-        s = run.ranks.get(int(r))
-        if s is None or not s.op_totals["name"].size:
-            continue
-        ni = np.array([pos.get(x, -1) for x in s.op_names.tolist()], np.int64)[s.op_totals["name"]]
-        ok = (ni >= 0) & np.isin(s.op_totals["step"], steps)
-        si = np.searchsorted(steps, s.op_totals["step"][ok])
-        dur[ni[ok], si, j] = s.op_totals["dur_ms"][ok]
-        calls[ni[ok], si, j] = s.op_totals["calls"][ok]
-
-    # [idle] pseudo-op from the breakdown
-    idle = np.zeros((1, ns, nr))
-    if bd["step"].size:
-        idle[0, np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"])] = bd["idle_ms"]
-    dur = np.concatenate([dur, idle])
-    calls = np.concatenate([calls, np.zeros((1, ns, nr))])
     labels = cand + [IDLE_NAME]
     kinds = [kind_of.get(n, "none") for n in cand] + ["none"]
+    parts = _per_rank_cells(run, all_ranks, steps, {n: i for i, n in enumerate(cand)})
+    idle = (np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"]), np.asarray(bd["idle_ms"]))
+    targets = {r: int(np.searchsorted(all_ranks, r)) for r in ranks if r in all_ranks}
+    cells = {r: _target_cells(present, j) for r, j in targets.items()}
+    got: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {r: [] for r in targets}
+    # names in chunks: at most _CHUNK_CELLS (name, step, rank) cells at once, whatever the rank count
+    chunk = max(1, _CHUNK_CELLS // (ns * nr))
+    for a in range(0, len(labels), chunk):
+        b = min(a + chunk, len(labels))
+        dur, calls = _fill(parts, idle, a, b, len(cand), ns, nr)
+        dur = np.where(present[None], dur, np.nan)
+        for r, j in targets.items():
+            steps_ok = cells[r]
+            if not steps_ok.any():
+                continue
+            with np.errstate(all="ignore"):
+                med = np.nanmedian(np.delete(dur[:, steps_ok, :], j, axis=2), axis=2)
+            got[r].append((dur[:, steps_ok, j], med, calls[:, steps_ok, j]))
 
-    dur = np.where(present[None], dur, np.nan)
     out = []
     for r in ranks:
         if r not in all_ranks:
             out.append({"rank": r, "host": run.hosts.get(r, "?"), "n_steps": 0, "ops": []})
             continue
-        j = int(np.searchsorted(all_ranks, r))
-        others = np.delete(present, j, axis=1)
-        steps_ok = present[:, j] & others.any(axis=1)
-        n_ok = int(steps_ok.sum())
+        n_ok = int(cells[r].sum())
         if n_ok == 0:
             out.append({"rank": r, "host": run.hosts.get(r, "?"), "n_steps": 0, "ops": []})
             continue
-        mine = dur[:, steps_ok, j]  # (names, steps)
-        with np.errstate(all="ignore"):
-            med = np.nanmedian(np.delete(dur[:, steps_ok, :], j, axis=2), axis=2)
+        mine = np.concatenate([g[0] for g in got[r]])  # (names, steps)
+        med = np.concatenate([g[1] for g in got[r]])
+        calls = np.concatenate([g[2] for g in got[r]])
         excess = np.nansum(mine - med, axis=1)
         order = np.argsort(-excess, kind="stable")
         ops = []
@@ -129,7 +156,7 @@ def root_cause(
                     "excess_ms_per_step": float(excess[k] / n_ok),
                     "rank_ms_per_step": float(np.nanmean(mine[k])),
                     "others_median_ms_per_step": float(np.nanmean(med[k])),
-                    "calls_per_step": float(calls[k, steps_ok, j].mean()),
+                    "calls_per_step": float(calls[k].mean()),
                 }
             )
         out.append({"rank": r, "host": run.hosts.get(r, "?"), "n_steps": n_ok, "ops": ops})

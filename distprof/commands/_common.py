@@ -96,15 +96,16 @@ def summarize_run(run_dir: str, *, steps=None, progress=None, strict: bool = Fal
     return summarize(run_dir, steps=steps, progress=progress, comm=comm, strict=strict)
 
 
-def _other_srun_task() -> bool:
+def _other_srun_task(what: str = "report") -> bool:
     """A task of ``srun -n N distprof ...`` other than task 0, with no MPI world (srun without ``--mpi=pmix``/pmi2,
-    or no mpi4py): every task would write the same output; task 0 alone does the work, the others say so and stop."""
+    or no mpi4py): every task would write the same output; task 0 alone does the work, the others say so and stop.
+    `what` names the work in the warning (a parallel report, import, ...)."""
     tasks = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS")
     proc = os.environ.get("SLURM_PROCID")
     if not (tasks and proc and tasks.isdigit() and proc.isdigit()) or int(tasks) <= 1 or int(proc) == 0:
         return False
     log.warning("srun task %s of %s: no MPI world (start srun with --mpi=pmix or pmi2 and install mpi4py for a "
-                "parallel report); task 0 does the work alone", proc, tasks)
+                "parallel %s); task 0 does the work alone", proc, tasks, what)
     return True
 
 

@@ -12,7 +12,8 @@ def register(sub) -> None:
         help="convert Kineto/torch.profiler JSON traces into a run directory for `distprof report`",
         description="Read Kineto chrome-trace files (.json or .json.gz; files or directories: TensorBoard "
                     "*.pt.trace.json.gz, rank-N.json.gz) and write one shard per rank into RUN_DIR. Rank and world "
-                    "size come from the trace's distributedInfo, else from rank-N in the file name.",
+                    "size come from the trace's distributedInfo, else from rank-N in the file name. Under mpiexec / srun "
+                    "(mpi4py) the files are split over the MPI processes; the shards are those of a serial import.",
     )
     p.add_argument("paths", metavar="PATH", nargs="+", help="trace files or directories holding them")
     p.add_argument("-o", "--out", metavar="RUN_DIR", required=True, help="run directory to write (created)")
@@ -28,16 +29,23 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..analysis.engine import mpi_world
     from ..errors import ConfigError
     from ..importers.run import import_traces
+    from ._common import _other_srun_task
 
     if args.world_size is not None and args.world_size < 1:
         raise ConfigError(f"--world-size {args.world_size}: must be >= 1")
     if args.rank is not None and args.rank < 0:
         raise ConfigError(f"--rank {args.rank}: must be >= 0")
+    comm = mpi_world()
+    if comm is None and _other_srun_task("import"):  # N serial imports would race for the same run directory
+        return 0
     res = import_traces(args.paths, args.out, run_id=args.run_id, world_size=args.world_size, rank=args.rank,
                         one_host=args.one_host, force=args.force, codec=args.codec,
-                        progress=False if args.no_progress else None)
+                        progress=False if args.no_progress else None, comm=comm)
+    if res is None:  # an MPI process other than rank 0: its share of the files is written, rank 0 reports
+        return 0
     rate = res.n_events / res.seconds if res.seconds > 0 else float("inf")
     sys.stdout.write(f"imported {len(res.shards)} trace(s), ranks {res.ranks[0]}..{res.ranks[-1]} of "
                      f"{res.world_size}, {res.n_events:,} events, {res.raw_bytes / 1e6:.1f} MB JSON in "

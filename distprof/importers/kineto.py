@@ -22,7 +22,6 @@ import dataclasses
 import gc
 import gzip
 import json
-import logging
 import math
 import os
 import re
@@ -42,8 +41,6 @@ from ..events.classify import CommArgs
 from ..events.tables import Columns, Strings
 from ..storage import schema
 from ..storage.validate import MAX_NS, MAX_WORLD_SIZE
-
-log = logging.getLogger(__name__)
 
 __all__ = ["KinetoTrace", "read_kineto", "read_header", "TraceFormatError", "READ_BYTES"]
 
@@ -508,9 +505,6 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
             stream_names.setdefault((p, t), nm)
         else:
             thread_names.setdefault(t, nm)
-    if n_inexact:
-        log.warning("%s: %d timestamp(s) in exponent notation beyond 2^43 µs could not be read exactly "
-                    "(may be off by < 1 µs)", path, n_inexact)
     return KinetoTrace(path=path, meta=meta, strings=strings, columns=cols, thread_names=thread_names,
                        stream_names=stream_names, main_tid=main_tid, n_events_raw=n_raw, raw_bytes=rd.raw_bytes, n_inexact=n_inexact,
                        skipped=skipped, ignored=ignored)

@@ -22,15 +22,16 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from .. import _version
-from ..errors import ConfigError
+from ..errors import ConfigError, DistprofError
 from ..events.tables import build_tables
+from ..parallel import deal
 from ..progress import progress_enabled
 from ..storage import schema
 from ..storage.writer import write_shard
@@ -39,7 +40,7 @@ from .kineto import KinetoTrace, read_header, read_kineto, shown
 
 log = logging.getLogger(__name__)
 
-__all__ = ["import_traces", "find_trace_files", "ImportResult"]
+__all__ = ["import_traces", "find_trace_files", "ImportResult", "deal"]
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -233,23 +234,84 @@ def _shard_for(tr: KinetoTrace, rank: int, world_size: int, run_id: str, ref_ran
     return path
 
 
-def import_traces(
-    paths: Sequence[str | os.PathLike],
-    run_dir: str | os.PathLike,
-    *,
-    run_id: str | None = None,
-    world_size: int | None = None,
-    rank: int | None = None,
-    one_host: bool = False,
-    force: bool = False,
-    codec: str = "zstd",
-    progress: bool | None = None,
-) -> ImportResult:
-    """Import Kineto traces into `run_dir` (created). All shards appear together or not at all."""
+@dataclass(frozen=True)
+class _Failure:
+    """An error met while importing, and the index of the file it is about (None: not about one file).
+
+    On the process that met it, :meth:`error` is the exception itself (a serial import raises it unchanged). Sent to
+    MPI rank 0, only its class and message travel (an exception object need not pickle): rank 0 raises the same
+    class with the same message, once. `message` names the MPI process for errors that are not distprof's own.
+    """
+
+    kind: type
+    message: str
+    index: int | None = None
+    exc: BaseException | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, e: BaseException, index: int | None = None, where: str = "") -> _Failure:
+        if isinstance(e, DistprofError):
+            return cls(type(e), str(e), index, e)
+        return cls(DistprofError, f"{where}{type(e).__name__}: {e}", index, e)
+
+    def __getstate__(self) -> dict:
+        return {"kind": self.kind, "message": self.message, "index": self.index}
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in {**state, "exc": None}.items():
+            object.__setattr__(self, k, v)
+
+    def error(self) -> BaseException:
+        if self.exc is not None:
+            return self.exc
+        try:
+            return self.kind(self.message)
+        except Exception:  # noqa: BLE001 -- a class that takes other arguments: the message still gets through
+            return DistprofError(self.message)
+
+
+@dataclass(frozen=True)
+class _HeaderRank:
+    """What one file's header says: its rank and distributedInfo.world_size (None: absent), or why it cannot be used."""
+
+    index: int
+    rank: int | None = None
+    world_size: int | None = None
+    failure: _Failure | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything decided once for the whole import (MPI rank 0 decides and sends it to the others)."""
+
+    files: list[Path]
+    ranks: list[int]  # per file
+    costs: list[int]  # per file: its size on disk
+    world_size: int
+    ref_rank: int
+    run_id: str
+    tmp: Path
+    created: bool  # run_dir did not exist before this import
+
+
+@dataclass(frozen=True)
+class _FileDone:
+    """One trace imported: its shard (under the plan's tmp directory) and what the summary needs of it."""
+
+    index: int
+    shard: Path
+    n_events: int
+    raw_bytes: int
+    warnings: list[str]
+
+
+def _prepare(paths: Sequence[str | os.PathLike], run_dir: Path, world_size: int | None, rank: int | None,
+             force: bool) -> list[Path]:
+    """The trace files, after checking the flags and the output directory (shards already there removed with
+    `force`)."""
     files = find_trace_files(paths)
     if not files:
         raise ConfigError("no trace files given")
-    run_dir = Path(run_dir)
     if world_size is not None and not 1 <= world_size <= MAX_WORLD_SIZE:
         raise ConfigError(f"--world-size {world_size}: must be 1..{MAX_WORLD_SIZE}")
     if rank is not None and not 0 <= rank < MAX_WORLD_SIZE:
@@ -261,19 +323,39 @@ def import_traces(
             raise ConfigError(f"{run_dir}: already holds shards; choose a new directory or pass --force to replace them")
         for p in run_dir.glob(schema.SHARD_GLOB):
             p.unlink()
-    # ranks first, from the headers only: a duplicate is reported before any heavy work
+    return files
+
+
+def _header_ranks(files: list[Path], indices: Iterable[int], rank: int | None, where: str = "") -> list[_HeaderRank]:
+    """Rank and world size of each file named by `indices`, from its header only (no events read)."""
+    out = []
+    for i in indices:
+        f = files[i]
+        try:
+            hdr = read_header(f)
+            r = _rank_of(f, hdr, rank, len(files))
+            out.append(_HeaderRank(i, r, _info_int(f, _distributed_info(hdr), "world_size", 1, MAX_WORLD_SIZE)))
+        except Exception as e:  # noqa: BLE001 -- raised by _plan in file order (a process must not stop alone)
+            out.append(_HeaderRank(i, failure=_Failure.of(e, i, where)))
+    return out
+
+
+def _plan(files: list[Path], heads: list[_HeaderRank], run_dir: Path, *, world_size: int | None,
+          run_id: str | None) -> _Plan:
+    """Ranks, world size, reference rank and run id of the import, checked in file order as a serial import reads
+    the headers (a duplicate rank is reported before any heavy work); then the temporary directory for the shards."""
     ranks: dict[int, Path] = {}
-    file_rank: list[tuple[Path, int, dict]] = []
-    for f in files:
-        hdr = read_header(f)
-        r = _rank_of(f, hdr, rank, len(files))
-        if r in ranks:
-            raise ConfigError(f"{f}: claims rank {r} like {ranks[r]}; import one trace per rank (put other "
+    sizes: dict[Path, int] = {}
+    for h in sorted(heads, key=lambda h: h.index):
+        if h.failure is not None:
+            raise h.failure.error()
+        f = files[h.index]
+        if h.rank in ranks:
+            raise ConfigError(f"{f}: claims rank {h.rank} like {ranks[h.rank]}; import one trace per rank (put other "
                               "profiling cycles into another run directory)")
-        ranks[r] = f
-        file_rank.append((f, r, hdr))
-    sizes = {f: n for f, _, h in file_rank
-             if (n := _info_int(f, _distributed_info(h), "world_size", 1, MAX_WORLD_SIZE)) is not None}
+        ranks[h.rank] = f
+        if h.world_size is not None:
+            sizes[f] = h.world_size
     if world_size is None and len(set(sizes.values())) > 1:
         first = next(iter(sizes))
         other = next(f for f, n in sizes.items() if n != sizes[first])
@@ -283,9 +365,8 @@ def import_traces(
     if ws <= max(ranks):
         raise ConfigError(f"world size {ws} but rank {max(ranks)} present ({ranks[max(ranks)]}); "
                           "pass --world-size larger than every rank")
-    ref = min(ranks)
-    run_id = run_id or run_dir.resolve().name
-    warnings: list[str] = []
+    file_ranks = [h.rank for h in sorted(heads, key=lambda h: h.index)]
+    costs = [_size_on_disk(f) for f in files]
     created = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -293,50 +374,191 @@ def import_traces(
     except OSError as e:
         raise ConfigError(f"-o {run_dir}: cannot write there ({e.strerror or e}); pick a writable directory") \
             from None
-    t0 = time.perf_counter()
-    n_events = raw = 0
-    shards: list[Path] = []
-    show = progress_enabled(progress, len(file_rank), 2)
-    it: Iterable = file_rank
+    return _Plan(files=files, ranks=file_ranks, costs=costs, world_size=ws, ref_rank=min(ranks),
+                 run_id=run_id or run_dir.resolve().name, tmp=tmp, created=created)
+
+
+def _size_on_disk(f: Path) -> int:
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0  # read_kineto names the problem
+
+
+def _import_file(plan: _Plan, i: int, *, one_host: bool, codec: str) -> _FileDone:
+    """Parse trace `i` of the plan and write its shard into the plan's temporary directory."""
+    f, r = plan.files[i], plan.ranks[i]
+    warnings: list[str] = []
+    tr = read_kineto(f)
+    if tr.n_inexact:
+        warnings.append(f"{f}: {tr.n_inexact} timestamp(s) not exact to the ns (exponent notation beyond "
+                        "2^43 µs: may be off by < 1 µs)")
+    bad = {k: v for k, v in tr.skipped.items() if k != "Trace"}  # the profiler's own span and markers
+    if bad:
+        warnings.append(f"{f}: skipped {sum(bad.values()):,} malformed event(s) ("
+                        + ", ".join(f"{v:,} {k}" for k, v in sorted(bad.items())) + ")")
+    if tr.ignored:
+        warnings.append(f"{f}: ignored {sum(tr.ignored.values()):,} out-of-range value(s) (left unknown: "
+                        + ", ".join(f"{v:,} {k}" for k, v in sorted(tr.ignored.items())) + ")")
+    shard = _shard_for(tr, r, plan.world_size, plan.run_id, plan.ref_rank, one_host, plan.tmp, codec, warnings)
+    return _FileDone(index=i, shard=shard, n_events=tr.n_events_raw, raw_bytes=tr.raw_bytes, warnings=warnings)
+
+
+def _import_share(plan: _Plan, share: list[int], *, one_host: bool, codec: str, show: bool,
+                  where: str | None = None) -> tuple[list[_FileDone], _Failure | None]:
+    """Import the files of `share` in index order. With `where` (an MPI process), the first file that fails stops
+    the share and is returned, with the ones done; without, its error propagates."""
+    done: list[_FileDone] = []
+    it: Iterable[int] = share
     if show:
         from tqdm import tqdm
 
-        it = tqdm(file_rank, desc="importing traces", unit="file", file=sys.stderr, leave=False)
-    try:
-        for f, r, _hdr in it:
-            tr = read_kineto(f)
-            n_events += tr.n_events_raw
-            raw += tr.raw_bytes
-            if tr.n_inexact:
-                warnings.append(f"{f}: {tr.n_inexact} timestamp(s) not exact to the ns (exponent notation)")
-            bad = {k: v for k, v in tr.skipped.items() if k != "Trace"}  # the profiler's own span and markers
-            if bad:
-                warnings.append(f"{f}: skipped {sum(bad.values()):,} malformed event(s) ("
-                                + ", ".join(f"{v:,} {k}" for k, v in sorted(bad.items())) + ")")
-            if tr.ignored:
-                warnings.append(f"{f}: ignored {sum(tr.ignored.values()):,} out-of-range value(s) (left unknown: "
-                                + ", ".join(f"{v:,} {k}" for k, v in sorted(tr.ignored.items())) + ")")
-            shards.append(_shard_for(tr, r, ws, run_id, ref, one_host, tmp, codec, warnings))
-            del tr
-        final = []
-        for p in shards:
-            dest = run_dir / p.name
-            os.replace(p, dest)
-            final.append(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if created:  # leave nothing behind that looks like a run
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if len(ranks) > 1 and not one_host:
+        it = tqdm(share, desc="importing traces", unit="file", file=sys.stderr, leave=False)
+    for i in it:
+        if where is None:
+            done.append(_import_file(plan, i, one_host=one_host, codec=codec))
+            continue
+        try:
+            done.append(_import_file(plan, i, one_host=one_host, codec=codec))
+        except Exception as e:  # noqa: BLE001 -- reported once, by MPI rank 0, as the serial import would
+            return done, _Failure.of(e, i, where)
+    return done, None
+
+
+def _commit(plan: _Plan, run_dir: Path, done: list[_FileDone]) -> list[Path]:
+    """Move every shard from the temporary directory to its final name (in file order)."""
+    final = []
+    for d in sorted(done, key=lambda d: d.index):
+        dest = run_dir / d.shard.name
+        os.replace(d.shard, dest)
+        final.append(dest)
+    return final
+
+
+def _abort(plan: _Plan, run_dir: Path) -> None:
+    shutil.rmtree(plan.tmp, ignore_errors=True)
+    if plan.created:  # leave nothing behind that looks like a run
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _result(plan: _Plan, run_dir: Path, done: list[_FileDone], final: list[Path], *, one_host: bool,
+            seconds: float) -> ImportResult:
+    """The summary of a finished import: warnings in file order, then the run's own; each logged once."""
+    done = sorted(done, key=lambda d: d.index)
+    warnings = [w for d in done for w in d.warnings]
+    n_ranks = len(plan.ranks)
+    if n_ranks > 1 and not one_host:
         warnings.append("imported traces carry no clock-sync samples: `distprof report` aligns ranks from "
                         "synchronising collectives where it can (pass --one-host if all ranks ran on one machine)")
-    missing = ws - len(ranks)
+    missing = plan.world_size - n_ranks
     if missing:
-        warnings.append(f"{len(ranks)} of {ws} ranks imported; the others are reported missing")
+        warnings.append(f"{n_ranks} of {plan.world_size} ranks imported; the others are reported missing")
     for w in warnings:
         log.warning("%s", w)
-    return ImportResult(run_dir=run_dir, shards=final, ranks=sorted(ranks), world_size=ws, n_events=n_events,
-                        raw_bytes=raw, seconds=time.perf_counter() - t0, warnings=warnings)
+    return ImportResult(run_dir=run_dir, shards=final, ranks=sorted(plan.ranks), world_size=plan.world_size,
+                        n_events=sum(d.n_events for d in done), raw_bytes=sum(d.raw_bytes for d in done),
+                        seconds=seconds, warnings=warnings)
+
+
+def import_traces(
+    paths: Sequence[str | os.PathLike],
+    run_dir: str | os.PathLike,
+    *,
+    run_id: str | None = None,
+    world_size: int | None = None,
+    rank: int | None = None,
+    one_host: bool = False,
+    force: bool = False,
+    codec: str = "zstd",
+    progress: bool | None = None,
+    comm: Any = None,
+) -> ImportResult | None:
+    """Import Kineto traces into `run_dir` (created). All shards appear together or not at all.
+
+    With `comm` (an mpi4py communicator of more than one process, as ``mpiexec -n P distprof import`` passes), the
+    files are split over its processes (see :func:`_import_mpi`); only its rank 0 gets the ImportResult (the others
+    get None). The shards and the result are those of a serial import, timings aside.
+    """
+    run_dir = Path(run_dir)
+    if comm is not None and comm.Get_size() > 1:
+        return _import_mpi(comm, paths, run_dir, run_id=run_id, world_size=world_size, rank=rank,
+                           one_host=one_host, force=force, codec=codec, progress=progress)
+    files = _prepare(paths, run_dir, world_size, rank, force)
+    plan = _plan(files, _header_ranks(files, range(len(files)), rank), run_dir, world_size=world_size,
+                 run_id=run_id)
+    t0 = time.perf_counter()
+    try:
+        done, _ = _import_share(plan, list(range(len(files))), one_host=one_host, codec=codec,
+                                show=progress_enabled(progress, len(files), 2))
+        final = _commit(plan, run_dir, done)
+    except BaseException:
+        _abort(plan, run_dir)
+        raise
+    finally:
+        shutil.rmtree(plan.tmp, ignore_errors=True)
+    return _result(plan, run_dir, done, final, one_host=one_host, seconds=time.perf_counter() - t0)
+
+
+def _import_mpi(comm, paths, run_dir: Path, *, run_id, world_size, rank, one_host, force, codec,
+                progress) -> ImportResult | None:
+    """The import split over MPI processes; every decision about the whole run is taken once, on MPI rank 0.
+
+    1. Rank 0 checks the flags and the output directory and lists the files; 2. every process reads the headers of
+    every P-th file, rank 0 gathers them and plans the import (ranks, world size, reference rank, run id, the
+    temporary directory, in file order as the serial import: the same first error); 3. the files are dealt out by
+    size (largest first, each to the least-loaded process) and each process writes its files' shards into the
+    temporary directory (a shared file system, as for the run directory itself), stopping at its first bad file;
+    4. rank 0 gathers what was done: on any failure it removes the temporary directory and raises the failure of the
+    lowest file (the one a serial import stops at), else it moves every shard to its final name and returns the
+    result. Output (progress, warnings, the result) on rank 0 only; nobody waits forever for a process that failed.
+    """
+    me, size = comm.Get_rank(), comm.Get_size()
+    where = f"MPI process {me}: "
+
+    files: list[Path] | None = None
+    failure: _Failure | None = None
+    if me == 0:
+        try:
+            files = _prepare(paths, run_dir, world_size, rank, force)
+        except Exception as e:  # noqa: BLE001 -- every process must hear about it
+            failure = _Failure.of(e, where=where)
+    if comm.bcast(failure is not None, root=0):  # rank 0 alone raises it; the others stop quietly
+        if me == 0:
+            raise failure.error()
+        return None
+    files = comm.bcast(files, root=0)
+    heads = comm.gather(_header_ranks(files, range(me, len(files), size), rank, where), root=0)
+    plan: _Plan | None = None
+    if me == 0:
+        try:
+            plan = _plan(files, [h for part in heads for h in part], run_dir, world_size=world_size, run_id=run_id)
+        except Exception as e:  # noqa: BLE001
+            failure = _Failure.of(e, where=where)
+    if comm.bcast(failure is not None, root=0):  # rank 0 alone raises it; the others stop quietly
+        if me == 0:
+            raise failure.error()
+        return None
+    plan = comm.bcast(plan, root=0)
+    t0 = time.perf_counter()
+    share = deal(plan.costs, size)[me]
+    show = me == 0 and progress_enabled(progress, len(share), 2)
+    try:
+        part = _import_share(plan, share, one_host=one_host, codec=codec, show=show, where=where)
+    except BaseException:
+        shutil.rmtree(plan.tmp, ignore_errors=True)  # interrupted: the others' shards go too (no partial run)
+        raise
+    parts = comm.gather(part, root=0)
+    if me != 0:
+        return None
+    done = [d for ds, _ in parts for d in ds]
+    failures = [f for _, f in parts if f is not None]
+    try:
+        if failures:
+            raise min(failures, key=lambda f: f.index).error()
+        final = _commit(plan, run_dir, done)
+    except BaseException:
+        _abort(plan, run_dir)
+        raise
+    finally:
+        shutil.rmtree(plan.tmp, ignore_errors=True)
+    return _result(plan, run_dir, done, final, one_host=one_host, seconds=time.perf_counter() - t0)
