@@ -39,7 +39,7 @@ def run_job(out: Path, ranks: int, slow_rank: int, slow_ms: float, args) -> Path
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "distprof.launch", "--out", str(out), "--run-id", "r", "--wait", "2", "--warmup", "1",
            "--active", str(args.active), str(ROOT / "examples" / "ddp_mlp.py"), "--hidden", str(args.hidden),
-           "--batch", str(args.batch), "--steps", str(args.active + 5)]
+           "--batch", str(args.batch), "--base-ms", f"{args.base_ms:g}", "--steps", str(args.active + 5)]
     if slow_ms > 0:
         cmd += ["--slow-rank", str(slow_rank), "--slow-ms", f"{slow_ms:g}"]
     for _ in range(3):  # the rare C++ teardown abort (tests/conftest.py) gets reruns
@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=32, help="ddp_mlp's hidden width")
     ap.add_argument("--batch", type=int, default=8, help="ddp_mlp's per-rank batch")
     ap.add_argument("--active", type=int, default=8, help="recorded steps")
+    ap.add_argument("--base-ms", type=float, default=0.0,
+                    help="ms every rank sleeps per step (ddp_mlp --base-ms: work that does not use the CPU, as an "
+                         "accelerator's; 0: a CPU-only step)")
     ap.add_argument("--reruns", type=int, default=2,
                     help="re-runs without the delay per trial (the measured step: the median of theirs; with two or "
                          "more, the spread between them — the job's own run-to-run noise — is printed too)")

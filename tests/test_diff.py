@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from synth import make_run
-from whatif_jobs import DELAY_MS, job
+from whatif_jobs import DELAY_MS, job, twins
 
 import distprof
 from distprof.analysis.diff import diff_runs
@@ -68,8 +68,7 @@ def test_real_straggler_is_named_with_most_of_the_change(tmp_path_factory, tmp_p
 
 @pytest.mark.slow
 def test_two_runs_of_the_unchanged_job_differ_by_nothing_significant(tmp_path_factory):
-    a = distprof.load(job(tmp_path_factory, "plain"))
-    b = distprof.load(job(tmp_path_factory, "plain-again"))
+    a, b = (distprof.load(p) for p in twins(tmp_path_factory))
     d = diff_runs(a, b)
     assert not d.significant, d.verdict
     assert "inside the noise" in d.verdict
