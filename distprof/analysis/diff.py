@@ -362,8 +362,15 @@ def verdict(d: RunDiff) -> str:
     pr = lead("rank")
     if pr is not None:
         who = f"{pr.label}'s work" if pr.label.startswith("rank ") else pr.label
+        moved = [p for p in d.splits["rank"].parts if p.label.startswith("rank ") and p is not pr
+                 and np.sign(p.delta) == -np.sign(s.delta) and abs(p.delta) > p.band]
+        note = ""
+        if moved and abs(pr.delta) > abs(s.delta):  # > 100 %: the path moved onto this rank from others
+            m = max(moved, key=lambda p: abs(p.delta))
+            note = (f"; the path moved {'to' if pr.delta > 0 else 'from'} it {'from' if pr.delta > 0 else 'to'} "
+                    f"{m.label} ({m.delta:+.2f} ms), which held part of A's path")
         out.append(f"On the critical path, {who} {'grew' if pr.delta > 0 else 'shrank'} by "
-                   f"{abs(pr.delta):.2f} ms per step ({_pct(pr.delta, s.delta)} of the change).")
+                   f"{abs(pr.delta):.2f} ms per step ({_pct(pr.delta, s.delta)} of the change{note}).")
     pp = lead("phase")
     if pp is not None:
         out.append(f"By phase, most of it is {pp.label} ({pp.delta:+.2f} ms, {_pct(pp.delta, s.delta)}).")
