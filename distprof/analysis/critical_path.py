@@ -216,7 +216,7 @@ def step_graph(run: RunSummary) -> StepGraph:
         ev_rs=ev_rs, ev_rank=ranks[o], ev_step=steps[o], ev_kind=k_o, ev_group=gid, ev_op=op[o], ev_pg=pg[o],
         ev_partner=partner, ev_arrival=a, ev_end=z, ev_gap=gap, ev_link=link, ev_prev=prev,
         ev_transfer=np.zeros(n), names=np.asarray(run.names, dtype=object), n_groups=n_groups)
-    s, last = _starts(g, a)
+    s, _ = _starts(g, a, who=False)
     g.ev_transfer = np.maximum(z - s, 0.0)
     if n:
         is_last = np.r_[ev_rs[1:] != ev_rs[:-1], True]
