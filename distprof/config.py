@@ -74,6 +74,11 @@ class ProfileConfig:
     trigger_poll_s: float = 0.5  # how often rank 0 looks for a request; the others check the store at least this
     # far apart, more with many ranks (capture/trigger.py: check_interval_s)
     trigger_margin: int = 3  # fewest steps between rank 0 seeing a request and its window's first (warm-up) step
+    watch: bool = False  # a few timings of every step on every rank, and a window when a rank drifts (docs/watch.md)
+    watch_interval_s: float = 2.0  # how often each rank flushes its series and publishes its own work
+    watch_threshold: float = 0.2  # a rank drifts when its own work exceeds the others' median by this fraction ...
+    watch_steps: int = 10  # ... for this many consecutive steps
+    watch_cooldown_s: float = 300.0  # at most one window asked for by the watch per this many seconds
 
     def __post_init__(self) -> None:
         if self.step_on not in STEP_MODES:
@@ -91,6 +96,15 @@ class ProfileConfig:
                               "nothing would be recorded; drop one of them")
         if not 0.05 <= self.trigger_poll_s <= 3600:
             raise ConfigError(f"trigger_poll_s={self.trigger_poll_s}: need a number of seconds in 0.05..3600")
+        if not 0.05 <= self.watch_interval_s <= 3600:
+            raise ConfigError(f"watch_interval_s={self.watch_interval_s}: need a number of seconds in 0.05..3600")
+        if not (0 < self.watch_threshold <= 100):
+            raise ConfigError(f"watch_threshold={self.watch_threshold}: need a fraction > 0 (0.2: 20 % above the "
+                              "other ranks' median)")
+        if not isinstance(self.watch_steps, int) or not 1 <= self.watch_steps <= 100_000:
+            raise ConfigError(f"watch_steps={self.watch_steps!r}: need an integer in 1..100000")
+        if not 0 <= self.watch_cooldown_s <= 1e7:
+            raise ConfigError(f"watch_cooldown_s={self.watch_cooldown_s}: need a number of seconds >= 0")
         if not isinstance(self.trigger_margin, int) or not 0 <= self.trigger_margin <= MAX_TRIGGER_MARGIN:
             raise ConfigError(f"trigger_margin={self.trigger_margin!r}: need an integer in 0..{MAX_TRIGGER_MARGIN}")
 
@@ -143,13 +157,18 @@ _SCHEDULE_KEYS = tuple(_SCHEDULE_FIELDS)
 _PARSERS = {
     **{k: parse_int for k in _SCHEDULE_KEYS if k != "schedule"},
     "schedule": _parse_str,
-    **{k: parse_bool for k in ("flops", "memory", "shapes", "stack", "strict", "memory_history", "trigger")},
+    **{k: parse_bool for k in ("flops", "memory", "shapes", "stack", "strict", "memory_history", "trigger",
+                                     "watch")},
     **{k: _parse_str for k in ("out", "run_id", "step_on", "codec")},
     "sync_rounds": parse_int,
     "sync_timeout_s": parse_float,
     "memory_history_entries": parse_int,
     "trigger_poll_s": parse_float,
     "trigger_margin": parse_int,
+    "watch_interval_s": parse_float,
+    "watch_threshold": parse_float,
+    "watch_steps": parse_int,
+    "watch_cooldown_s": parse_float,
 }
 
 

@@ -87,6 +87,19 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help="fewest steps between rank 0 taking a request and the window's first (warm-up) step; more "
                         "when the ranks need longer to hear of it at the job's step rate (`distprof trigger --in` "
                         f"overrides it per request) [{d.trigger_margin}]")
+    g = p.add_argument_group("always-on watch (docs/watch.md)")
+    _bool(g, "watch", d.watch, "time every step on every rank (step, data wait, optimizer, blocked in communication, "
+                               "device memory peak) into RUN_DIR/watch/, and ask for a window when a rank drifts")
+    g.add_argument("--watch-interval", dest="watch_interval_s", type=float, default=None,
+                   help="seconds between two flushes of each rank's series and publications of its own work (rank 0 "
+                        f"reads at most 100 ranks' per second) [{d.watch_interval_s:g}]")
+    g.add_argument("--watch-threshold", type=float, default=None,
+                   help="a rank drifts when its own work per step (step time minus time blocked in communication) "
+                        f"exceeds the other ranks' median by more than this fraction ... [{d.watch_threshold:g}]")
+    g.add_argument("--watch-steps", type=int, default=None,
+                   help=f"... for this many consecutive steps [{d.watch_steps}]")
+    g.add_argument("--watch-cooldown", dest="watch_cooldown_s", type=float, default=None,
+                   help=f"seconds between two windows asked for by the watch [{d.watch_cooldown_s:g}]")
     p.add_argument("script", help="the training script, run unchanged as __main__")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return p

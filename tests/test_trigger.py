@@ -235,7 +235,7 @@ def _live(run_dir: Path, **kw) -> None:
     ("empty", "not a distprof run directory"),
     ("status", "the job has finished"),
     ("closed", "the job has finished (its profiler closed at step 40"),
-    ("stale", "heartbeat (distprof.live.json) is 300 s old"),
+    ("stale", "heartbeat (distprof.live.json) is 30"),  # 300 s + the CLI's start (loaded machine)
     ("dead", "is gone without closing"),
     ("bad_live", "field 'step' is 'x'"),
 ])

@@ -201,6 +201,37 @@ def _check_shards_mpi(comm, run_dir, *, progress) -> Callable[[Any], Any] | None
     return check
 
 
+#: MPI tag of the summaries sent to rank 0
+_TAG = 7301
+
+
+def _gather_summaries(comm, result: tuple[str, Any]) -> list[tuple[str, Any]] | None:
+    """Every process's ("ok", (summaries, skipped)) or ("error", message) on MPI rank 0, in process order (None
+    elsewhere). Each summary travels as its own message and rank 0 takes them one at a time: one gather of
+    everything held every process's pickled share next to its unpickled summaries (at 256 ranks on 2 processes,
+    +55 MB on rank 0 for 12 MB of summaries). Rank 0 receives everything before anyone raises, so no sender waits
+    forever."""
+    me, size = comm.Get_rank(), comm.Get_size()
+    if me != 0:
+        kind, payload = result
+        if kind != "ok":
+            comm.send(("error", payload, 0), dest=0, tag=_TAG)
+            return None
+        summaries, skipped = payload
+        comm.send(("ok", skipped, len(summaries)), dest=0, tag=_TAG)
+        for sm in summaries:
+            comm.send(sm, dest=0, tag=_TAG)
+        return None
+    out = [result]
+    for src in range(1, size):
+        kind, payload, n = comm.recv(source=src, tag=_TAG)
+        if kind != "ok":
+            out.append((kind, payload))
+            continue
+        out.append(("ok", ([comm.recv(source=src, tag=_TAG) for _ in range(n)], payload)))
+    return out
+
+
 def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False) -> RunSummary | None:
     me, size = comm.Get_rank(), comm.Get_size()
     cat: RunCatalog | None = None
@@ -225,7 +256,7 @@ def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False) -> Ru
         where = f"MPI process {me} (ranks {rank_ranges(share)} of the run)" if share else f"MPI process {me}"
         msg = f"{e}" if isinstance(e, DistprofError) else f"{type(e).__name__}: {e}"
         result = ("error", f"{where}: {msg}")
-    gathered = comm.gather(result, root=0)
+    gathered = _gather_summaries(comm, result)
     if me != 0:
         return None
     errors = [m for kind, m in gathered if kind == "error"]

@@ -28,7 +28,7 @@ __all__ = ["root_cause", "IDLE_NAME"]
 NS_PER_MS = 1e6
 IDLE_NAME = "[idle]"
 _MAX_CELLS = 20_000_000  # (name, step, rank) cells compared, at most (names beyond: the stragglers' lightest)
-_CHUNK_CELLS = 2_000_000  # cells held at once (16 MB per array)
+_CHUNK_CELLS = 250_000  # cells per array at once (2 MB; the median over ranks holds about six such arrays)
 
 
 def _candidates(run: RunSummary, ranks: list[int], max_names: int) -> tuple[list[str], dict[str, str]]:
@@ -50,28 +50,31 @@ def _candidates(run: RunSummary, ranks: list[int], max_names: int) -> tuple[list
     return cand, kinds
 
 
-def _per_rank_cells(run: RunSummary, all_ranks: np.ndarray, steps: np.ndarray, pos: dict[str, int]) -> list:
-    """Per rank: (rank column, name index, step index, ms, calls) of its op totals among the candidate names."""
+def _per_rank_cells(run: RunSummary, all_ranks: np.ndarray, pos: dict[str, int]) -> list:
+    """Per rank with op totals: (rank column, its summary, each of its op names' candidate index or −1). Small
+    (a few hundred ints per rank): the cells are built from the summaries a chunk of names at a time."""
     parts = []
     for j, r in enumerate(all_ranks.tolist()):
         s = run.ranks.get(int(r))
         if s is None or not s.op_totals["name"].size:
             continue
-        ni = np.array([pos.get(x, -1) for x in s.op_names.tolist()], np.int64)[s.op_totals["name"]]
-        ok = (ni >= 0) & np.isin(s.op_totals["step"], steps)
-        parts.append((j, ni[ok], np.searchsorted(steps, s.op_totals["step"][ok]), s.op_totals["dur_ms"][ok],
-                      s.op_totals["calls"][ok]))
+        parts.append((j, s, np.array([pos.get(x, -1) for x in s.op_names.tolist()], np.int32)))
     return parts
 
 
-def _fill(parts: list, idle: tuple, a: int, b: int, n_names: int, ns: int, nr: int) -> tuple[np.ndarray, np.ndarray]:
+def _fill(parts: list, idle: tuple, steps: np.ndarray, a: int, b: int, n_names: int, nr: int
+          ) -> tuple[np.ndarray, np.ndarray]:
     """(ms, calls) per (name, step, rank) for names a..b-1 (index n_names is the [idle] pseudo-op)."""
+    ns = steps.size
     dur = np.zeros((b - a, ns, nr))
     calls = np.zeros((b - a, ns, nr))
-    for j, ni, si, d, c in parts:
-        m = (ni >= a) & (ni < b)
-        dur[ni[m] - a, si[m], j] = d[m]
-        calls[ni[m] - a, si[m], j] = c[m]
+    for j, s, name_map in parts:
+        ot = s.op_totals
+        ni = name_map[ot["name"]]
+        m = (ni >= a) & (ni < b) & np.isin(ot["step"], steps)
+        si = np.searchsorted(steps, ot["step"][m])
+        dur[ni[m] - a, si, j] = ot["dur_ms"][m]
+        calls[ni[m] - a, si, j] = ot["calls"][m]
     if a <= n_names < b and idle[0].size:
         dur[n_names - a, idle[0], idle[1]] = idle[2]
     return dur, calls
@@ -111,7 +114,7 @@ def root_cause(
     cand, kind_of = _candidates(run, ranks, max(1, _MAX_CELLS // (ns * nr)))
     labels = cand + [IDLE_NAME]
     kinds = [kind_of.get(n, "none") for n in cand] + ["none"]
-    parts = _per_rank_cells(run, all_ranks, steps, {n: i for i, n in enumerate(cand)})
+    parts = _per_rank_cells(run, all_ranks, {n: i for i, n in enumerate(cand)})
     idle = (np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"]), np.asarray(bd["idle_ms"]))
     targets = {r: int(np.searchsorted(all_ranks, r)) for r in ranks if r in all_ranks}
     cells = {r: _target_cells(present, j) for r, j in targets.items()}
@@ -120,7 +123,7 @@ def root_cause(
     chunk = max(1, _CHUNK_CELLS // (ns * nr))
     for a in range(0, len(labels), chunk):
         b = min(a + chunk, len(labels))
-        dur, calls = _fill(parts, idle, a, b, len(cand), ns, nr)
+        dur, calls = _fill(parts, idle, steps, a, b, len(cand), nr)
         dur = np.where(present[None], dur, np.nan)
         for r, j in targets.items():
             steps_ok = cells[r]

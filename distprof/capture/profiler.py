@@ -24,6 +24,7 @@ from .schedule import Action, WindowPlan
 from .setup import RunSetup
 from .stepper import OptimizerStepper
 from .trigger import Trigger
+from .watch import Watch
 from .windows import ShardWriter, WindowJob
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class RankProfiler:
         self._setup = RunSetup(config, self._clock)
         self._plan = WindowPlan(config.schedule)  # the schedule's windows and the triggered ones
         self._trigger: Trigger | None = None
+        self._watch: Watch | None = None
         self._cuda_peaks: dict[int, int] = {}
         self._cuda_baseline: dict[int, int] = {}
         self._memhist: MemoryHistory | None = None
@@ -129,6 +131,10 @@ class RankProfiler:
                                     written=lambda: self.windows_written,
                                     on_error=lambda stage, e: self._fail(stage, e, disable=False))
             self._trigger.start()
+        if cfg.watch:
+            self._watch = Watch(cfg, self._setup, trigger=self._trigger, step=lambda: self.step_num,
+                                on_error=lambda stage, e: self._fail(stage, e, disable=False))
+            self._watch.start()
         # a job whose process group already exists: agree now (every rank enters the profiler there)
         self._guard("setup", self._setup.agree_with_existing_group)
         if self._disabled:  # the agreement failed: warned once, training goes on unprofiled
@@ -186,6 +192,8 @@ class RankProfiler:
             ok = self._writer.close() if self._writer is not None else True
             if not ok:
                 self._fail("write", TimeoutError("background writer did not finish within 120 s"))
+            if self._watch is not None:
+                self._watch.close()
             if self._trigger is not None:
                 self._trigger.close()
             self._clock.close()
@@ -211,6 +219,8 @@ class RankProfiler:
             self._trigger.adopt(self.step_num)
         plan = self._plan
         cur, nxt = plan.action(self.step_num), plan.action(self.step_num + 1)
+        if self._watch is not None:  # before the profiler reads (and resets) a recorded step's device peak
+            self._watch.step_end(self.step_num, cur in RECORDING)
         if cur in RECORDING:
             self._cuda_step_end(self.step_num)
         if nxt in RECORDING and cur not in RECORDING:
@@ -296,7 +306,12 @@ class RankProfiler:
             results, window, complete, self._info, stop_s, ready_s, peaks, dict(self._cuda_baseline),
             groups.gloo_thread_pg(), groups.process_groups(), groups.backend_name(self._info.device_type),
             groups.backend_config(), dict(self._step_end_ns), memsnap=memsnap, memhist=memhist,
-            p2p_calls=p2p.drain()))
+            p2p_calls=p2p.drain(), trigger=self._trigger_attr(window)))
+
+    def _trigger_attr(self, window: int) -> dict[str, Any] | None:
+        """A triggered window's request and why it was asked for (its shards' ``trigger`` attribute)."""
+        tw = self._plan.triggered_window(window)
+        return None if tw is None else {"request_id": tw.request_id, "reason": tw.reason, "plan": tw.plan}
 
     # -- CUDA memory --------------------------------------------------------------------------------------------
     def _cuda_window_begin(self) -> None:

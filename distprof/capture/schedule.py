@@ -78,6 +78,7 @@ class TriggeredWindow:
     first: int
     last: int
     request_id: str
+    reason: str = ""  # why it was asked for (the watch's drift), empty from `distprof trigger`
 
     @property
     def steps(self) -> int:
@@ -160,6 +161,10 @@ class WindowPlan:
         self.triggered.append(t)
         if record:
             self._recorded = [r for r in self._recorded if r.last >= t.begin] + [t]
+
+    def triggered_window(self, index: int) -> TriggeredWindow | None:
+        """The triggered window with this window index, if any."""
+        return next((t for t in self.triggered if t.index == index), None)
 
     def next_index(self) -> int | None:
         """The window index of the next triggered window (None: the schedule's own windows have no end)."""

@@ -136,6 +136,8 @@ class Trigger:
         self._written = written
         self._on_error = on_error
         self._outbox: queue.Queue = queue.Queue()  # training thread -> side thread
+        self._submitted: queue.Queue = queue.Queue()  # rank 0: requests from this process (the watch's drifts)
+        self._listeners: dict[str, Callable[[tf.TriggerAnswer], None]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,6 +179,15 @@ class Trigger:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.debug("distprof: trigger side thread still busy at close")
+
+    def submit(self, req: tf.TriggerRequest, on_answer: Callable[[tf.TriggerAnswer], None] | None = None) -> None:
+        """Rank 0, any thread: ask for a window as if `distprof trigger` had written `req` (capture/watch.py's
+        drifts). Taken on the side thread like a request file: the same checks, placement, publication and answers
+        (trigger.answer.json); `on_answer` hears each answer to it (on the side thread; it must not block)."""
+        if on_answer is not None:
+            self._listeners[req.request_id] = on_answer
+        self._submitted.put(req)
+        self._wake.set()
 
     def records(self) -> list[dict[str, Any]]:
         """This rank's triggered windows (status file): plan, window, steps, recorded, late_at_step."""
@@ -229,7 +240,7 @@ class Trigger:
             return _Decision(req, step, None, f"the schedule leaves no gap of {sched.warmup + n} steps (warm-up + "
                                               f"{n}) between its windows; ask for fewer steps")
         tw = TriggeredWindow(len(self._plan.triggered), self._plan.next_index(), begin, begin + sched.warmup,
-                             begin + sched.warmup + n - 1, req.request_id)
+                             begin + sched.warmup + n - 1, req.request_id, req.reason)
         self._plan.add(tw, record=True)
         return _Decision(req, step, tw)
 
@@ -261,6 +272,7 @@ class Trigger:
                     tf.remove_temporaries(self._run_dir)
             if self._run_dir is None:
                 return
+            self._take_submitted()
             if now >= self._next_poll:
                 self._next_poll = now + self.config.trigger_poll_s
                 self._poll_request()
@@ -337,6 +349,14 @@ class Trigger:
                 self._adopted(item)
 
     # -- rank 0 ---------------------------------------------------------------------------------------------------
+    def _take_submitted(self) -> None:
+        """A request from this process, once there is somebody to tell and a step rate to place it by."""
+        if self._submitted.empty() or self._deciding is not None:
+            return
+        if self._world > 1 and (self._store is None or self._rate is None) and not self._store_gone:
+            return
+        self._take(self._submitted.get_nowait())
+
     def _poll_request(self) -> None:
         path = self._run_dir / tf.REQUEST_NAME
         try:
@@ -359,13 +379,20 @@ class Trigger:
             return
         if req.request_id in self._handled:
             return
-        self._handled.add(req.request_id)
         stale = (req.session != self.session) if req.session is not None else st.st_mtime_ns < self._started_ns
         if stale:
+            self._handled.add(req.request_id)
             self._answer(tf.TriggerAnswer(req.request_id, "stale", f"{path}: written for another start of this job "
                                           f"(session {req.session or 'unknown'}, this one is {self.session}); "
                                           "nothing recorded: run `distprof trigger` again"))
             return
+        self._take(req)
+
+    def _take(self, req: tf.TriggerRequest) -> None:
+        """A checked request (a file's, or submitted): refused with a reason, or left for the training thread."""
+        if req.request_id in self._handled:
+            return
+        self._handled.add(req.request_id)
         if self._store_gone:
             self._answer(tf.TriggerAnswer(req.request_id, "refused", "the job's c10d store stopped answering (the "
                                                                      "script destroyed its process group, or the "
@@ -459,6 +486,14 @@ class Trigger:
         if self._run_dir is not None:
             tf.write_doc(self._run_dir / tf.ANSWER_NAME, answer.to_doc())
         log.info("distprof: trigger %s: %s: %s", answer.request_id, answer.state, answer.message)
+        listener = self._listeners.get(answer.request_id or "")
+        if listener is not None:
+            if answer.state in tf.FINAL_STATES:
+                del self._listeners[answer.request_id]
+            try:
+                listener(answer)
+            except Exception as e:  # noqa: BLE001 -- a listener never stops the trigger
+                log.debug("distprof: trigger answer listener failed: %s", e)
 
     def _write_live(self, state: str) -> None:
         sched = self.config.schedule
@@ -554,7 +589,9 @@ def _window_from(raw: bytes, plan: int) -> TriggeredWindow:
     if not all(v.__class__ is int and v >= 0 for v in fields.values()) or fields["plan"] != plan or \
             not fields["begin"] <= fields["first"] <= fields["last"]:
         raise ValueError(f"triggered window {plan}: bad steps in the store ({fields})")
-    return TriggeredWindow(request_id=str(doc.get("request_id", "")), **fields)
+    reason = doc.get("reason", "")
+    reason = reason[:tf.MAX_REASON_CHARS] if isinstance(reason, str) else ""
+    return TriggeredWindow(request_id=str(doc.get("request_id", "")), reason=reason, **fields)
 
 
 def _span(steps) -> str:

@@ -34,6 +34,8 @@ ANSWER_FORMAT = "distprof-trigger-answer"
 LIVE_FORMAT = "distprof-live"
 #: Neither side reads a file larger than this (each is well under 4 kB).
 MAX_FILE_BYTES = 64 * 1024
+#: The longest reason a request may give.
+MAX_REASON_CHARS = 500
 #: The most steps one triggered window may record.
 MAX_TRIGGER_STEPS = 10_000
 #: What an answer can say. "scheduled": steps chosen; "recorded": rank 0's shard is written, the other ranks are
@@ -65,6 +67,7 @@ class TriggerRequest:
     margin: int | None = None
     session: str | None = None
     created_ns: int = 0
+    reason: str = ""  # why the window is asked for (the watch's drift; empty from the CLI), kept in its shards
 
     def to_doc(self) -> dict[str, Any]:
         return {"format": REQUEST_FORMAT, "version": VERSION, **asdict(self)}
@@ -83,7 +86,10 @@ class TriggerRequest:
         created = doc.get("created_ns", 0)
         if created.__class__ is not int or created < 0:
             raise _field_error(path, "created_ns", created, "nanoseconds since the epoch")
-        return cls(rid, steps, margin, session, created)
+        reason = doc.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
+            raise _field_error(path, "reason", reason, f"a string of at most {MAX_REASON_CHARS} characters")
+        return cls(rid, steps, margin, session, created, reason)
 
 
 @dataclass

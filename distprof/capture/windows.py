@@ -49,6 +49,7 @@ class WindowJob:
     memsnap: dict | None = None  # torch.cuda.memory._snapshot() at the window end (--memory-history)
     memhist: dict[str, Any] | None = None  # {"max_entries", "stacks"} of the history recorder
     p2p_calls: P2PCalls | None = None  # the point-to-point calls since the last window (capture.p2p)
+    trigger: dict[str, Any] | None = None  # a triggered window: request_id, reason, plan (capture/trigger.py)
     t_queued: float = field(default_factory=time.perf_counter)
 
 
@@ -149,6 +150,8 @@ class ShardWriter:
             "created_ns": time.time_ns(),
             "timings": timings,  # write_shard adds write_s
         }
+        if job.trigger is not None:
+            attrs["trigger"] = job.trigger
         if mem_attr is not None:
             attrs["memory_history"] = mem_attr
             timings["memhist_s"] = mem_attr.pop("summary_s")

@@ -23,6 +23,7 @@ import textwrap
 from typing import Any
 
 from ..analysis.names import display_name, rank_ranges
+from .console_watch import watch_lines
 from .console_whatif import critical_path_lines, gain_text, whatif_lines
 
 logger = logging.getLogger(__name__)
@@ -160,6 +161,7 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
     out += _clock(report.get("clock", {}), st)
 
     out += _summary(report.get("summary", {}), st)
+    out += watch_lines(report.get("watch"), st)
     out += _stragglers(report, st, top)
     out += critical_path_lines(report, st.bold) + whatif_lines(report, st.bold)
     out += _collectives(report, st)

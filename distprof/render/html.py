@@ -27,7 +27,7 @@ from typing import Any
 from ..analysis.names import display_name, rank_ranges
 from ..atomic import atomic_write
 from ..errors import ConfigError
-from . import html_scale
+from . import html_scale, html_watch
 from .html_assets import _BOOT_JS, _CSS, _plotly_element
 from .html_figures import (  # noqa: F401  (_downsample_minmax: re-exported for the tests)
     MEMORY_POINTS_PER_RANK, _MAX_ANNOTATIONS, _downsample_minmax, _fig_annotations, _fig_blame, _fig_breakdown,
@@ -314,6 +314,7 @@ def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = 
                if html_scale.many(len((report.get("run") or {}).get("ranks_present") or []))
                else "Each cell is one rank's step (ms); hover for its breakdown. A row that stays hot is a slow rank; "
                "a hot column is a slow step everywhere."),
+        html_watch.section(report, figs, _chart),
         "<div class=\"grid\">",
         _chart("fig-breakdown", "Where step time goes, per rank", _fig_breakdown(report), figs, bd_caption),
         _chart("fig-blame", "Straggler blame per rank, grouped by host", _fig_blame(report), figs,

@@ -175,7 +175,7 @@ REQUIRED_ATTRS = (
     "last_step",
 )
 JSON_ATTRS = ("config", "process_groups", "errors", "sim_clock", "timings", "steps_covered", "memory_history",
-              "device_properties")
+              "device_properties", "trigger")
 #: Tables a shard may lack (a reader returns them empty): added in a minor version or written only on request.
 OPTIONAL_TABLES = ("cuda_memory", "cuda_memory_blocks")
 

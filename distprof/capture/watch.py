@@ -1,0 +1,528 @@
+"""``--watch``: a few timings of every step on every rank, flushed to the run directory, and a window when a rank
+drifts (docs/watch.md).
+
+Training thread (:class:`WatchRecorder`): at each step boundary one row into a preallocated NumPy ring — the step's
+wall time, and what the hooks added up during it: DataLoader ``__next__`` (data wait), the outermost optimizer step,
+``Work.wait`` of collectives and point-to-point calls (time blocked in communication: every synchronous
+``torch.distributed`` call and every explicit wait ends in it), the device memory peak on a GPU. A few
+``perf_counter_ns`` calls and one row assignment per step; no lock, no store, no file.
+
+Side thread (:class:`Watch`), every ``--watch-interval`` seconds:
+
+* takes the new rows from the ring and rewrites the rank's current segment file atomically
+  (storage/watchfile.py): a crash loses at most what came after the last flush;
+* publishes its own work (step time minus time blocked) of the steps since its last publication under one c10d store
+  key of its own (one ``set``, at most :data:`MAX_PUBLISH` floats: O(1) per rank per interval);
+* rank 0 reads the other ranks' keys (``check`` + ``get``, never a blocking wait for a missing key), at most
+  :data:`STORE_READS_PER_S` per second for the whole job (a 1,000-rank job: every 10 s), feeds the steps every
+  fresh rank has covered to the drift rule (analysis/watch.py) and, when a rank's drift is confirmed, asks the
+  job's trigger (capture/trigger.py) for a window — the same placement, publication and answers as
+  ``distprof trigger`` — at most one per ``--watch-cooldown`` seconds, and records why in watch/drifts.json.
+
+Nothing here may hurt training: every failure is one warning (the profiler's), and the watch stops; the job goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..analysis.watch import DriftRule, DriftSpan, DriftTracker
+from ..config import ProfileConfig
+from ..storage import watchfile as wf
+from ..storage.writer import remove_orphans
+from . import trigger_files as tf
+from .setup import RunSetup, is_distributed
+
+log = logging.getLogger(__name__)
+
+#: Rows the training thread can write before the side thread takes them (oldest overwritten first, counted).
+RING_ROWS = 16_384
+#: The most own-work values a rank publishes per interval (the latest steps).
+MAX_PUBLISH = 512
+#: Rank 0 reads at most this many other ranks' keys per second (two store calls each), whatever the job's size.
+STORE_READS_PER_S = 100.0
+#: Steps of every rank rank 0 keeps for the rule (must exceed the steps between two of its evaluations).
+HISTORY_STEPS = 4096
+#: A rank whose key has not moved for this many reading rounds is left out of "every rank has covered step s".
+STALE_ROUNDS = 3
+_PUB = struct.Struct("<qi")  # first step, number of float32 values that follow
+
+_instances = 0
+
+
+def read_interval_s(interval_s: float, world_size: int) -> float:
+    """Seconds between two reads of one rank's key by rank 0 (longer for big jobs: STORE_READS_PER_S overall)."""
+    return max(interval_s, (world_size - 1) / STORE_READS_PER_S)
+
+
+# ---- the training thread -------------------------------------------------------------------------------------
+class WatchRecorder:
+    """The per-step row and the hooks that add to it. `step_end` runs on the training thread; the hooks only count
+    on it (`main_ident`); `take` on the side thread."""
+
+    def __init__(self, main_ident: int, capacity: int = RING_ROWS) -> None:
+        self.rows = np.zeros(capacity, wf.SERIES_DTYPE)
+        self.n = 0  # rows written so far (the side thread reads it; written after the row)
+        self.cap = capacity
+        self.main_ident = main_ident
+        self.data_ns = self.opt_ns = self.comm_ns = 0
+        self._t_last = time.perf_counter_ns()
+        self._opt_depth = 0
+        self._opt_t0 = 0
+        self._cuda = None
+        self._originals: dict[str, tuple[Any, str, Any]] = {}
+        self._handles: list = []
+
+    # -- hooks ------------------------------------------------------------------------------------------------
+    def install(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            self._cuda = torch.cuda
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._handles = [register_optimizer_step_pre_hook(self._opt_pre),
+                         register_optimizer_step_post_hook(self._opt_post)]
+        try:
+            from torch._C._distributed_c10d import Work
+
+            self._patch(Work, "wait", "comm_ns")
+        except (ImportError, AttributeError):  # torch without distributed
+            pass
+        try:
+            from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+            self._patch(_BaseDataLoaderIter, "__next__", "data_ns")
+        except (ImportError, AttributeError):
+            pass
+
+    def _patch(self, cls, name: str, counter: str) -> None:
+        orig = getattr(cls, name)
+        rec = self
+        get_ident = threading.get_ident
+        clock = time.perf_counter_ns
+
+        def timed(*args, **kwargs):
+            if get_ident() != rec.main_ident:
+                return orig(*args, **kwargs)
+            t0 = clock()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                setattr(rec, counter, getattr(rec, counter) + clock() - t0)
+
+        timed.__distprof_watch__ = orig  # type: ignore[attr-defined]
+        timed.__name__ = getattr(orig, "__name__", name)
+        timed.__doc__ = getattr(orig, "__doc__", None)
+        setattr(cls, name, timed)
+        self._originals[f"{cls.__name__}.{name}"] = (cls, name, orig)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for cls, name, orig in self._originals.values():
+            cur = getattr(cls, name, None)
+            if getattr(cur, "__distprof_watch__", None) is orig:
+                setattr(cls, name, orig)
+        self._originals = {}
+
+    def _opt_pre(self, opt, args, kwargs) -> None:
+        if self._opt_depth == 0:
+            self._opt_t0 = time.perf_counter_ns()
+        self._opt_depth += 1
+
+    def _opt_post(self, opt, args, kwargs) -> None:
+        self._opt_depth = max(0, self._opt_depth - 1)
+        if self._opt_depth == 0:
+            self.opt_ns += time.perf_counter_ns() - self._opt_t0
+
+    # -- per step ---------------------------------------------------------------------------------------------
+    def step_end(self, step: int, profiler_resets_peak: bool) -> None:
+        """Step `step` ended now. `profiler_resets_peak`: the profiler reads and resets the device peak at this
+        boundary itself (a recorded step), so the watch only reads it."""
+        t = time.perf_counter_ns()
+        peak = -1
+        cuda = self._cuda
+        if cuda is not None:
+            peak = int(cuda.max_memory_allocated())
+            if not profiler_resets_peak:
+                cuda.reset_peak_memory_stats()
+        self.rows[self.n % self.cap] = (step, time.time_ns(), (t - self._t_last) * 1e-6, self.data_ns * 1e-6,
+                                        self.opt_ns * 1e-6, self.comm_ns * 1e-6, peak)
+        self.n += 1
+        self.data_ns = self.opt_ns = self.comm_ns = 0
+        self._opt_depth = 0
+        self._t_last = time.perf_counter_ns()
+
+    def take(self, since: int) -> tuple[np.ndarray, int, int]:
+        """Side thread: rows written since row number `since` -> (rows, new `since`, rows lost to the ring)."""
+        n = self.n
+        lost = max(0, n - since - self.cap)
+        start = since + lost
+        if n <= start:
+            return self.rows[:0].copy(), n, lost
+        idx = np.arange(start, n) % self.cap
+        rows = self.rows[idx].copy()
+        late = max(0, self.n - start - self.cap)  # overwritten while copying (the side thread was very late)
+        if late:
+            rows, lost = rows[late:], lost + late
+        return rows, n, lost
+
+
+# ---- the side thread -------------------------------------------------------------------------------------------
+@dataclass
+class _Peer:
+    last_step: int = -1  # the latest step rank 0 has of this rank
+    moved_round: int = 0  # the reading round in which it last moved
+
+
+class Watch:
+    """One rank's watch: the recorder on the training thread, flush / publish / (rank 0) compare on a side thread.
+
+    `step`: the rank's current step; `trigger`: the job's Trigger (None: --no-trigger, drifts are only recorded);
+    `on_error(stage, exc)`: the profiler's one warning.
+    """
+
+    def __init__(self, config: ProfileConfig, setup: RunSetup, *, trigger, step: Callable[[], int],
+                 on_error: Callable[[str, BaseException], None]) -> None:
+        self.config = config
+        self.rule = DriftRule(config.watch_threshold, config.watch_steps)
+        self.recorder = WatchRecorder(threading.get_ident())
+        self._setup = setup
+        self._trigger = trigger
+        self._step = step
+        self._on_error = on_error
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed = False
+        self._rank: int | None = None
+        self._world = 1
+        self._store = None
+        self._prefix = ""
+        self._run_dir: Path | None = None
+        self._taken = 0  # ring rows taken
+        self.lost_rows = 0
+        self._seg = -1
+        self._seg_rows = np.zeros(wf.SEGMENT_STEPS, wf.SERIES_DTYPE)
+        self._seg_n = 0
+        self._seg_dirty = False
+        self._pending: list[np.ndarray] = []  # rows taken before the run directory was known
+        self._recent_own: np.ndarray = np.zeros(0)
+        self._recent_first = -1
+        self._published_to = -1  # the last step this rank published
+        # rank 0
+        self._hist = np.full((0, HISTORY_STEPS), np.nan, dtype=np.float32)
+        self._hist_step = np.full(HISTORY_STEPS, -1, dtype=np.int64)
+        self._peers: dict[int, _Peer] = {}
+        self._round = 0
+        self._cursor = 1
+        self._next_read = 0.0
+        self._evaluated_to = -1
+        self._tracker = DriftTracker(self.rule)
+        self._drifts: list[dict[str, Any]] = []
+        self._drift_spans: list[DriftSpan | None] = []
+        self._drifts_dirty = False
+        self._cooldown_until = 0.0
+        self._retry: tuple[int, float] | None = None  # (drift record, when) of a request refused while a window ran
+        self._lock = threading.Lock()
+        self.flushes = 0
+        self.flush_s = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.recorder.install()
+        self._thread = threading.Thread(target=self._run, name="distprof-watch", daemon=True)
+        self._thread.start()
+
+    def step_end(self, step: int, profiler_resets_peak: bool) -> None:
+        """Training thread, at each step boundary. Never raises."""
+        if self._failed:
+            return
+        try:
+            self.recorder.step_end(step, profiler_resets_peak)
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Last flush (every step recorded so far) and last publication; hooks removed. Bounded."""
+        self._stop.set()
+        try:
+            self.recorder.remove()
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _fail(self, e: BaseException) -> None:
+        if not self._failed:
+            self._failed = True
+            self._on_error("watch", e)
+
+    # -- side thread --------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        tick = self.config.watch_interval_s
+        try:
+            while True:
+                stopping = self._stop.is_set()
+                self._work(time.monotonic(), final=stopping)
+                if stopping:
+                    return
+                self._stop.wait(tick)
+        except Exception as e:  # noqa: BLE001 -- one warning; training goes on
+            self._fail(e)
+            try:
+                self.recorder.remove()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _work(self, now: float, final: bool = False) -> None:
+        if self._failed:
+            return
+        if self._rank is None:
+            self._identify()
+        rows, self._taken, lost = self.recorder.take(self._taken)
+        if lost:
+            self.lost_rows += lost
+            log.info("distprof: watch: %d step rows lost (the side thread fell behind)", lost)
+        if rows.size:
+            self._remember(rows)
+            self._pending.append(rows)
+        if self._rank is not None and self._run_dir is None:
+            run_dir = self._setup.ensure_run_dir(self._rank, wait=final)
+            if run_dir is not None:
+                (run_dir / wf.WATCH_DIR).mkdir(exist_ok=True)
+                remove_orphans(run_dir / wf.WATCH_DIR, self._rank)  # an earlier crash's temporary files
+                self._run_dir = run_dir
+        if self._run_dir is not None and (self._pending or self._seg_dirty):
+            t0 = time.perf_counter()
+            self._flush()
+            self.flush_s += time.perf_counter() - t0
+            self.flushes += 1
+        if self._rank is None:
+            return
+        if self._store is not None:
+            self._publish()
+        if self._rank == 0:
+            self._compare(now, final)
+            self._write_drifts()
+
+    def _identify(self) -> None:
+        import torch.distributed as dist
+
+        global _instances
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed import distributed_c10d as c10d
+
+            self._world = dist.get_world_size()
+            rank = dist.get_rank()
+            if self._world > 1:
+                store = c10d._get_default_store()
+                self._store = store.clone() if hasattr(store, "clone") else store
+                _instances += 1
+                restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                self._prefix = f"distprof/watch/a{restart}/{_instances}/"
+            self._join(rank)
+        elif not is_distributed():
+            self._join(0)
+
+    def _join(self, rank: int) -> None:
+        self._rank = rank
+        if rank == 0:
+            self._hist = np.full((self._world, HISTORY_STEPS), np.nan, dtype=np.float32)
+            self._peers = {r: _Peer() for r in range(1, self._world)}
+
+    # -- the series file ----------------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        rows = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0] if self._pending else None
+        self._pending = []
+        if rows is not None:
+            segs = rows["step"] // wf.SEGMENT_STEPS
+            for seg in np.unique(segs):
+                part = rows[segs == seg]
+                if seg != self._seg:
+                    if self._seg_dirty:
+                        self._write_segment()
+                    self._seg, self._seg_n = int(seg), 0
+                keep = part[part["step"] > (self._seg_rows["step"][self._seg_n - 1] if self._seg_n else -1)]
+                k = min(keep.size, wf.SEGMENT_STEPS - self._seg_n)
+                self._seg_rows[self._seg_n:self._seg_n + k] = keep[:k]
+                self._seg_n += k
+                self._seg_dirty = True
+        if self._seg_dirty:
+            self._write_segment()
+
+    def _write_segment(self) -> None:
+        wf.write_segment(wf.segment_path(self._run_dir, self._rank, self._seg), self._seg_rows[:self._seg_n])
+        self._seg_dirty = False
+
+    # -- publishing own work --------------------------------------------------------------------------------------
+    def _remember(self, rows: np.ndarray) -> None:
+        """The latest own-work values (at most MAX_PUBLISH steps), for the next publication / rank 0's table."""
+        from ..analysis.watch import own_ms
+
+        own = own_ms(rows).astype(np.float32)
+        steps = rows["step"]
+        if self._rank == 0 or self._rank is None:
+            self._own_into_hist(0, steps, own)
+        if self._recent_first >= 0 and steps.size and steps[0] == self._recent_first + self._recent_own.size:
+            own = np.concatenate([self._recent_own, own])
+            first = self._recent_first
+        else:
+            first = int(steps[0]) if steps.size else -1
+        if own.size > MAX_PUBLISH:
+            first += own.size - MAX_PUBLISH
+            own = own[-MAX_PUBLISH:]
+        self._recent_own, self._recent_first = own, first
+
+    def _publish(self) -> None:
+        if self._rank == 0 or self._recent_first < 0:
+            return
+        last = self._recent_first + self._recent_own.size - 1
+        if last <= self._published_to:
+            return
+        start = max(self._recent_first, self._published_to + 1)
+        vals = self._recent_own[start - self._recent_first:]
+        payload = _PUB.pack(start, vals.size) + vals.astype("<f4").tobytes()
+        self._store.set(f"{self._prefix}r/{self._rank}", payload)
+        self._published_to = last
+
+    # -- rank 0: compare ------------------------------------------------------------------------------------------
+    def _own_into_hist(self, i: int, steps: np.ndarray, own: np.ndarray) -> None:
+        if self._hist.shape[0] == 0:
+            return
+        cols = steps % HISTORY_STEPS
+        fresh = self._hist_step[cols] != steps
+        if fresh.any():
+            c = cols[fresh]
+            self._hist[:, c] = np.nan
+            self._hist_step[c] = steps[fresh]
+        self._hist[i, cols] = own
+
+    def _read_peers(self, now: float) -> None:
+        """Read the keys of up to STORE_READS_PER_S x the time since the last read of the other ranks."""
+        if self._store is None or self._world <= 1 or now < self._next_read:
+            return
+        budget = max(1, int(STORE_READS_PER_S * max(self.config.watch_interval_s, 1e-3)))
+        n = min(budget, self._world - 1)
+        for _ in range(n):
+            r = self._cursor
+            self._cursor = 1 + (self._cursor % (self._world - 1))
+            if self._cursor == 1:
+                self._round += 1
+            key = f"{self._prefix}r/{r}"
+            if not self._store.check([key]):
+                continue
+            raw = self._store.get(key)
+            first, k = _PUB.unpack_from(raw)
+            if not (0 <= k <= MAX_PUBLISH and len(raw) == _PUB.size + 4 * k and first >= 0):
+                raise ValueError(f"watch: rank {r}'s summary in the store is malformed ({len(raw)} bytes)")
+            vals = np.frombuffer(raw, "<f4", k, _PUB.size)
+            steps = np.arange(first, first + k, dtype=np.int64)
+            p = self._peers[r]
+            if k and steps[-1] > p.last_step:
+                keep = steps > max(p.last_step, self._evaluated_to)
+                self._own_into_hist(r, steps[keep], vals[keep])
+                p.last_step, p.moved_round = int(steps[-1]), self._round
+        self._next_read = now + read_interval_s(self.config.watch_interval_s, self._world) * n / (self._world - 1)
+
+    def _compare(self, now: float, final: bool) -> None:
+        self._read_peers(now)
+        mine = self._recent_first + self._recent_own.size - 1 if self._recent_first >= 0 else -1
+        fresh = [p.last_step for p in self._peers.values() if p.last_step >= 0
+                 and self._round - p.moved_round <= STALE_ROUNDS]
+        if self._world > 1 and not fresh:
+            return
+        upto = min([mine, *fresh])
+        lo = max(self._evaluated_to + 1, upto - HISTORY_STEPS + 1)
+        if upto < lo:
+            self._service_retry(now)
+            return
+        steps = np.arange(lo, upto + 1, dtype=np.int64)
+        cols = steps % HISTORY_STEPS
+        own = self._hist[:, cols].astype(np.float64)
+        own[:, self._hist_step[cols] != steps] = np.nan
+        self._evaluated_to = upto
+        for sp in self._tracker.feed(steps, np.arange(self._world), own):
+            self._drift_found(sp, now)
+        self._service_retry(now)
+        with self._lock:
+            if any(s is not None and s.open for s in self._drift_spans):
+                self._drifts_dirty = True
+
+    def _drift_found(self, sp: DriftSpan, now: float) -> None:
+        d = {**sp.to_dict(), "id": len(self._drifts), "detected_ns": time.time_ns(), "rank0_step": self._step(),
+             "request_id": None, "state": "", "message": ""}
+        log.warning("distprof: watch: rank %d drifts: own work %.1f ms/step vs the other ranks' median %.1f ms "
+                    "(+%.1f ms) for %d steps from step %d", sp.rank, sp.own_ms, sp.peers_ms, sp.excess_ms,
+                    sp.n_flagged, sp.first_step)
+        with self._lock:
+            self._drifts.append(d)
+            self._drift_spans.append(sp)
+            self._drifts_dirty = True
+        self._ask_window(len(self._drifts) - 1, now)
+
+    def _ask_window(self, i: int, now: float) -> None:
+        d = self._drifts[i]
+        if self._trigger is None:
+            self._set(i, state="not_asked", message="--no-trigger: the drift is recorded, no window is asked for")
+            return
+        if now < self._cooldown_until:
+            self._set(i, state="cooldown", message=f"a window was asked for less than --watch-cooldown "
+                                                   f"{self.config.watch_cooldown_s:g} s ago; none asked for this drift")
+            return
+        rid = f"watch-{self._trigger.session}-{i}"
+        reason = (f"watch: rank {d['rank']} own work {d['own_ms']:.1f} ms/step, {d['excess_ms']:+.1f} ms "
+                  f"({d['excess_pct']}%) over the other ranks' median {d['peers_ms']:.1f} ms for {d['flagged_steps']}"
+                  f" steps from step {d['first_step']}")
+        req = tf.TriggerRequest(rid, None, None, self._trigger.session, time.time_ns(), reason=reason)
+        self._cooldown_until = now + self.config.watch_cooldown_s
+        self._set(i, request_id=rid, state="asked", reason=reason)
+        self._trigger.submit(req, on_answer=lambda a, i=i: self._answered(i, a))
+
+    def _answered(self, i: int, a: tf.TriggerAnswer) -> None:
+        """The trigger's side thread: rank 0's answer to a watch request."""
+        self._set(i, state=a.state, message=a.message, window=a.window, window_first=a.first, window_last=a.last,
+                  decided_at_step=a.step)
+        if a.state == "refused" and "already" in a.message:  # a window was running: ask again once it is over
+            with self._lock:
+                self._cooldown_until = 0.0
+                self._retry = (i, time.monotonic() + self.config.watch_interval_s)
+
+    def _service_retry(self, now: float) -> None:
+        with self._lock:
+            retry = self._retry
+        if retry is None or now < retry[1]:
+            return
+        i = retry[0]
+        sp = self._drift_spans[i]
+        with self._lock:
+            self._retry = None
+        if sp is not None and sp.open:
+            self._ask_window(i, now)
+
+    def _set(self, i: int, **fields: Any) -> None:
+        with self._lock:
+            self._drifts[i].update(fields)
+            self._drifts_dirty = True
+
+    def _write_drifts(self) -> None:
+        with self._lock:
+            if not self._drifts_dirty or self._run_dir is None:
+                return
+            self._drifts_dirty = False
+            docs = []
+            for d, sp in zip(self._drifts, self._drift_spans):
+                if sp is not None:
+                    d.update({k: v for k, v in sp.to_dict().items() if k != "confirmed_step"})
+                docs.append(dict(d))
+        wf.write_drifts(self._run_dir, docs)

@@ -1,0 +1,380 @@
+"""--watch: the drift rule (tables), the series files (atomic flushes, a killed job, damaged files), the options, and
+a real 2-rank job in which one rank starts sleeping: a window triggered within 20 steps, shards and report naming it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, job_env, only_run_dir, python, torchrun
+from test_html_report import browser  # noqa: F401  (the fixture: a headless Chromium)
+from distprof.analysis.watch import DriftRule, DriftTracker, flag_drift, own_ms, peer_median, watch_report
+from distprof.config import ProfileConfig, config_from_mapping
+from distprof.errors import ConfigError
+from distprof.storage import read_shard, find_shards
+from distprof.storage import watchfile as wf
+
+JOB = ROOT / "tests" / "watch_job.py"
+NAN = float("nan")
+
+
+# ---- the rule ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("column, expected", [
+    ([10.0, 30.0], [30.0, 10.0]),  # two ranks: each one's peer is the other
+    ([10.0, 20.0, 60.0], [40.0, 35.0, 15.0]),
+    ([10.0, 10.0, 10.0, 50.0], [10.0, 10.0, 10.0, 10.0]),  # the outlier does not move its own baseline
+    ([10.0, NAN, 30.0], [30.0, NAN, 10.0]),  # a rank without a value has no median and does not count
+    ([10.0, NAN, NAN], [NAN, NAN, NAN]),  # nobody to compare with
+])
+def test_peer_median_leaves_the_rank_out(column, expected):
+    got = peer_median(np.array(column)[:, None])[:, 0]
+    np.testing.assert_allclose(got, expected, equal_nan=True)
+
+
+def test_peer_median_matches_a_direct_computation():
+    rng = np.random.default_rng(0)
+    own = rng.gamma(4, 5, size=(9, 40))
+    own[rng.random(own.shape) < 0.1] = np.nan
+    got = peer_median(own)
+    for i in range(own.shape[0]):
+        for j in range(own.shape[1]):
+            rest = np.delete(own[:, j], i)
+            rest = rest[~np.isnan(rest)]
+            want = np.median(rest) if rest.size and not np.isnan(own[i, j]) else np.nan
+            np.testing.assert_allclose(got[i, j], want, equal_nan=True)
+
+
+@pytest.mark.parametrize("own, peers, threshold, min_ms, flagged", [
+    (13.0, 10.0, 0.2, 1.0, True),  # +30 % and +3 ms
+    (11.9, 10.0, 0.2, 1.0, False),  # +19 %: under the threshold
+    (1.3, 1.0, 0.2, 1.0, False),  # +30 % but only 0.3 ms: under the floor
+    (10.0, 13.0, 0.2, 1.0, False),  # faster than the others is no drift
+    (NAN, 10.0, 0.2, 1.0, False),  # no value, no drift
+])
+def test_flag_drift_threshold_and_floor(own, peers, threshold, min_ms, flagged):
+    f, excess, med = flag_drift(np.array([[own], [peers], [peers]]), DriftRule(threshold, 3, min_ms))
+    assert bool(f[0, 0]) is flagged and not f[1:, 0].any()
+    if not np.isnan(own):
+        assert excess[0, 0] == pytest.approx(own - peers) and med[0, 0] == peers
+
+
+def _series(n_steps: int, slow: dict[int, tuple[int, int, float]], n_ranks: int = 4, base: float = 20.0,
+            noise: float = 0.0, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    own = base + noise * rng.standard_normal((n_ranks, n_steps))
+    for r, (a, b, extra) in slow.items():
+        own[r, a:b] += extra
+    return own
+
+
+@pytest.mark.parametrize("slow, spans", [
+    ({}, []),
+    ({2: (30, 80, 15.0)}, [(2, 30, 79, False)]),  # starts at its first step, ends at its last
+    ({2: (30, 34, 15.0)}, []),  # 4 steps: shorter than the rule's 5
+    ({1: (10, 200, 15.0)}, [(1, 10, 199, True)]),  # to the end of the series: still open
+    ({1: (10, 20, 15.0), 3: (50, 70, 9.0)}, [(1, 10, 19, False), (3, 50, 69, False)]),
+])
+def test_tracker_starts_and_ends(slow, spans):
+    rule = DriftRule(threshold=0.2, steps=5, min_ms=1.0)
+    own = _series(200, slow)
+    tr = DriftTracker(rule)
+    tr.feed(np.arange(200), np.arange(own.shape[0]), own)
+    assert [(s.rank, s.first_step, s.last_step, s.open) for s in tr.spans] == spans
+
+
+def test_tracker_gaps_shorter_than_the_rule_do_not_end_a_drift_and_chunks_do_not_matter():
+    rule = DriftRule(threshold=0.2, steps=5, min_ms=1.0)
+    own = _series(300, {2: (40, 160, 15.0)}, noise=0.5, seed=3)
+    own[2, 90:93] = 20.0  # three ordinary steps inside the drift
+    whole = DriftTracker(rule)
+    whole.feed(np.arange(300), np.arange(4), own)
+    chunked = DriftTracker(rule)
+    confirmed = []
+    for a in range(0, 300, 7):
+        confirmed += chunked.feed(np.arange(a, min(a + 7, 300)), np.arange(4), own[:, a:a + 7])
+    assert [(s.rank, s.first_step, s.last_step) for s in whole.spans] == [(2, 40, 159)]
+    assert [s.to_dict() for s in chunked.spans] == [s.to_dict() for s in whole.spans]
+    assert [s.confirmed_step for s in confirmed] == [44]  # known once the rule held for 5 steps
+
+
+def test_noise_alone_is_no_drift():
+    rule = DriftRule(threshold=0.2, steps=5, min_ms=1.0)
+    own = _series(5000, {}, n_ranks=16, noise=2.0, seed=1)  # 10 % noise per step
+    tr = DriftTracker(rule)
+    tr.feed(np.arange(5000), np.arange(16), own)
+    assert tr.spans == []
+
+
+def test_own_work_is_step_time_minus_time_blocked():
+    rows = np.zeros(3, wf.SERIES_DTYPE)
+    rows["step_ms"] = [50.0, 50.0, 5.0]
+    rows["comm_ms"] = [30.0, 0.0, 6.0]  # the last: rounding, never negative
+    np.testing.assert_allclose(own_ms(rows), [20.0, 50.0, 0.0])
+
+
+# ---- options -------------------------------------------------------------------------------------------------------
+def test_watch_options_from_env_and_flags():
+    cfg = config_from_mapping({}, {"DISTPROF_WATCH": "1", "DISTPROF_WATCH_THRESHOLD": "0.5",
+                                   "DISTPROF_WATCH_STEPS": "7", "DISTPROF_WATCH_INTERVAL_S": "0.5",
+                                   "DISTPROF_WATCH_COOLDOWN_S": "60"})
+    assert (cfg.watch, cfg.watch_threshold, cfg.watch_steps, cfg.watch_interval_s, cfg.watch_cooldown_s) == \
+        (True, 0.5, 7, 0.5, 60.0)
+    assert ProfileConfig().watch is False
+    from distprof.launch import config_from_args, get_args_parser
+
+    args = get_args_parser().parse_args(["--watch", "--watch-threshold", "0.3", "--watch-steps", "4",
+                                         "--watch-interval", "1", "--watch-cooldown", "10", "x.py"])
+    cfg = config_from_args(args)
+    assert (cfg.watch, cfg.watch_threshold, cfg.watch_steps, cfg.watch_interval_s, cfg.watch_cooldown_s) == \
+        (True, 0.3, 4, 1.0, 10.0)
+    for bad, match in (({"watch_threshold": 0.0}, "watch_threshold"), ({"watch_steps": 0}, "watch_steps"),
+                       ({"watch_interval_s": 0.0}, "watch_interval_s")):
+        with pytest.raises(ConfigError, match=match):
+            ProfileConfig(**bad)
+
+
+# ---- the series files ----------------------------------------------------------------------------------------------
+def _rows(steps) -> np.ndarray:
+    rows = np.zeros(len(steps), wf.SERIES_DTYPE)
+    rows["step"] = steps
+    rows["step_ms"] = 10.0
+    return rows
+
+
+def test_segment_round_trip_and_damaged_files_are_named(tmp_path):
+    (tmp_path / wf.WATCH_DIR).mkdir()
+    p = wf.segment_path(tmp_path, 1, 0)
+    wf.write_segment(p, _rows(range(100)))
+    assert list(wf.read_rank_series(tmp_path, 1)["step"]) == list(range(100))
+    assert not list((tmp_path / wf.WATCH_DIR).glob("*.tmp"))
+    data = p.read_bytes()
+    for body, match in ((data[:-7], "bytes of rows"), (b"not numpy at all", "not a watch segment"),
+                        (b"\0" * (wf.MAX_SEGMENT_BYTES + 1), "more than a watch segment")):
+        p.write_bytes(body)
+        with pytest.raises(wf.WatchFileError, match=match) as e:
+            wf.read_segment(p)
+        assert str(p) in str(e.value) and "\n" not in str(e.value)
+    other = np.zeros(3, [("step", "<i8")])
+    with open(p, "wb") as fh:
+        np.save(fh, other)
+    with pytest.raises(wf.WatchFileError, match="dtype"):
+        wf.read_segment(p)
+    # the report skips a damaged segment and names it; the other rank is still there
+    wf.write_segment(wf.segment_path(tmp_path, 0, 0), _rows(range(100)))
+    section = watch_report(tmp_path)
+    assert section["n_ranks"] == 2 and any(str(p) in s for s in section["skipped"])
+
+
+KILL_SCRIPT = """
+import time, torch
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+while True:
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    time.sleep(0.005)
+"""
+
+
+def test_a_killed_job_leaves_a_readable_series(tmp_path):
+    script = tmp_path / "forever.py"
+    script.write_text(KILL_SCRIPT)
+    out = tmp_path / "out"
+    env = job_env(DISTPROF_WATCH_INTERVAL_S="0.1")
+    proc = subprocess.Popen([sys.executable, "-m", "distprof.launch", "--out", str(out), "--run-id", "k",
+                             "--watch", "--schedule", "none", str(script)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        seg = wf.segment_path(out / "k", 0, 0)
+        deadline = time.monotonic() + 60
+        flushed = 0
+        while time.monotonic() < deadline:
+            try:
+                flushed = wf.read_segment(seg).size
+            except (wf.WatchFileError, FileNotFoundError):
+                flushed = 0
+            if flushed >= 40:  # several flushes in: the job is busy rewriting its segment
+                break
+            time.sleep(0.05)
+        assert flushed >= 40, proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "no flush"
+        time.sleep(0.37)  # kill it anywhere in a flush cycle
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    rows = wf.read_rank_series(out / "k", 0)  # whatever moment it died in, the file is whole
+    assert rows.size >= flushed
+    assert list(rows["step"]) == list(range(rows.size))
+    assert np.all(rows["step_ms"] > 0) and np.all(rows["end_ns"] > 0)
+
+
+# ---- a real job ----------------------------------------------------------------------------------------------------
+SLOW_FROM, SLOW_UNTIL = 60, 130  # slow long enough for the window to fall in it
+AGAIN = "160:200"  # and again to the end: a second drift, within the cool-down
+
+
+@pytest.fixture(scope="module")
+def sleeper_run(tmp_path_factory):
+    """The job of the done-when test, run once for the tests below: (its folder, its run directory)."""
+    tmp_path = tmp_path_factory.mktemp("sleeper")
+    out = tmp_path / "out"
+    # side threads every 0.1 s: rank 0 hears of the drift within ~0.2 s, ~3 steps (20 steps is 1.4 s here)
+    env = job_env(DISTPROF_WATCH_INTERVAL_S="0.1", DISTPROF_TRIGGER_POLL_S="0.2", DISTPROF_TRIGGER_MARGIN="5")
+    torchrun(2, ["-m", "distprof.launch", "--out", str(out), "--watch", "--schedule", "none", "--watch-steps", "5",
+                 "--watch-threshold", "0.5", str(JOB), "--steps", "200", "--sleep-ms", "40", "--slow-rank", "1",
+                 "--slow-from", str(SLOW_FROM), "--slow-until", str(SLOW_UNTIL), "--slow-again", AGAIN,
+                 "--slow-ms", "30"], cwd=tmp_path, env=env)
+    run_dir = only_run_dir(out)
+    python(["-m", "distprof", "report", str(run_dir), "--json", str(tmp_path / "r.json"), "--html",
+            str(tmp_path / "r.html"), "--no-progress"], cwd=tmp_path)
+    return tmp_path, run_dir
+
+
+def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(sleeper_run):
+    tmp_path, run_dir = sleeper_run
+    drifts = wf.read_drifts(run_dir)
+    assert [d["rank"] for d in drifts] == [1, 1], drifts
+    d = drifts[0]
+    assert SLOW_FROM - 2 <= d["first_step"] <= SLOW_FROM + 3
+    assert drifts[1]["state"] == "cooldown" and drifts[1]["request_id"] is None  # one window per --watch-cooldown
+    # triggered (rank 0 placed the window) within 20 steps of the drift's start; the window then recorded
+    assert d["state"] == "done" and d["decided_at_step"] - SLOW_FROM <= 20, d
+    shards = find_shards(run_dir)
+    assert len(shards) == 2
+    for p in shards:
+        attrs = read_shard(p).attrs
+        assert attrs["window"] == d["window"] and attrs["trigger"]["request_id"] == d["request_id"]
+        assert attrs["trigger"]["reason"].startswith("watch: rank 1 ")
+    proc = python(["-m", "distprof", "report", str(run_dir), "--no-progress"], cwd=tmp_path)
+    report = json.loads((tmp_path / "r.json").read_text())
+    named = [s["rank"] for s in report["stragglers"] if s["named"]]
+    assert named == [1]  # the triggered window's trace names the sleeping rank
+    w = report["watch"]
+    spans = sorted((x["rank"], x["first_step"], x["last_step"], x["open"]) for x in w["drifts"])
+    assert [x[0] for x in spans] == [1, 1] and not spans[0][3] and spans[1][3]  # ended; lasted to the end
+    a0, b0 = (int(v) for v in AGAIN.split(":"))
+    assert SLOW_FROM - 2 <= spans[0][1] <= SLOW_FROM + 3 and SLOW_UNTIL - 4 <= spans[0][2] <= SLOW_UNTIL + 1
+    assert a0 - 2 <= spans[1][1] <= a0 + 3
+    assert w["triggers"][0]["window"] == d["window"] and w["triggers"][0]["drift"]["rank"] == 1
+    assert "drift: rank 1 from step" in proc.stdout and f"-> window {d['window']}" in proc.stdout
+    # the heatmap shows when: rank 1's row steps up at the drift (both ranks' steps are long after it: rank 0
+    # waits for rank 1), and rank 1's own-work line jumps while the others' median does not
+    hm = w["heatmap"]
+    assert hm["bin_steps"] == 1 and hm["rows"] == ["rank 0", "rank 1"]
+    bins = np.array(hm["bin_first_steps"])
+    before, after = (bins >= 5) & (bins < SLOW_FROM - 3), (bins > SLOW_FROM + 3) & (bins < SLOW_UNTIL - 3)
+    row1 = np.array(hm["step_ms"][1], dtype=float)
+    assert np.nanmedian(row1[after]) - np.nanmedian(row1[before]) > 15
+    own0, own1 = (np.array(hm["own_ms"][i], dtype=float) for i in (0, 1))
+    assert np.nanmedian(own1[after]) - np.nanmedian(own0[after]) > 15  # in own work only the sleeper's row is hot
+    line = np.array(w["lines"]["ranks"][0]["own_ms"], dtype=float)
+    assert w["lines"]["ranks"][0]["rank"] == 1
+    assert np.nanmedian(line[after]) - np.nanmedian(line[before]) > 15
+    per = {p["rank"]: p for p in w["per_rank"]}
+    assert per[0]["comm_ms_median"] > per[1]["comm_ms_median"] + 10  # rank 0 is the one blocked
+    assert "fig-watch-heatmap" in (tmp_path / "r.html").read_text()
+
+
+# ---- what one rank times ---------------------------------------------------------------------------------------------
+class _SlowData(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return i
+
+
+def test_recorder_times_data_wait_optimizer_and_blocking_waits_on_the_training_thread_only(tmp_path):
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from distprof.capture.watch import WatchRecorder
+
+    rec = WatchRecorder(threading.get_ident())
+    rec.install()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        p = torch.nn.Parameter(torch.zeros(1000))
+        p.grad = torch.ones(1000)
+        opt = torch.optim.SGD([p], lr=0.1)
+        loader = iter(torch.utils.data.DataLoader(_SlowData(), batch_size=None))
+        rec.step_end(0, False)  # a first boundary: the next row is one step
+        next(loader)
+        opt.step()
+        dist.barrier()
+        side = threading.Thread(target=lambda: [next(loader), dist.barrier()])  # not the training thread's
+        side.start()
+        side.join()
+        rec.step_end(1, False)
+        rows, taken, lost = rec.take(0)
+    finally:
+        dist.destroy_process_group()
+        rec.remove()
+    assert (taken, lost) == (2, 0) and list(rows["step"]) == [0, 1]
+    r = rows[1]
+    assert 20.0 <= r["data_ms"] < 40.0 <= r["step_ms"]  # one batch on this thread (20 ms), not the other's
+    assert 0 < r["opt_ms"] < r["step_ms"] and 0 < r["comm_ms"] < r["step_ms"] and r["mem_peak"] == -1
+    from torch._C._distributed_c10d import Work
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    assert not hasattr(Work.wait, "__distprof_watch__") and not hasattr(_BaseDataLoaderIter.__next__,
+                                                                         "__distprof_watch__")
+
+
+def test_a_single_process_watch_flushes_every_step_at_close(tmp_path):
+    import distprof
+
+    with distprof.profile(out=str(tmp_path), run_id="one", schedule="none", watch=True, watch_interval_s=0.05) as p:
+        for _ in range(30):
+            time.sleep(0.002)
+            p.step()
+    rows = wf.read_rank_series(tmp_path / "one", 0)
+    assert list(rows["step"]) == list(range(30)) and np.all(rows["step_ms"] >= 2.0)
+    assert wf.read_drifts(tmp_path / "one") == []  # one rank: nobody to compare with
+    # no window was recorded: the report is the series alone
+    proc = python(["-m", "distprof", "report", str(tmp_path / "one"), "--json", str(tmp_path / "r.json")],
+                  cwd=tmp_path)
+    assert "Whole run (--watch): 1 rank(s), steps 0-29" in proc.stdout
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["watch"]["per_rank"][0]["steps"] == 30 and "only the --watch series" in rep["warnings"][0]
+
+
+def test_a_watch_that_cannot_write_warns_once_and_training_goes_on(tmp_path):
+    run_dir = tmp_path / "out" / "w"
+    run_dir.mkdir(parents=True)
+    (run_dir / wf.WATCH_DIR).write_text("a file where the watch folder goes")
+    script = tmp_path / "loop.py"
+    script.write_text(KILL_SCRIPT.replace("while True:", "for _ in range(20):"))
+    proc = python(["-m", "distprof.launch", "--out", str(tmp_path / "out"), "--run-id", "w", "--watch",
+                   "--watch-interval", "0.05", "--wait", "2", "--warmup", "1", "--active", "3", str(script)],
+                  cwd=tmp_path, env=job_env())
+    assert proc.stderr.count("watch failed") == 1, proc.stderr[-3000:]
+    assert "training goes on" in proc.stderr
+    assert len(find_shards(run_dir)) == 1  # the scheduled window is still written
+
+
+def test_browser_draws_the_watch_charts(sleeper_run, browser):  # noqa: F811  (the fixture)
+    from test_html_report import assert_charts_drawn, open_report
+
+    info = open_report(browser, sleeper_run[0] / "r.html", "watch-report.png")
+    assert_charts_drawn(info, {"fig-watch-heatmap", "fig-watch-own", "fig-watch-lines"})
+    assert "Drifts and the windows they triggered" in info["text"] and "window 0 (steps" in info["text"]
+
+
+def test_store_reads_of_rank_0_are_bounded_whatever_the_job_size():
+    from distprof.capture.watch import MAX_PUBLISH, STORE_READS_PER_S, read_interval_s
+
+    assert read_interval_s(2.0, 2) == 2.0
+    assert read_interval_s(2.0, 1001) == pytest.approx(1000 / STORE_READS_PER_S)  # 1,000 others: each every 10 s
+    assert 1000 / read_interval_s(2.0, 1001) <= STORE_READS_PER_S
+    assert MAX_PUBLISH * 4 + 12 <= 4096  # one rank's key: a few kB at most
