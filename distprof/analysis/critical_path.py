@@ -135,7 +135,7 @@ def _rank_steps(run: RunSummary) -> dict[str, np.ndarray]:
     o = np.lexsort((np.asarray(st["start_ns"]), np.asarray(st["step"]), np.asarray(st["rank"])))
     rank = np.asarray(st["rank"], np.int64)[o]
     step = np.asarray(st["step"], np.int64)[o]
-    keep = np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])]  # a (rank, step) once
+    keep = np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])][:rank.size]  # a (rank, step) once
     return {"rank": rank[keep], "step": step[keep], "start": np.asarray(st["start_ns"], np.int64)[o][keep],
             "end": np.asarray(st["end_ns"], np.int64)[o][keep]}
 
