@@ -4,6 +4,8 @@
 
 Knobs that create the situations distprof must diagnose:
   --slow-rank R --slow-ms X   rank R spends X ms extra every step before backward (a straggler)
+  --base-ms X                 every rank sleeps X ms per step before backward: stands in for accelerator work that
+                              does not use the host's CPU (tests on a loaded CPU-only machine)
   --uneven                    the last rank gets a 1.5x larger batch (compute/FLOPs imbalance)
   --bucket-mb MB              DDP gradient bucket size (small buckets overlap communication with backward)
   --hidden H                  hidden width (default 2048, the seed's; tests use a small width so compute stays
@@ -29,6 +31,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=2048, help="hidden width")
     p.add_argument("--slow-rank", type=int, default=-1, help="rank that sleeps --slow-ms every step")
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra milliseconds per step on --slow-rank")
+    p.add_argument("--base-ms", type=float, default=0.0, help="milliseconds every rank sleeps per step")
     p.add_argument("--uneven", action="store_true", help="last rank gets a 1.5x larger batch")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -64,8 +67,9 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         out = model(x)
         loss = loss_fn(out, y)
-        if rank == args.slow_rank and args.slow_ms > 0:
-            time.sleep(args.slow_ms / 1000.0)
+        extra_ms = args.base_ms + (args.slow_ms if rank == args.slow_rank else 0.0)
+        if extra_ms > 0:
+            time.sleep(extra_ms / 1000.0)
         loss.backward()
         opt.step()
     if cuda:

@@ -757,7 +757,8 @@ def test_report_json_and_console():
     sev = [{"high": 0, "medium": 1, "low": 2}[f["severity"]] for f in rep["findings"]]
     assert sev == sorted(sev)
     for f in rep["findings"]:
-        assert set(f) == {"id", "severity", "rank", "host", "title", "evidence", "advice", "metrics"}
+        assert set(f) == {"id", "severity", "rank", "host", "title", "evidence", "advice", "metrics",
+                          "estimated_gain_ms_per_step", "predicted_step_ms"}
         assert all(isinstance(v, (int, float)) for v in f["metrics"].values())
     text = render_console(rep, color=False)
     assert "\x1b[" not in text

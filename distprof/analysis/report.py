@@ -23,11 +23,14 @@ from .imbalance import imbalance
 from .mfu import mfu
 from .overlap import overlap_by_rank, overlap_by_step
 from .comm_table import comm_table
+from .critical_path import critical_path_report, step_graph
 from .parallelism import advice_for_exposed, detect_parallelism
 from .pipeline import pipelines
 from .rootcause import root_cause
 from .stragglers import StragglerRule, find_stragglers
 from .verdict import verdict
+from .whatif import annotate_findings
+from .whatif import standard as whatif_table
 
 if TYPE_CHECKING:
     from .runsummary import RunSummary
@@ -113,6 +116,8 @@ def build_report(
     par = detect_parallelism(run, table, pipes)
     found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules, pipelines=pipes,
                      exposed_advice=advice_for_exposed(par, table))
+    graph = step_graph(run)  # the cross-rank step graph: critical path, what-ifs, each finding's estimated gain
+    annotate_findings(run, found, graph=graph)
     summary = _summary(bd)
     mfu_rows = mfu(run, peak_tflops=peak_tflops)
     dev = run.device_rank_set
@@ -163,6 +168,8 @@ def build_report(
                 "n_unmatched": run.p2p.n_unmatched, "n_edge": run.p2p.n_edge,
                 "n_unknown_peer": run.p2p.n_unknown_peer},
         "overlap": overlap_by_rank(run),
+        "critical_path": critical_path_report(run, graph=graph),
+        "whatif": whatif_table(run, stragglers=strag, graph=graph),
         "imbalance": imbalance(run),
         "mfu": mfu_rows,
         # per device rank: idle/compute/non-compute %, comm overlap (HTA definitions)

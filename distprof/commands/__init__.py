@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS = ("report", "timeline", "import_", "export", "trigger")
+COMMANDS = ("report", "diff", "timeline", "import_", "export", "trigger")
 
 
 def register_all(sub) -> None:

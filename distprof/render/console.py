@@ -24,6 +24,7 @@ from typing import Any
 
 from ..analysis.names import display_name, rank_ranges
 from .console_watch import watch_lines
+from .console_whatif import critical_path_lines, gain_text, whatif_lines
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ def render_console(report: dict[str, Any], *, color: bool = False, top: int = 3)
     out += _summary(report.get("summary", {}), st)
     out += watch_lines(report.get("watch"), st)
     out += _stragglers(report, st, top)
+    out += critical_path_lines(report, st.bold) + whatif_lines(report, st.bold)
     out += _collectives(report, st)
     out += _pipelines(report, st)
     out += _root_cause(report)
@@ -442,6 +444,8 @@ def _findings(report: dict[str, Any], st: _Style) -> list[str]:
         out.append(f"  {i}. " + color(f"[{tag.strip()}]") + " " + st.bold(str(f.get("title", ""))))
         out += _wrap(str(f.get("evidence", "")), "     ", "     ")
         out += [st.dim(x) for x in _wrap("Fix: " + str(f.get("advice", "")), "     ", "       ")]
+        if gain_text(f):
+            out += _wrap(gain_text(f), "     ", "       ")
     if len(fs) > _MAX_FINDINGS:
         out.append(st.dim(f"  ... {len(fs) - _MAX_FINDINGS} more findings in report.json"))
     return out

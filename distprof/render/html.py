@@ -33,6 +33,7 @@ from .html_figures import (  # noqa: F401  (_downsample_minmax: re-exported for 
     MEMORY_POINTS_PER_RANK, _MAX_ANNOTATIONS, _downsample_minmax, _fig_annotations, _fig_blame, _fig_breakdown,
     _fig_imbalance, _fig_memory, _fig_overlap, _fig_step_heatmap)
 from .html_text import _e, _fmt, _mean, _num, _script_json
+from .html_whatif import critical_path_caption, fig_critical_path, whatif_table
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ def _findings(report: dict[str, Any]) -> str:
             + (f" <span class=\"where\">{_e(' · '.join(where))}</span>" if where else "")
             + (f"<div class=\"evidence\">{_e(f.get('evidence'))}</div>" if f.get("evidence") else "")
             + (f"<div class=\"advice\"><b>Advice:</b> {_e(f.get('advice'))}</div>" if f.get("advice") else "")
+            + (f"<div class=\"advice\"><b>Estimated gain if fixed:</b> {_fmt(f['estimated_gain_ms_per_step'], '{:.1f}')} "
+               f"ms per step (predicted step {_fmt(f.get('predicted_step_ms'), '{:.1f}')} ms)</div>"
+               if f.get("estimated_gain_ms_per_step") is not None else "")
             + (f"<details class=\"metrics\"><summary>metrics</summary>{_e(met)}</details>" if met else "")
             + "</li>"
         )
@@ -331,6 +335,12 @@ def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = 
         "</div>",
         _chart("fig-memory", "Memory timeline per rank", mem_fig, figs, mem_note if mem_fig else "", mem_note),
     ]
+    body.append(_chart("fig-critical-path", "Critical path of one step, across ranks", fig_critical_path(report),
+                       figs, critical_path_caption(report), "No step graph: no matched collective or transfer."))
+    wi_table = whatif_table(report)
+    if wi_table:
+        body.append("<section id=\"whatif\"><h2>What if</h2><p class=\"caption\">The step time each change would "
+                    "give, from a replay of the cross-rank step graph (docs/whatif.md).</p>" + wi_table + "</section>")
     gpu_table = _gpu_time_table(report)
     if gpu_table:
         body.append("<section id=\"gpu-time\"><h2>GPU time per rank</h2><p class=\"caption\">HTA's temporal "

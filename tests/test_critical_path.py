@@ -1,0 +1,110 @@
+"""The cross-rank step graph, its replay and the critical path (analysis/critical_path.py): on synthetic runs with a
+known straggler and on a hand-built two-stage point-to-point step."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from synth import make_run
+
+import distprof
+from distprof.analysis.critical_path import critical_path_report, critical_paths, replay, step_graph
+from distprof.analysis.matching import match_collectives
+from distprof.analysis.p2p import match_p2p
+
+MS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def late(tmp_path_factory):
+    return distprof.load(make_run(tmp_path_factory.mktemp("late"), world_size=4, late_rank=2, late_ms=20,
+                                  schedule={"active": 5}, run_id="late").run_dir)
+
+
+@pytest.fixture(scope="module")
+def balanced(tmp_path_factory):
+    return distprof.load(make_run(tmp_path_factory.mktemp("bal"), world_size=4, schedule={"active": 5},
+                                  run_id="bal").run_dir)
+
+
+def test_replay_of_the_measured_segments_reproduces_the_steps(late):
+    g = step_graph(late)
+    rp = replay(g)
+    assert rp.converged
+    assert g.n_events == 4 * 5 * 2  # 4 ranks x 5 steps x 2 bucket all-reduces, every member
+    assert np.abs(rp.rs_end - g.rs_end).max() < 1_000  # ns
+    # waiting (S - a) is on the peers, not on the late rank
+    wait = (rp.start - rp.arrival) / MS
+    assert wait[g.ev_rank == 2].max() < 1.0
+    assert wait[(g.ev_rank != 2) & (g.ev_link == 0)].min() > 15.0
+
+
+def test_critical_path_runs_through_the_straggler(late, balanced):
+    cp = critical_path_report(late)
+    assert cp["ranks"][0]["rank"] == 2 and cp["ranks"][0]["share_pct"] > 80
+    assert cp["ranks"][0]["steps_on_path"] == 5
+    # the path is as long as the step: work + transfers, never waiting
+    st = late.steps
+    assert cp["length_ms_median"] == pytest.approx(float(np.median(st["step_ms"])), rel=0.05)
+    kinds = {s["kind"] for s in cp["view"]["segments"]}
+    assert kinds == {"work", "transfer"}
+    assert sum(s["ms"] for s in cp["view"]["segments"]) == pytest.approx(
+        next(p["length_ms"] for p in cp["per_step"] if p["step"] == cp["view"]["step"]), rel=1e-6)
+    # balanced: no rank holds the path in most of the time
+    b = critical_path_report(balanced)
+    assert b["ranks"][0]["share_pct"] < 60
+
+
+def _p2p_run():
+    """Two stages, one step [0, 12] / [0, 18] ms: stage 0 works 10 ms and sends (0.5 ms); stage 1 posted its
+    receive at 1 ms, gets the data at 12 ms (2 ms after the send began) and works 6 ms."""
+    rows = {"rank": np.array([0, 1]), "window": np.array([0, 0]), "pg": np.array([0, 0]), "peer": np.array([1, 0]),
+            "is_recv": np.array([False, True]), "bytes": np.array([64, 64]),
+            "start_ns": np.array([10, 1]) * MS, "end_ns": np.array([10.5 * MS, 12 * MS]).astype(np.int64),
+            "step": np.array([0, 0]), "p2p_seq": np.array([0, 0])}
+    z = np.zeros(0, np.int64)
+    coll_rows = {"rank": z.astype(np.int32), "window": z.astype(np.int32), "pg": z.astype(np.int32),
+                 "seq": z.astype(np.int32), "op_id": z.astype(np.uint32), "bytes": z, "start_ns": z, "end_ns": z,
+                 "step": z, "ev_row": z, "exposed_ns": z}
+    steps = {"rank": np.array([0, 1], np.int32), "step": np.array([0, 0], np.int32),
+             "start_ns": np.array([0, 0], np.int64), "end_ns": np.array([12, 18]) * MS,
+             "step_ms": np.array([12.0, 18.0])}
+    return SimpleNamespace(steps=steps, collectives=match_collectives(coll_rows), collective_rows=coll_rows,
+                           p2p=match_p2p(rows, {0: [0, 1]}), names=np.zeros(0, dtype=object))
+
+
+def test_point_to_point_joins_sender_to_receiver():
+    run = _p2p_run()
+    g = step_graph(run)
+    rp = replay(g)
+    assert np.abs(rp.rs_end - g.rs_end).max() < 1_000
+    cp = critical_paths(g, rp)
+    assert cp.length_ms[0] == pytest.approx(18.0)
+    w = dict(zip(cp.ranks.tolist(), cp.work_ms[0].tolist()))
+    assert w[0] == pytest.approx(10.0) and w[1] == pytest.approx(6.0)  # stage 1's own 1 ms and 9 ms wait: off it
+    assert cp.transfer_ms[0] == pytest.approx(2.0)
+    assert [(s["rank"], s["kind"]) for s in cp.segments] == [(0, "work"), (1, "transfer"), (1, "work")]
+    # the sender 4 ms faster: the receiver's step ends 4 ms earlier; the receiver faster: nothing changes
+    gap = g.ev_gap.copy()
+    gap[g.ev_rank == 0] -= 4 * MS
+    assert replay(g.with_segments(gap=gap)).rs_end[1] == pytest.approx(g.rs_end[1] - 4 * MS)
+    gap = g.ev_gap.copy()
+    gap[g.ev_rank == 1] = 0.0
+    assert replay(g.with_segments(gap=gap)).rs_end[1] == pytest.approx(g.rs_end[1])
+
+
+def test_report_html_and_terminal_show_the_path_and_the_what_ifs(late):
+    from distprof.analysis.report import build_report
+    from distprof.render import render_console
+    from distprof.render.html_whatif import fig_critical_path, whatif_table
+
+    rep = build_report(late)
+    fig = fig_critical_path(rep)
+    ys = {y for trace in fig["data"] for y in trace["y"]}
+    assert "rank 2" in ys and {t["name"] for t in fig["data"]} <= {"work", "transfer"}
+    assert "at their peers&#x27; median" in whatif_table(rep) or "at their peers' median" in whatif_table(rep)
+    text = render_console(rep)
+    assert "Critical path" in text and "rank 2" in text.split("Critical path")[1].splitlines()[0]
+    assert "Estimated gain if fixed" in text and "What if" in text
