@@ -72,6 +72,12 @@ def _write_table(group: h5py.Group, columns: Mapping[str, np.ndarray], filt: dic
         group.create_dataset(col, data=arr, chunks=chunk, **filt)
 
 
+def _storable(name: str) -> str:
+    """A name HDF5 can hold: variable-length strings end at a NUL, so an embedded one (an imported trace's
+    garbage) is written as the text ``\\x00``."""
+    return name.replace("\x00", "\\x00") if "\x00" in name else name
+
+
 def _attr_value(key: str, value: Any) -> Any:
     if key in schema.JSON_ATTRS or isinstance(value, (dict, list, tuple)):
         return json.dumps(value, default=str)
@@ -96,7 +102,7 @@ def populate(f: h5py.File, tables: Mapping[str, Mapping[str, np.ndarray]], strin
             raise TypeError(f"shard attribute {key!r} = {value!r}: {e}") from None
     f.create_dataset(
         "strings/names",
-        data=np.array(strings, dtype=h5py.string_dtype("utf-8")),
+        data=np.array([_storable(s) for s in strings], dtype=h5py.string_dtype("utf-8")),
         dtype=h5py.string_dtype("utf-8"),
     )
     t0 = time.perf_counter()
