@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .groupstats import group_median
+
 if TYPE_CHECKING:
     from .runsummary import RunSummary
 
@@ -114,20 +116,6 @@ class Replay:
     def step_ms(self, g: StepGraph) -> np.ndarray:
         """Replayed duration of each rank-step (ms)."""
         return (self.rs_end - g.rs_start) / NS_PER_MS
-
-
-def group_median(g: np.ndarray, v: np.ndarray, n_groups: int) -> np.ndarray:
-    """Per-group median of v (NaN for empty groups); g in 0..n_groups−1."""
-    o = np.lexsort((v, g))
-    gs, vs = g[o], np.asarray(v, np.float64)[o]
-    cnt = np.bincount(gs, minlength=n_groups)
-    first = np.r_[0, np.cumsum(cnt)[:-1]]
-    med = np.full(n_groups, np.nan)
-    ok = cnt > 0
-    lo = first[ok] + (cnt[ok] - 1) // 2
-    hi = first[ok] + cnt[ok] // 2
-    med[ok] = (vs[lo] + vs[hi]) / 2
-    return med
 
 
 def _rank_steps(run: RunSummary) -> dict[str, np.ndarray]:

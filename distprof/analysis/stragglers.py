@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .groupstats import group_median
 
 Table = dict[str, np.ndarray]
 
@@ -140,20 +141,6 @@ def t_quantile(alpha: float, df: int) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if _t_tail(mid, df) > alpha else (lo, mid)
     return hi
-
-
-def _group_median(g: np.ndarray, v: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-group median of v (NaN for empty groups) and group sizes; g in 0..n_groups−1."""
-    o = np.lexsort((v, g))
-    gs, vs = g[o], v[o].astype(np.float64)
-    cnt = np.bincount(gs, minlength=n_groups)
-    start = np.r_[0, np.cumsum(cnt)[:-1]]
-    med = np.full(n_groups, np.nan)
-    ok = cnt > 0
-    lo = start[ok] + (cnt[ok] - 1) // 2
-    hi = start[ok] + cnt[ok] // 2
-    med[ok] = (vs[lo] + vs[hi]) / 2
-    return med, cnt
 
 
 def _median_of_others(first: np.ndarray, n: np.ndarray, pos: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -263,8 +250,8 @@ def arrival_jitter_ms(run: RunSummary, t: Table) -> float:
         _, g = np.unique(key, return_inverse=True)
         g = g.reshape(-1)
         ng = int(g.max()) + 1
-        med, cnt = _group_median(g, a, ng)
-        mad, _ = _group_median(g, np.abs(a - med[g]), ng)
+        med, cnt = group_median(g, a, ng), np.bincount(g, minlength=ng)
+        mad = group_median(g, np.abs(a - med[g]), ng)
         ok = cnt >= min_n
         if np.any(ok):
             estimates.append(_MAD_TO_SIGMA * float(np.median(mad[ok])))
@@ -335,7 +322,7 @@ def consistency(cells: "_Cells", c_exc: np.ndarray, ng: int, thr: float, rule: S
     bound = np.where(n >= 2, mean - tq * sd / np.sqrt(den), np.nan)
     frac = np.bincount(g, weights=(c_exc >= thr).astype(float), minlength=ng) / den
     # the run's step-to-step noise: each group's excess around its own median, robustly pooled
-    med, _ = _group_median(g, c_exc, ng)
+    med = group_median(g, c_exc, ng)
     o = np.lexsort((c_exc, g))
     rank_in = np.empty(g.size, np.int64)
     rank_in[o] = np.arange(g.size) - np.r_[0, np.cumsum(n.astype(np.int64))[:-1]][g[o]]
