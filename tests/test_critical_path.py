@@ -95,6 +95,37 @@ def test_point_to_point_joins_sender_to_receiver():
     assert replay(g.with_segments(gap=gap)).rs_end[1] == pytest.approx(g.rs_end[1])
 
 
+def _coll_run(end0_ms: float):
+    """Two ranks, one all_reduce in one step: rank 0 arrives at 2 ms, rank 1 at 50 ms; the exec event ends at 55.5 ms
+    on rank 0's communication thread, while rank 0's main thread ended the step at `end0_ms`."""
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    coll_rows = {"rank": np.array([0, 1], np.int32), "window": np.array([0, 0], np.int32),
+                 "pg": np.array([0, 0], np.int32), "seq": np.array([0, 0], np.int32),
+                 "op_id": np.array([0, 0], np.uint32), "bytes": i64(64, 64), "start_ns": i64(2, 50) * MS,
+                 "end_ns": i64(55.5 * MS, 55 * MS), "step": i64(0, 0), "ev_row": i64(0, 0), "exposed_ns": i64(0, 0)}
+    steps = {"rank": np.array([0, 1], np.int32), "step": np.array([0, 0], np.int32),
+             "start_ns": i64(0, 0), "end_ns": i64(end0_ms * MS, 56 * MS), "step_ms": np.array([end0_ms, 56.0])}
+    no_p2p = {k: np.zeros(0, np.int64) for k in ("rank", "window", "pg", "peer", "bytes", "start_ns", "end_ns",
+                                                   "step", "p2p_seq")}
+    no_p2p["is_recv"] = np.zeros(0, bool)
+    return SimpleNamespace(steps=steps, collectives=match_collectives(coll_rows), collective_rows=coll_rows,
+                           p2p=match_p2p(no_p2p, {0: [0, 1]}), names=np.array(["all_reduce"], dtype=object))
+
+
+@pytest.mark.parametrize("end0_ms", [54.5, 57.0])
+def test_a_step_that_ends_after_its_collective_could_proceed_waited_for_it(end0_ms):
+    """gloo's exec event ends on its worker thread a little after the main thread went on: the step still waited
+    for the collective, so its tail is the time after the event, never the wait (from the arrival) counted as work.
+    Then taking rank 1's 48 ms off moves rank 0's step end too."""
+    g = step_graph(_coll_run(end0_ms))
+    r0 = int(np.flatnonzero(g.rs_rank == 0)[0])
+    assert g.rs_tail[r0] == pytest.approx(max(end0_ms - 55.5, 0.0) * MS)
+    base = replay(g).rs_end[r0]
+    gap = g.ev_gap.copy()
+    gap[g.ev_rank == 1] -= 48 * MS
+    assert replay(g.with_segments(gap=gap)).rs_end[r0] == pytest.approx(base - 48 * MS)
+
+
 def test_report_html_and_terminal_show_the_path_and_the_what_ifs(late):
     from distprof.analysis.report import build_report
     from distprof.render import render_console

@@ -15,7 +15,9 @@ later of its own arrival and its sender's; a send's its own arrival (a send does
 last: the rank's own time between sync points. A segment hangs off the previous event's end when it began after it
 (``a ≥ z_prev``: the rank — or its communication thread — had to finish the previous event first), else off its
 arrival (the previous event ran concurrently: an asynchronous bucket all-reduce under backward); the first off the
-rank's step start. Gap ``g = a − anchor``; the tail likewise from the last event to the step's end.
+rank's step start. Gap ``g = a − anchor``; the tail likewise from the last event to the step's end, off its end
+also when the step ended after the event could proceed (``≥ S``) but before its exec event ended: the rank waited
+for it (gloo's worker thread closes the event after the main thread went on), so the wait is not counted as work.
 
 **Replay.** ``a = anchor + g``, ``S`` from the arrivals as above, ``z = S + x``, step end = anchor of the tail + tail.
 The graph is acyclic in time, so repeated relaxation over all events at once (numpy, no per-event loop) reaches the
@@ -213,8 +215,13 @@ def step_graph(run: RunSummary) -> StepGraph:
     has = L >= 0
     lz = np.where(has, z[np.maximum(L, 0)] if n else 0.0, 0.0)
     la = np.where(has, a[np.maximum(L, 0)] if n else 0.0, 0.0)
-    g.rs_tail_link = np.where(~has, LINK_START, np.where(end_rs >= lz - END_SLACK_NS, LINK_END, LINK_ARRIVAL)
-                              ).astype(np.int8)
+    # the tail hangs off the last event's end when the step ended after it, or after the event could proceed (its
+    # last member arrived): the rank had waited for it, and the exec event on the communication thread (gloo's
+    # worker) ends a little after the main thread went on, so the tail is then 0, never the wait counted as work
+    ls = np.where(has, s[np.maximum(L, 0)] if n else 0.0, 0.0)
+    waited = (end_rs >= lz - END_SLACK_NS) | (has & (end_rs >= ls) & (g.ev_kind[np.maximum(L, 0)] == KIND_COLL)
+                                              if n else False)
+    g.rs_tail_link = np.where(~has, LINK_START, np.where(waited, LINK_END, LINK_ARRIVAL)).astype(np.int8)
     tail_anchor = np.where(g.rs_tail_link == LINK_START, start_rs, np.where(g.rs_tail_link == LINK_END, lz, la))
     g.rs_tail = np.maximum(end_rs - tail_anchor, 0.0)
     return g
