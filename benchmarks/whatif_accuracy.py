@@ -55,11 +55,13 @@ def main() -> None:
     ap.add_argument("--trials", default=DEFAULT_TRIALS, help="comma-separated RANKS:DELAY_MS pairs")
     ap.add_argument("--hidden", type=int, default=32, help="ddp_mlp's hidden width")
     ap.add_argument("--batch", type=int, default=8, help="ddp_mlp's per-rank batch")
-    ap.add_argument("--active", type=int, default=8, help="recorded steps")
+    ap.add_argument("--active", type=int, default=30,
+                    help="recorded steps (the measured step is a median over them: with 8, re-runs of the unchanged "
+                         "job differed by 18-48 %% on 2 cores, the step time being bimodal)")
     ap.add_argument("--base-ms", type=float, default=0.0,
                     help="ms every rank sleeps per step (ddp_mlp --base-ms: work that does not use the CPU, as an "
                          "accelerator's; 0: a CPU-only step)")
-    ap.add_argument("--reruns", type=int, default=2,
+    ap.add_argument("--reruns", type=int, default=3,
                     help="re-runs without the delay per trial (the measured step: the median of theirs; with two or "
                          "more, the spread between them — the job's own run-to-run noise — is printed too)")
     ap.add_argument("--keep", help="keep the run directories here")

@@ -7,6 +7,8 @@ Knobs that create the situations distprof must diagnose:
   --base-ms X                 every rank sleeps X ms per step before backward: stands in for accelerator work that
                               does not use the host's CPU (tests on a loaded CPU-only machine)
   --uneven                    the last rank gets a 1.5x larger batch (compute/FLOPs imbalance)
+  --busy-procs N              each rank starts N CPU-bound processes beside it (a noisy neighbour: the host's cores
+                              oversubscribed, the ranks waiting for a CPU)
   --bucket-mb MB              DDP gradient bucket size (small buckets overlap communication with backward)
   --hidden H                  hidden width (default 2048, the seed's; tests use a small width so compute stays
                               well below injected delays)
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -33,6 +37,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra milliseconds per step on --slow-rank")
     p.add_argument("--base-ms", type=float, default=0.0, help="milliseconds every rank sleeps per step")
     p.add_argument("--uneven", action="store_true", help="last rank gets a 1.5x larger batch")
+    p.add_argument("--busy-procs", type=int, default=0, help="CPU-bound processes each rank starts beside it")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     p.add_argument("--lr", type=float, default=1e-3)
     return p.parse_args()
@@ -40,6 +45,16 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(args.busy_procs, 0))]
+    try:
+        train(args)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+def train(args: argparse.Namespace) -> None:
     cuda = torch.cuda.is_available()
     if "RANK" in os.environ:
         dist.init_process_group("nccl" if cuda else "gloo")

@@ -22,7 +22,9 @@ Columns (ms): ``step_ms = |S|``; ``compute_ms = |S∩C|``; ``memcpy_ms = |S∩M 
 ``exposed_comm_ms = |S∩E \\ (C∪M)|``; ``idle_ms = |S∩I \\ (C∪M∪E)|``; ``other_ms`` = the rest (busy in neither
 compute, memcpy nor exposed communication), so ``compute + memcpy + exposed_comm + idle + other = step``.
 Also ``comm_ms = |S∩K|`` (total, overlapped or not) and ``overlapped_ms = |S∩K∩C|`` (communication hidden under
-compute on another thread or stream).
+compute on another thread or stream). From the capture's scheduler statistics (NaN when unknown: imports, older
+shards, no ``/proc/thread-self/schedstat``): ``cpu_run_ms``, the stepping thread's time on a CPU in the step, and
+``cpu_wait_ms``, its time runnable but waiting for one (other threads or processes held the host's cores).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ BREAKDOWN_COLUMNS = (
     "other_ms",
     "flops",
     "peak_mem_bytes",
+    "cpu_run_ms",
+    "cpu_wait_ms",
 )
 
 
@@ -191,4 +195,14 @@ def rank_breakdown(rd: RankData, ix: RankIndex, rs: RankSets | None = None) -> T
         "other_ms": other_ms,
         "flops": np.asarray(st["flops"][idx], np.int64),
         "peak_mem_bytes": np.asarray(st["peak_mem_bytes"][idx], np.int64),
+        "cpu_run_ms": _known_ms(st, "cpu_run_ns", idx),
+        "cpu_wait_ms": _known_ms(st, "cpu_wait_ns", idx),
     }
+
+
+def _known_ms(st: Table, col: str, idx: np.ndarray) -> np.ndarray:
+    """A steps column in ns, -1 unknown (older shards, imports, no scheduler statistics), as ms with NaN unknown."""
+    if col not in st:
+        return np.full(idx.size, np.nan)
+    v = np.asarray(st[col], np.int64)[idx]
+    return np.where(v >= 0, v / NS_PER_MS, np.nan)

@@ -39,6 +39,8 @@ def _phrase(f: dict[str, Any]) -> str:
         return f"{imp:.0f} % of step time{where} is exposed communication"
     if f["id"] == "input_wait":
         return f"{imp:.0f} % of step time{where} is spent waiting for input"
+    if f["id"] == "cpu_contention":
+        return f"the training thread{where} waits for a CPU {imp:.0f} % of step time (other work holds the cores)"
     if f["id"] == "device_idle":
         cause = dominant_idle_cause(m)
         return (f"no kernel or copy runs on the device{where} for {imp:.0f} % of step time"

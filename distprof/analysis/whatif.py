@@ -27,6 +27,8 @@ Changes (each optionally limited to some ``ranks``):
   op on CPU ranks) removed from its work segments.
 * :class:`NoInputWait` — the rank's input wait (``measures.input_ms_per_step``: DataLoader fetches on the main
   thread) removed from its work segments.
+* :class:`NoCpuWait` — the rank-step's wait for a CPU (``steps.cpu_wait_ms``: the stepping thread runnable but
+  not running, from the capture's scheduler statistics) removed from its work segments.
 * :class:`FasterOp` — one op name (``aten::mm``) N× faster: per rank-step its own time (``op_totals``) shrinks by
   (1 − 1/N), taken from the rank-step's work segments.
 
@@ -56,7 +58,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Change", "Straggler", "OverlapComm", "FasterCollective", "NoIdle", "NoInputWait", "FasterOp", "WhatIf",
+__all__ = ["Change", "Straggler", "OverlapComm", "FasterCollective", "NoIdle", "NoInputWait", "NoCpuWait", "FasterOp",
+           "WhatIf",
            "estimate", "standard", "step_time_ms", "per_step_time_ms", "annotate_findings"]
 
 
@@ -124,6 +127,12 @@ class NoIdle(Change):
 class NoInputWait(Change):
     def describe(self) -> str:
         return "input waits removed" + self._where()
+
+
+@dataclass(frozen=True)
+class NoCpuWait(Change):
+    def describe(self) -> str:
+        return "waits for a CPU removed" + self._where()
 
 
 @dataclass(frozen=True)
@@ -278,6 +287,8 @@ def apply(run: RunSummary, g: StepGraph, c: Change) -> StepGraph:
         return g.with_segments(transfer=x)
     if isinstance(c, NoIdle):
         rm = _rank_step_values(run, g, "idle_ms")
+    elif isinstance(c, NoCpuWait):
+        rm = np.nan_to_num(_rank_step_values(run, g, "cpu_wait_ms"), nan=0.0)
     elif isinstance(c, NoInputWait):
         per_rank = {r: float((s.measures or {}).get("input_ms_per_step") or 0.0) for r, s in run.ranks.items()}
         rm = np.array([per_rank.get(int(r), 0.0) for r in g.rs_rank.tolist()], np.float64) if per_rank else \
@@ -292,7 +303,7 @@ def apply(run: RunSummary, g: StepGraph, c: Change) -> StepGraph:
 
 def _kind(c: Change) -> str:
     return {Straggler: "straggler", OverlapComm: "overlap_comm", FasterCollective: "faster_collective",
-            NoIdle: "no_idle", NoInputWait: "no_input_wait", FasterOp: "faster_op"}[type(c)]
+            NoIdle: "no_idle", NoInputWait: "no_input_wait", NoCpuWait: "no_cpu_wait", FasterOp: "faster_op"}[type(c)]
 
 
 class _Base:
@@ -388,6 +399,8 @@ def _change_for(f: dict[str, Any], run: RunSummary) -> Change | None:
         return OverlapComm(ranks=ranks)
     if fid == "input_wait":
         return NoInputWait(ranks=ranks)
+    if fid == "cpu_contention":
+        return NoCpuWait(ranks=ranks)
     if fid == "device_idle":
         return NoIdle(ranks=ranks)
     return None

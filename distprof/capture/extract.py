@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..storage import schema
+from . import schedstat
 from .sim import SimClock
 from ..events.classify import DTYPE_BYTES, comm_args, comm_role, normalize_op  # noqa: F401  (re-exported)
 from ..events.p2p import P2PCalls
@@ -75,11 +76,14 @@ def extract(
     cuda_baseline: dict[int, int] | None = None,
     step_end_ns: dict[int, int] | None = None,
     p2p_calls: P2PCalls | None = None,
+    cpu_marks: dict[int, tuple[int, int] | None] | None = None,
 ) -> Extracted:
     """Turn one window's Kineto events into the shard tables.
 
     `step_end_ns`: step -> ``time.time_ns()`` when its iteration finished, for steps the window's close ended (see
     :func:`distprof.events.tables.build_tables`); the simulated clock is applied to them as to the events.
+    `cpu_marks`: step -> the training thread's (CPU run, run-queue wait) ns at its start (capture/schedstat.py),
+    giving the steps table's ``cpu_run_ns`` / ``cpu_wait_ns``.
     """
     evs = list(events)
     n = len(evs)
@@ -153,6 +157,7 @@ def extract(
     comms = built.tables["comms"]
     threads = built.tables["threads"]
     steps = built.tables["steps"]
+    steps["cpu_run_ns"], steps["cpu_wait_ns"] = schedstat.step_columns(steps["step"], cpu_marks)
     assign = built.assign_step
     s_start, s_end = built.step_span
     step_ids = steps["step"]

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..config import ProfileConfig
 from ..errors import ConfigError
-from . import clock, dist_info, groups, p2p, status
+from . import clock, dist_info, groups, p2p, schedstat, status
 from .memhistory import MemoryHistory
 from .rundir import ClaimError
 from .schedule import Action, WindowPlan
@@ -63,6 +63,8 @@ class RankProfiler:
         self._t_step_call = 0.0  # perf_counter just before the training thread's prof.step()
         self._step_began_ns = 0  # time.time_ns() when the step in flight began
         self._step_end_ns: dict[int, int] = {}  # this window: steps ended by its close -> their iteration's end
+        self._cpu: schedstat.ThreadCpu | None = None  # the training thread's scheduler statistics (opened there)
+        self._cpu_marks: dict[int, tuple[int, int] | None] = {}  # this window: step -> sample at its start
         self._main_tid = threading.get_native_id()
         self._info: dist_info.RankInfo | None = None
         self._info_final = False  # read while the process group existed (else from the launcher's environment)
@@ -166,10 +168,12 @@ class RankProfiler:
         if self._disabled:  # the agreement failed: warned once, training goes on unprofiled
             self._raise_strict()
             return self
+        self._cpu = schedstat.ThreadCpu()
         self._step_began_ns = time.time_ns()  # just before torch opens ProfilerStep#0
         self._prof.start()
         if self._plan.action(0) in RECORDING:  # wait = warmup = 0: the first window begins with the profiler
             self._guard("step", lambda: self._window_begin(0))
+            self._cpu_mark(0)
         return self
 
     def __enter__(self) -> "RankProfiler":
@@ -347,6 +351,8 @@ class RankProfiler:
         if nxt in RECORDING and cur not in RECORDING:
             self._window_begin(plan.window(self.step_num + 1))
         self.step_num += 1
+        if cur in RECORDING or nxt in RECORDING:  # the boundary between two steps of which one is recorded
+            self._cpu_mark(self.step_num)
         self._t_step_call = time.perf_counter()
         self._step_began_ns = time.time_ns()
         self._prof.step()  # on the window's last step this stops the trace and calls _on_trace_ready
@@ -356,9 +362,16 @@ class RankProfiler:
         self._ensure_info()
         self._setup.ensure_run_dir(self._info.rank, wait=False)
         self._step_end_ns = {}
+        first, _ = self._plan.steps_of(window)
+        self._cpu_marks = {k: v for k, v in self._cpu_marks.items() if k >= first}  # back to back: keep its start
         groups.snapshot()  # the groups as they are now, should the script destroy them before the window ends
         self._clock.mark(window, 0)
         self._cuda_window_begin()
+
+    def _cpu_mark(self, step: int) -> None:
+        """The training thread's CPU run and wait times at the start of `step` (the end of step − 1)."""
+        if self._cpu is not None:
+            self._cpu_marks[step] = self._cpu.sample()
 
     def _ensure_info(self) -> None:
         import torch.distributed as dist
@@ -401,6 +414,7 @@ class RankProfiler:
             prof.stop()  # nothing recorded, or only warm-up
             return
         self._cuda_step_end(self.step_num)
+        self._cpu_mark(self.step_num + 1)
         if iteration_done and self._stepper is not None:
             self._step_end_ns[self.step_num] = self._stepper.last_end_ns
             complete = cur is Action.RECORD_AND_SAVE
@@ -431,6 +445,7 @@ class RankProfiler:
             results, window, complete, self._info, stop_s, ready_s, peaks, dict(self._cuda_baseline),
             groups.gloo_thread_pg(), groups.process_groups(), groups.backend_name(self._info.device_type),
             groups.backend_config(), dict(self._step_end_ns), memsnap=memsnap, memhist=memhist,
+            cpu_marks=dict(self._cpu_marks),
             p2p_calls=p2p.drain(), trigger=self._trigger_attr(window), steps=(first, last)))
 
     def _trigger_attr(self, window: int) -> dict[str, Any] | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 FORMAT_NAME = "distprof-shard"
-SCHEMA_VERSION = "1.2"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties;
-# 1.2: comms.peer, comms.p2p_seq
+SCHEMA_VERSION = "1.3"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties;
+# 1.2: comms.peer, comms.p2p_seq; 1.3: steps.cpu_run_ns, steps.cpu_wait_ns
 SCHEMA_MAJOR = 1
 
 #: One file per rank per finished window; a crash loses at most the window in flight.
@@ -60,7 +60,8 @@ PHASES = ("window_start", "window_end")
 #: Value a reader gives a column that an older shard lacks. Every column added in a minor version needs an entry
 #: here (0 when nothing better): storage.validate rejects a shard that lacks any other column of a table it has.
 MISSING_DEFAULTS: dict[tuple[str, str], int] = {("threads", "device"): -1, ("comms", "peer"): -1,
-                                                ("comms", "p2p_seq"): -1}
+                                                ("comms", "p2p_seq"): -1, ("steps", "cpu_run_ns"): -1,
+                                                ("steps", "cpu_wait_ns"): -1}
 
 #: dataset -> column -> dtype. Every column of a table has the same length.
 TABLES: dict[str, dict[str, np.dtype]] = {
@@ -109,6 +110,8 @@ TABLES: dict[str, dict[str, np.dtype]] = {
         "flops": np.dtype("i8"),
         "peak_mem_bytes": np.dtype("i8"),
         "n_events": np.dtype("i8"),
+        "cpu_run_ns": np.dtype("i8"),  # 1.3: the stepping thread's time on a CPU in the step, -1 unknown
+        "cpu_wait_ns": np.dtype("i8"),  # 1.3: its time runnable but waiting for a CPU (capture/schedstat.py), -1
     },
     "clock/samples": {
         "phase": np.dtype("u1"),

@@ -12,6 +12,7 @@ them all, else one per rank (see :mod:`.rules`). Each rule is documented, with i
 * ``straggler_rank``, ``straggler_host`` — :mod:`.stragglers`
 * ``exposed_comm`` — :mod:`.communication`
 * ``input_wait`` — :mod:`.input_wait`
+* ``cpu_contention`` — :mod:`.cpu`
 * ``device_idle``, ``host_sync`` — :mod:`.device`
 * ``tiny_ops`` — :mod:`.ops`
 * ``memory_churn`` — :mod:`.memory`
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .communication import exposed_comm, exposed_comm_text
+from .cpu import cpu_contention, cpu_contention_text
 from .device import (IDLE_CAUSES, SYNC_CALL_RE, device_idle, device_idle_text, dominant_idle_cause, host_sync,
                      host_sync_text, is_sync_call)
 from .input_wait import input_wait, input_wait_text
@@ -80,6 +82,7 @@ def findings(
         pipes, {r for r, s in run.ranks.items() if s.collectives["seq"].size})), n, rules,
         lambda m, where, worst: exposed_comm_text(m, where, worst, exposed_advice))
     out += group("input_wait", input_wait(ms, rules), n, rules, input_wait_text)
+    out += group("cpu_contention", cpu_contention(run, rules), n, rules, cpu_contention_text)
     out += group("device_idle", device_idle(ms, rules), n, rules, device_idle_text)
     out += group("host_sync", host_sync(ms, rules), n, rules, host_sync_text)
     out += group("tiny_ops", tiny_ops(ms, rules), n, rules, tiny_ops_text)

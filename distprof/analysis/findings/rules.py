@@ -33,6 +33,8 @@ class FindingRules:
     tiny_min_step_pct: float = 10.0
     input_min_step_pct: float = 10.0
     input_min_ms: float = 0.5
+    cpu_wait_min_step_pct: float = 10.0
+    cpu_wait_min_ms: float = 1.0
     churn_min_allocs_per_ms: float = 20.0
     churn_min_allocs_per_step: float = 500.0
     churn_min_turnover: float = 8.0

@@ -1,0 +1,106 @@
+"""The training thread's wait for a CPU (capture/schedstat.py): sampled at step boundaries, stored per step
+(``steps.cpu_run_ns`` / ``cpu_wait_ns``, schema 1.3), reported as ``cpu_contention`` and replayed away (NoCpuWait)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLES, job_env, only_run_dir, torchrun
+from distprof.analysis.findings.cpu import cpu_contention
+from distprof.analysis.findings.rules import FindingRules
+from distprof.capture import schedstat
+from distprof.storage import find_shards, read_shard
+
+HAVE = os.path.exists(schedstat.PATH)
+
+
+@pytest.mark.skipif(not HAVE, reason="no /proc/thread-self/schedstat")
+def test_samples_follow_the_thread_that_opened_them():
+    cpu = schedstat.ThreadCpu()
+    a = cpu.sample()
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.05:
+        pass
+    b = cpu.sample()
+    assert a is not None and b is not None
+    assert b[0] - a[0] >= 20_000_000 and b[1] >= a[1]  # it ran at least 20 of the 50 ms it spun
+    # the fd stays bound to this thread: another thread's spinning does not count here
+    c = cpu.sample()
+    def spin():
+        while time.perf_counter() - t < 0.15:
+            pass
+
+    th = threading.Thread(target=spin)
+    th.start()
+    th.join()
+    d = cpu.sample()
+    assert d[0] - c[0] < 40_000_000
+    cpu.close()
+    assert cpu.sample() is None
+
+
+def test_missing_file_gives_unknown_samples(tmp_path):
+    assert schedstat.ThreadCpu(str(tmp_path / "nope")).sample() is None
+
+
+@pytest.mark.parametrize("marks, run, wait", [
+    ({5: (10, 1), 6: (30, 4), 7: (35, 4)}, [20, 5, -1], [3, 0, -1]),  # step 7 has no end sample
+    ({5: (10, 1), 6: None, 7: (35, 4)}, [-1, -1, -1], [-1, -1, -1]),  # a failed read: both steps unknown
+    ({5: (10, 5), 6: (30, 4)}, [-1, -1, -1], [-1, -1, -1]),  # going backwards: unknown
+    (None, [-1, -1, -1], [-1, -1, -1]),
+])
+def test_step_columns(marks, run, wait):
+    r, w = schedstat.step_columns([5, 6, 7], marks)
+    assert r.tolist() == run and w.tolist() == wait
+
+
+def _steps(wait_ms, step_ms=20.0):
+    n = len(wait_ms)
+    return SimpleNamespace(steps={"rank": np.repeat([0, 1], n), "step": np.tile(np.arange(n), 2),
+                                  "step_ms": np.full(2 * n, step_ms),
+                                  "cpu_wait_ms": np.r_[np.asarray(wait_ms, float), np.full(n, 0.1)],
+                                  "cpu_run_ms": np.full(2 * n, 10.0)},
+                           hosts={0: "h", 1: "h"})
+
+
+def test_the_rule_fires_from_its_thresholds():
+    rules = FindingRules()
+    hits = cpu_contention(_steps([3.0, 3.0, 2.0]), rules)  # 2.67 ms of 20: 13 %
+    assert [h.rank for h in hits] == [0] and hits[0].metrics["cpu_wait_ms_per_step"] == pytest.approx(8 / 3)
+    assert cpu_contention(_steps([1.5, 1.5, 1.5]), rules) == []  # 7.5 %: under 10 %
+    assert cpu_contention(_steps([0.8, 0.8, 0.8], step_ms=4.0), rules) == []  # 20 % but under 1 ms
+    assert cpu_contention(_steps([np.nan] * 3), rules) == []  # unknown (imports, older shards): silent
+
+
+@pytest.mark.slow
+def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
+    """Each rank starts 3 CPU-bound processes (ddp_mlp --busy-procs): 8 runnable processes on this machine's cores
+    — every recorded step has its samples, and the ranks wait for a CPU a large share of their steps (more load on
+    the machine only makes that share larger)."""
+    if not HAVE:
+        pytest.skip("no /proc/thread-self/schedstat")
+    busy = max(3, 2 * (os.cpu_count() or 2))
+    torchrun(2, ["-m", "distprof.launch", "--out", "out", "--wait", "1", "--warmup", "1", "--active", "4",
+                 str(EXAMPLES / "ddp_mlp.py"), "--hidden", "512", "--steps", "7", "--busy-procs", str(busy)],
+             cwd=tmp_path, env=job_env())
+    run = only_run_dir(tmp_path / "out")
+    for p in find_shards(run):
+        st = read_shard(p).table("steps")
+        assert (st["cpu_run_ns"] > 0).all() and (st["cpu_wait_ns"] >= 0).all(), st
+    import distprof
+    from distprof.analysis import whatif
+    from distprof.analysis.report import build_report
+
+    rs = distprof.load(run, progress=False)
+    rep = build_report(rs)
+    f = [x for x in rep["findings"] if x["id"] == "cpu_contention"]
+    assert f and f[0]["metrics"]["impact_pct"] >= 10, [(x["id"], x["title"]) for x in rep["findings"]]
+    assert f[0]["estimated_gain_ms_per_step"] > 0
+    w = whatif.estimate(rs, whatif.NoCpuWait())
+    assert 0 < w.gain_ms_per_step < w.measured_step_ms
