@@ -244,3 +244,26 @@ def test_waiting_inside_an_op_is_not_slowness():
     assert not slower0 & {"FSDP::pre_forward", "RegisterPostBackwardFunctionBackward"}, rc0["ops"]
     (rc1,) = root_cause(run, [1])
     assert rc1["ops"][0]["name"] == "aten::mm" and rc1["ops"][0]["excess_ms_per_step"] == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("explained_ms, named", [(20.0, False), (0.0, True), (5.0, True)])
+def test_lateness_from_waiting_for_a_cpu_is_not_the_ranks_own(explained_ms, named):
+    """Rank 2 arrives 20 ms late every step. When its scheduler statistics say it waited that long for a CPU
+    (``steps.cpu_wait_opt_ns``, the wait before the step's collectives), the lateness is the host's, not the rank's:
+    not named, and the table shows it; with no such wait, or too little to explain it, the rank is named."""
+    run = ddp_run(4, n_steps=6, late_rank=2, late_ms=20, jitter_ms=JITTER)
+    run.steps["cpu_wait_opt_ns"] = np.where(run.steps["rank"] == 2, int(explained_ms * 1e6), 0)
+    res = find_stragglers(summarize_merged(run))
+    d = _by_rank(res)[2]
+    assert d["named"] is named
+    assert d["cpu_wait_excess_ms"] == pytest.approx(explained_ms)
+    assert d["own_lateness_ms"] == pytest.approx(d["mean_lateness_ms"] - d["cpu_wait_excess_ms"])
+
+
+def test_an_unknown_cpu_wait_on_any_rank_leaves_the_step_uncorrected():
+    run = ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER)
+    w = np.where(run.steps["rank"] == 2, 20_000_000, 0)
+    w[(run.steps["rank"] == 0)] = -1  # rank 0's samples unknown (say, an older shard)
+    run.steps["cpu_wait_opt_ns"] = w
+    d = _by_rank(find_stragglers(summarize_merged(run)))[2]
+    assert d["named"] and d["cpu_wait_excess_ms"] == 0.0

@@ -68,6 +68,7 @@ BREAKDOWN_COLUMNS = (
     "peak_mem_bytes",
     "cpu_run_ms",
     "cpu_wait_ms",
+    "cpu_wait_opt_ms",
 )
 
 
@@ -197,6 +198,7 @@ def rank_breakdown(rd: RankData, ix: RankIndex, rs: RankSets | None = None) -> T
         "peak_mem_bytes": np.asarray(st["peak_mem_bytes"][idx], np.int64),
         "cpu_run_ms": _known_ms(st, "cpu_run_ns", idx),
         "cpu_wait_ms": _known_ms(st, "cpu_wait_ns", idx),
+        "cpu_wait_opt_ms": _known_ms(st, "cpu_wait_opt_ns", idx),
     }
 
 

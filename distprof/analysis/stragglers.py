@@ -11,7 +11,13 @@ rank is one instance (the run summary's matched collectives). For rank r in inst
   caused the others (Scalasca's "Wait at N×N", summed over the waiting ranks); its **lead**
   ``a_{L_i,i} − (second-latest arrival)`` — how much earlier the collective could have started without it.
 
-A rank's lateness **in a step** is its largest ℓ over the step's instances. Collectives outside every step (a
+A rank's lateness **in a step** is its largest ℓ over the step's instances, less its **CPU-wait excess** in the step:
+its wait for a CPU before the step's collectives (``steps.cpu_wait_opt_ms``: the stepping thread runnable but not
+running, from the previous step's optimizer start to this step's; capture/schedstat.py) minus the median of the other
+ranks' — a rank the host's scheduler held back is not late by its own work (on 2 cores shared with a busy process
+this halved the step-to-step noise at 4 ranks and cut it by a quarter at 2). Where any rank of a step lacks the
+value (imports, older shards), the step is not corrected. ``mean_lateness_ms`` is the uncorrected mean,
+``cpu_wait_excess_ms`` the mean correction and ``own_lateness_ms`` what is left, which the rule tests. Collectives outside every step (a
 checkpoint after the loop) are left out when the run has steps; in a run without any, each instance is a step of its
 own. A rank that starts its backward X ms late is then ≈X late per step however many bucket all-reduces
 follow — also when its peers' later buckets start late themselves because their worker thread was still waiting in
@@ -97,7 +103,7 @@ class StragglerRule:
     def text(self) -> str:
         return (
             f"a rank is named if its lateness (per step: latest arrival at the step's collectives minus the median of "
-            f"the other ranks' arrivals) exceeds the other ranks' by at least the floor max({self.min_lateness_ms:g} "
+            f"the other ranks' arrivals, less its extra wait for a CPU) exceeds the other ranks' by at least the floor max({self.min_lateness_ms:g} "
             f"ms, {self.residual_factor:g} x max clock residual, {self.step_fraction:g} x median step time) in >= "
             f"{self.min_late_fraction:.0%} of its steps and, over steps, either the lower confidence bound of that excess "
             f"({self.confidence:.0%} for the run, Bonferroni over ranks) is above the floor or the excess is an "
@@ -403,7 +409,9 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     # (step, rank) cells; a collective outside every step (step −1) is a step of its own
     skey = np.where(t["step"] >= 0, t["step"], -1 - inst)
     cells = _Cells(skey, ridx, nr)
-    c_lat = cells.max(lat)
+    c_raw = cells.max(lat)
+    c_cpu = _cpu_wait_excess(run, cells, ranks)
+    c_lat = c_raw - c_cpu  # the lateness of the rank's own work: its extra wait for a CPU taken out
     c_exc = excess(cells, c_lat)
     c_cf = cells.max(t["clock_free_lateness_ns"] / NS_PER_MS)
     c_lead = cells.max(t["lead_ns"] / NS_PER_MS)
@@ -412,7 +420,9 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     cons = consistency(cells, c_exc, nr, thr, rule, rule.jitter_factor * jitter)
     out["rule"]["step_noise_ms"] = cons.step_noise_ms
     den = np.maximum(cons.n_steps, 1)
+    mean_raw = np.bincount(cr, weights=c_raw, minlength=nr) / den
     mean_lat = np.bincount(cr, weights=c_lat, minlength=nr) / den
+    mean_cpu = np.bincount(cr, weights=c_cpu, minlength=nr) / den
     late_steps = np.bincount(cr, weights=(c_lat >= thr).astype(float), minlength=nr) / den
     lost = np.bincount(cr, weights=c_lead, minlength=nr) / den
     cf_lat = np.bincount(cr, weights=c_cf, minlength=nr) / den
@@ -423,7 +433,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     max_behind = np.zeros(nr)
     np.maximum.at(max_behind, ridx, behind)
     cf_wait_mean = np.bincount(ridx, weights=cf_wait, minlength=nr) / np.maximum(cnt, 1)
-    confirmed = cf_lat >= rule.clock_free_factor * mean_lat
+    confirmed = cf_lat >= rule.clock_free_factor * mean_raw
     named = (mean_lat >= thr) & cons.passes & confirmed
     cost = np.bincount(cr, weights=cells.max(_cost_ms(t, named[ridx])), minlength=nr) / den
 
@@ -435,7 +445,9 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
             "n_steps": int(cons.n_steps[i]),
             "blame_ms": float(blame[i]),
             "blame_ms_per_step": float(blame[i] / den[i]),
-            "mean_lateness_ms": float(mean_lat[i]),
+            "mean_lateness_ms": float(mean_raw[i]),
+            "own_lateness_ms": float(mean_lat[i]),
+            "cpu_wait_excess_ms": float(mean_cpu[i]),
             "mean_excess_ms": float(cons.mean_excess[i]),
             "excess_bound_ms": None if np.isnan(cons.excess_bound[i]) else float(cons.excess_bound[i]),
             "excess_step_fraction": float(cons.excess_step_fraction[i]),
@@ -452,7 +464,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
         }
         for i in range(nr)
     ]
-    rows.sort(key=lambda d: (not d["named"], -d["cost_ms_per_step"], -d["blame_ms"], -d["mean_lateness_ms"],
+    rows.sort(key=lambda d: (not d["named"], -d["cost_ms_per_step"], -d["blame_ms"], -d["own_lateness_ms"],
                              d["rank"]))
     out["ranks"] = rows
     out["named"] = [d["rank"] for d in rows if d["named"]]
@@ -467,6 +479,28 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     }
     out["per_step"], out["changes"] = _per_step(cells, c_lat, c_exc, c_blame, ranks, thr)
     out["hosts"] = _hosts(run, t, skey, blame_row, thr, rule)
+    return out
+
+
+def _cpu_wait_excess(run: RunSummary, cells: _Cells, ranks: np.ndarray) -> np.ndarray:
+    """Per (step, rank) cell: the rank's wait for a CPU before the step's collectives (``steps.cpu_wait_opt_ms``:
+    from the previous step's optimizer start to this step's) minus the median of the other ranks' — how much later
+    its scheduler let it arrive; 0 where a step lacks any rank's value."""
+    st = run.steps
+    q = np.asarray(st.get("cpu_wait_opt_ms", np.zeros(0)), np.float64)
+    if q.size == 0 or not np.isfinite(q).any() or cells.n == 0:
+        return np.zeros(cells.n)
+    span = int(max(int(np.max(st["step"], initial=0)), int(np.max(cells.step, initial=0)))) + 2
+    key = np.asarray(st["rank"], np.int64) * span + np.asarray(st["step"], np.int64) + 1
+    o = np.argsort(key, kind="stable")
+    want = ranks[cells.group].astype(np.int64) * span + np.where(cells.step >= 0, cells.step, -1) + 1
+    i = np.clip(np.searchsorted(key[o], want), 0, key.size - 1)
+    hit = (key[o][i] == want) & (cells.step >= 0)
+    c_q = np.where(hit, q[o][i], np.nan)
+    out = excess(cells, c_q)
+    bad = ~np.isfinite(out)  # a NaN in a step spoils its medians: that step gets no correction
+    if bad.any():
+        out[np.isin(cells.step, np.unique(cells.step[bad]))] = 0.0
     return out
 
 

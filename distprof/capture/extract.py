@@ -77,13 +77,15 @@ def extract(
     step_end_ns: dict[int, int] | None = None,
     p2p_calls: P2PCalls | None = None,
     cpu_marks: dict[int, tuple[int, int] | None] | None = None,
+    cpu_opt_marks: dict[int, tuple[int, int] | None] | None = None,
 ) -> Extracted:
     """Turn one window's Kineto events into the shard tables.
 
     `step_end_ns`: step -> ``time.time_ns()`` when its iteration finished, for steps the window's close ended (see
     :func:`distprof.events.tables.build_tables`); the simulated clock is applied to them as to the events.
     `cpu_marks`: step -> the training thread's (CPU run, run-queue wait) ns at its start (capture/schedstat.py),
-    giving the steps table's ``cpu_run_ns`` / ``cpu_wait_ns``.
+    giving the steps table's ``cpu_run_ns`` / ``cpu_wait_ns``; `cpu_opt_marks` the same as each step's optimizer step
+    began, giving ``cpu_wait_opt_ns`` (the wait between the previous step's optimizer start and this step's).
     """
     evs = list(events)
     n = len(evs)
@@ -158,6 +160,7 @@ def extract(
     threads = built.tables["threads"]
     steps = built.tables["steps"]
     steps["cpu_run_ns"], steps["cpu_wait_ns"] = schedstat.step_columns(steps["step"], cpu_marks)
+    steps["cpu_wait_opt_ns"] = schedstat.step_columns(steps["step"], cpu_opt_marks, since_previous=True)[1]
     assign = built.assign_step
     s_start, s_end = built.step_span
     step_ids = steps["step"]

@@ -65,6 +65,7 @@ class RankProfiler:
         self._step_end_ns: dict[int, int] = {}  # this window: steps ended by its close -> their iteration's end
         self._cpu: schedstat.ThreadCpu | None = None  # the training thread's scheduler statistics (opened there)
         self._cpu_marks: dict[int, tuple[int, int] | None] = {}  # this window: step -> sample at its start
+        self._cpu_opt_marks: dict[int, tuple[int, int] | None] = {}  # step -> sample as its optimizer step began
         self._main_tid = threading.get_native_id()
         self._info: dist_info.RankInfo | None = None
         self._info_final = False  # read while the process group existed (else from the launcher's environment)
@@ -149,7 +150,7 @@ class RankProfiler:
                                    errors=lambda: list(self.errors), on_error=self._fail, on_lost=self._window_lost)
         self._signals.install()
         if cfg.step_on == "optimizer":
-            self._stepper = OptimizerStepper(self._advance)
+            self._stepper = OptimizerStepper(self._advance, self._cpu_mark_optimizer)
             self._stepper.install()
         _active = self
         if cfg.trigger:
@@ -353,6 +354,8 @@ class RankProfiler:
         self.step_num += 1
         if cur in RECORDING or nxt in RECORDING:  # the boundary between two steps of which one is recorded
             self._cpu_mark(self.step_num)
+        elif len(self._cpu_opt_marks) > 2:  # outside windows only the previous step's is needed (a window's first)
+            self._cpu_opt_marks = {k: v for k, v in self._cpu_opt_marks.items() if k >= self.step_num - 1}
         self._t_step_call = time.perf_counter()
         self._step_began_ns = time.time_ns()
         self._prof.step()  # on the window's last step this stops the trace and calls _on_trace_ready
@@ -364,6 +367,7 @@ class RankProfiler:
         self._step_end_ns = {}
         first, _ = self._plan.steps_of(window)
         self._cpu_marks = {k: v for k, v in self._cpu_marks.items() if k >= first}  # back to back: keep its start
+        self._cpu_opt_marks = {k: v for k, v in self._cpu_opt_marks.items() if k >= first - 1}
         groups.snapshot()  # the groups as they are now, should the script destroy them before the window ends
         self._clock.mark(window, 0)
         self._cuda_window_begin()
@@ -372,6 +376,14 @@ class RankProfiler:
         """The training thread's CPU run and wait times at the start of `step` (the end of step − 1)."""
         if self._cpu is not None:
             self._cpu_marks[step] = self._cpu.sample()
+
+    def _cpu_mark_optimizer(self) -> None:
+        """The same sample as the primary optimizer's step begins (the hook runs on the training thread)."""
+        if self._cpu is not None and not self._disabled:
+            try:
+                self._cpu_opt_marks[self.step_num] = self._cpu.sample()
+            except Exception:  # noqa: BLE001 -- a hook inside the user's optimizer step never raises
+                pass
 
     def _ensure_info(self) -> None:
         import torch.distributed as dist
@@ -445,7 +457,7 @@ class RankProfiler:
             results, window, complete, self._info, stop_s, ready_s, peaks, dict(self._cuda_baseline),
             groups.gloo_thread_pg(), groups.process_groups(), groups.backend_name(self._info.device_type),
             groups.backend_config(), dict(self._step_end_ns), memsnap=memsnap, memhist=memhist,
-            cpu_marks=dict(self._cpu_marks),
+            cpu_marks=dict(self._cpu_marks), cpu_opt_marks=dict(self._cpu_opt_marks),
             p2p_calls=p2p.drain(), trigger=self._trigger_attr(window), steps=(first, last)))
 
     def _trigger_attr(self, window: int) -> dict[str, Any] | None:

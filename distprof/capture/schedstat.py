@@ -55,16 +55,18 @@ class ThreadCpu:
                 pass
 
 
-def step_columns(step_ids, marks: dict[int, tuple[int, int] | None] | None):
+def step_columns(step_ids, marks: dict[int, tuple[int, int] | None] | None, *, since_previous: bool = False):
     """The steps table's ``cpu_run_ns`` and ``cpu_wait_ns``: per step k, sample at the start of step k+1 minus the
-    sample at its start (marks: step -> sample at its start); -1 where either is missing or they go backwards."""
+    sample at its start (marks: step -> sample at its start); -1 where either is missing or they go backwards.
+    `since_previous`: sample k minus sample k−1 instead (marks taken inside each step: its optimizer step's start)."""
     import numpy as np
 
     ids = np.asarray(step_ids, np.int64)
     run = np.full(ids.size, -1, np.int64)
     wait = np.full(ids.size, -1, np.int64)
     for i, k in enumerate(ids.tolist()):
-        a, b = (marks or {}).get(k), (marks or {}).get(k + 1)
+        a, b = ((marks or {}).get(k - 1), (marks or {}).get(k)) if since_previous else \
+            ((marks or {}).get(k), (marks or {}).get(k + 1))
         if a is None or b is None or b[0] < a[0] or b[1] < a[1]:
             continue
         run[i], wait[i] = b[0] - a[0], b[1] - a[1]

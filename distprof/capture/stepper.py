@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 
 
 class OptimizerStepper:
-    def __init__(self, on_iteration: Callable[[], None]) -> None:
+    def __init__(self, on_iteration: Callable[[], None], on_optimizer_start: Callable[[], None] | None = None) -> None:
         self._on_iteration = on_iteration
+        self._on_optimizer_start = on_optimizer_start  # the primary optimizer's outermost step begins
         self._primary: weakref.ref | None = None
         self._depth = 0
         self._pending = False
@@ -86,6 +87,8 @@ class OptimizerStepper:
         if self._pending and self._depth == 1 and self._is_primary(opt):
             # no module forward since the last iteration: advance here rather than merge two iterations
             self.fire()
+        if self._depth == 1 and self._on_optimizer_start is not None and self._is_primary(opt):
+            self._on_optimizer_start()
 
     def _post(self, opt, args, kwargs) -> None:
         self._depth = max(0, self._depth - 1)

@@ -55,6 +55,7 @@ class WindowJob:
     memhist: dict[str, Any] | None = None  # {"max_entries", "stacks"} of the history recorder
     p2p_calls: P2PCalls | None = None  # the point-to-point calls since the last window (capture.p2p)
     cpu_marks: dict[int, tuple[int, int] | None] | None = None  # step -> training thread's (run, wait) ns at its start
+    cpu_opt_marks: dict[int, tuple[int, int] | None] | None = None  # step -> the same as its optimizer step began
     trigger: dict[str, Any] | None = None  # a triggered window: request_id, reason, plan (capture/trigger.py)
     steps: tuple[int, int] = (-1, -1)  # first and last step the window was to record (for a lost window's message)
     t_queued: float = field(default_factory=time.perf_counter)
@@ -193,6 +194,7 @@ class ShardWriter:
             step_end_ns=job.step_end_ns or None,
             p2p_calls=job.p2p_calls,
             cpu_marks=job.cpu_marks,
+            cpu_opt_marks=job.cpu_opt_marks,
         )
         t1 = time.perf_counter()
         samples, local = self._clock.take(job.window)

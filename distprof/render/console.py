@@ -309,11 +309,12 @@ def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
     for d in ranks[:_MAX_RANK_ROWS]:
         rows.append([
             str(d["rank"]), _name(d["host"]), _f(d.get("cost_ms_per_step"), "{:.2f}"),
-            _f(d["mean_lateness_ms"], "{:.2f}"), _f(d.get("mean_excess_ms"), "{:.2f}"),
+            _f(d["mean_lateness_ms"], "{:.2f}"), _f(d.get("cpu_wait_excess_ms"), "{:.2f}"),
+            _f(d.get("mean_excess_ms"), "{:.2f}"),
             _f(100 * (d.get("excess_step_fraction") or 0), "{:.0f}%"), _f(100 * d["late_fraction"], "{:.0f}%"),
             _f(d["clock_free_lateness_ms"], "{:.2f}"), "STRAGGLER" if d["named"] else "",
         ])
-    lines = _table(["rank", "host", "cost ms/step", "mean late ms", "excess ms", "late steps", "last",
+    lines = _table(["rank", "host", "cost ms/step", "mean late ms", "cpu-wait ms", "excess ms", "late steps", "last",
                     "clock-free late ms", ""], rows)
     out += [st.red(x) if x.rstrip().endswith("STRAGGLER") else x for x in lines]
     if len(ranks) > _MAX_RANK_ROWS:
