@@ -267,3 +267,20 @@ def test_an_unknown_cpu_wait_on_any_rank_leaves_the_step_uncorrected():
     run.steps["cpu_wait_opt_ns"] = w
     d = _by_rank(find_stragglers(summarize_merged(run)))[2]
     assert d["named"] and d["cpu_wait_excess_ms"] == 0.0
+
+
+def test_a_named_rank_on_a_slower_cpu_is_said_so():
+    """The same work on every rank, but rank 2's training thread needed 1.5x the CPU time per step: its finding says
+    its CPU ran slower; without the samples it says nothing about CPUs."""
+    from distprof.analysis.findings.stragglers import straggler_findings
+    from distprof.analysis.findings.rules import FindingRules
+
+    run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20, jitter_ms=JITTER, late_kind="compute")
+    run.steps["cpu_run_ns"] = np.where(run.steps["rank"] == 2, 45_000_000, 30_000_000)
+    res = find_stragglers(summarize_merged(run))
+    assert _by_rank(res)[2]["cpu_time_ratio"] == pytest.approx(1.5) and _by_rank(res)[0]["cpu_time_ratio"] == pytest.approx(1.0)
+    f = straggler_findings(res, [], {r: "h" for r in range(4)}, 30.0, FindingRules())
+    assert "1.50x the CPU time" in f[0]["evidence"]
+    bare = find_stragglers(summarize_merged(ddp_run(4, n_steps=4, late_rank=2, late_ms=20, jitter_ms=JITTER)))
+    assert _by_rank(bare)[2]["cpu_time_ratio"] is None
+    assert "CPU time" not in straggler_findings(bare, [], {r: "h" for r in range(4)}, 30.0, FindingRules())[0]["evidence"]

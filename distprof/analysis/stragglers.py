@@ -436,6 +436,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     confirmed = cf_lat >= rule.clock_free_factor * mean_raw
     named = (mean_lat >= thr) & cons.passes & confirmed
     cost = np.bincount(cr, weights=cells.max(_cost_ms(t, named[ridx])), minlength=nr) / den
+    cpu_ratio = cpu_time_ratios(run)
 
     rows = [
         {
@@ -448,6 +449,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
             "mean_lateness_ms": float(mean_raw[i]),
             "own_lateness_ms": float(mean_lat[i]),
             "cpu_wait_excess_ms": float(mean_cpu[i]),
+            "cpu_time_ratio": cpu_ratio.get(int(ranks[i])),
             "mean_excess_ms": float(cons.mean_excess[i]),
             "excess_bound_ms": None if np.isnan(cons.excess_bound[i]) else float(cons.excess_bound[i]),
             "excess_step_fraction": float(cons.excess_step_fraction[i]),
@@ -479,6 +481,27 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     }
     out["per_step"], out["changes"] = _per_step(cells, c_lat, c_exc, c_blame, ranks, thr)
     out["hosts"] = _hosts(run, t, skey, blame_row, thr, rule)
+    return out
+
+
+def cpu_time_ratios(run: RunSummary) -> dict[int, float]:
+    """Per rank: its mean CPU time per step (``steps.cpu_run_ms``) over the median of the other ranks' means — how
+    much slower its CPU ran the same work when the job is balanced (ranks without the value are left out)."""
+    st = run.steps
+    v = np.asarray(st.get("cpu_run_ms", np.zeros(0)), np.float64)
+    ok = np.isfinite(v)
+    if not ok.any():
+        return {}
+    rk = np.asarray(st["rank"], np.int64)[ok]
+    u, idx = np.unique(rk, return_inverse=True)
+    mean = np.bincount(idx, weights=v[ok]) / np.bincount(idx)
+    if u.size < 2:
+        return {}
+    out = {}
+    for i, r in enumerate(u.tolist()):
+        ref = float(np.median(np.delete(mean, i)))
+        if ref > 0:
+            out[int(r)] = float(mean[i] / ref)
     return out
 
 

@@ -88,6 +88,10 @@ def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts
                             f"each of the other {n_ranks - 1} ranks waits {wait_each:.1f} ms per step for it on "
                             f"average")
                          + (f"; it differs most in: {cause}" if cause else "")
+                         + (f"; its training thread used {d['cpu_time_ratio']:.2f}x the CPU time per step of the other "
+                            f"ranks' median: the same work ran slower on its CPU (a core shared with another "
+                            f"process, throttled, or slower)" if (d.get("cpu_time_ratio") or 0) >= SLOW_CPU_RATIO
+                            else "")
                          + f". Rule: the stragglers naming rule (floor {thr or 0:.2f} ms, see straggler_info)."),
             "advice": _rank_advice(r, top),
             "metrics": {"mean_lateness_ms": d["mean_lateness_ms"], "late_fraction": d["late_fraction"],
@@ -98,6 +102,10 @@ def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts
                         **({"top_excess_ms_per_step": top["excess_ms_per_step"]} if top else {})},
         })
     return out
+
+
+#: A named rank whose training thread needs this many times its peers' CPU time per step is said to run on a slower CPU.
+SLOW_CPU_RATIO = 1.2
 
 
 def _rank_advice(r: int, top: dict | None) -> str:
