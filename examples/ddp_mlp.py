@@ -45,7 +45,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(args.busy_procs, 0))]
+    # each spins until killed, or until this rank is gone (its parent changes): never left behind by a crash
+    spin = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    [0 for _ in range(20000)]"
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(max(args.busy_procs, 0))]
     try:
         train(args)
     finally:
