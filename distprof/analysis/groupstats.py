@@ -1,11 +1,11 @@
 """Statistics per group of a labelled array, vectorised (one sort): what the straggler rule and the step graph's
-replay both take."""
+replay both take; and the lookup of a steps-table column at (rank, step) pairs."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["group_median"]
+__all__ = ["group_median", "rank_step_values"]
 
 
 def group_median(g: np.ndarray, v: np.ndarray, n_groups: int) -> np.ndarray:
@@ -20,3 +20,22 @@ def group_median(g: np.ndarray, v: np.ndarray, n_groups: int) -> np.ndarray:
     hi = first[ok] + cnt[ok] // 2
     med[ok] = (vs[lo] + vs[hi]) / 2
     return med
+
+
+def rank_step_values(steps: dict[str, np.ndarray], column: str, rank: np.ndarray, step: np.ndarray,
+                     missing: float = np.nan) -> np.ndarray:
+    """`column` of the steps-table row of each (rank, step) pair (one sort and a binary search); `missing` where the
+    table has no such row, no such column, or the step is negative (no step)."""
+    rank, step = np.asarray(rank, np.int64), np.asarray(step, np.int64)
+    out = np.full(rank.size, missing, np.float64)
+    if column not in steps or np.asarray(steps["step"]).size == 0 or rank.size == 0:
+        return out
+    srank, sstep = np.asarray(steps["rank"], np.int64), np.asarray(steps["step"], np.int64)
+    span = int(max(int(sstep.max()), int(step.max()))) + 2
+    key = srank * span + sstep + 1
+    o = np.argsort(key, kind="stable")
+    want = rank * span + np.where(step >= 0, step, -1) + 1
+    i = np.clip(np.searchsorted(key[o], want), 0, key.size - 1)
+    hit = (key[o][i] == want) & (step >= 0)
+    out[hit] = np.asarray(steps[column], np.float64)[o][i[hit]]
+    return out

@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .groupstats import group_median
+from .groupstats import group_median, rank_step_values
 
 Table = dict[str, np.ndarray]
 
@@ -490,36 +490,25 @@ def cpu_time_ratios(run: RunSummary) -> dict[int, float]:
     st = run.steps
     v = np.asarray(st.get("cpu_run_ms", np.zeros(0)), np.float64)
     ok = np.isfinite(v)
-    if not ok.any():
-        return {}
-    rk = np.asarray(st["rank"], np.int64)[ok]
-    u, idx = np.unique(rk, return_inverse=True)
-    mean = np.bincount(idx, weights=v[ok]) / np.bincount(idx)
+    u, idx = np.unique(np.asarray(st["rank"], np.int64)[ok], return_inverse=True)
     if u.size < 2:
         return {}
-    out = {}
-    for i, r in enumerate(u.tolist()):
-        ref = float(np.median(np.delete(mean, i)))
-        if ref > 0:
-            out[int(r)] = float(mean[i] / ref)
-    return out
+    mean = np.bincount(idx, weights=v[ok]) / np.bincount(idx)
+    o = np.argsort(mean, kind="stable")
+    pos = np.empty(u.size, np.int64)
+    pos[o] = np.arange(u.size)
+    ref = _median_of_others(np.zeros(u.size, np.int64), np.full(u.size, u.size), pos, mean[o])
+    good = ref > 0
+    return {int(r): float(m / q) for r, m, q in zip(u[good].tolist(), mean[good].tolist(), ref[good].tolist())}
 
 
 def _cpu_wait_excess(run: RunSummary, cells: _Cells, ranks: np.ndarray) -> np.ndarray:
     """Per (step, rank) cell: the rank's wait for a CPU before the step's collectives (``steps.cpu_wait_opt_ms``:
     from the previous step's optimizer start to this step's) minus the median of the other ranks' — how much later
     its scheduler let it arrive; 0 where a step lacks any rank's value."""
-    st = run.steps
-    q = np.asarray(st.get("cpu_wait_opt_ms", np.zeros(0)), np.float64)
-    if q.size == 0 or not np.isfinite(q).any() or cells.n == 0:
+    c_q = rank_step_values(run.steps, "cpu_wait_opt_ms", ranks[cells.group], cells.step)
+    if not np.isfinite(c_q).any():
         return np.zeros(cells.n)
-    span = int(max(int(np.max(st["step"], initial=0)), int(np.max(cells.step, initial=0)))) + 2
-    key = np.asarray(st["rank"], np.int64) * span + np.asarray(st["step"], np.int64) + 1
-    o = np.argsort(key, kind="stable")
-    want = ranks[cells.group].astype(np.int64) * span + np.where(cells.step >= 0, cells.step, -1) + 1
-    i = np.clip(np.searchsorted(key[o], want), 0, key.size - 1)
-    hit = (key[o][i] == want) & (cells.step >= 0)
-    c_q = np.where(hit, q[o][i], np.nan)
     out = excess(cells, c_q)
     bad = ~np.isfinite(out)  # a NaN in a step spoils its medians: that step gets no correction
     if bad.any():

@@ -52,6 +52,7 @@ import numpy as np
 
 from .critical_path import (KIND_COLL, KIND_RECV, KIND_SEND, LINK_END, NS_PER_MS, StepGraph, group_median, replay,
                             step_graph)
+from .groupstats import rank_step_values
 
 if TYPE_CHECKING:
     from .runsummary import RunSummary
@@ -244,15 +245,8 @@ def _straggler(g: StepGraph, c: Change) -> StepGraph:
 
 
 def _rank_step_values(run: RunSummary, g: StepGraph, column: str) -> np.ndarray:
-    """A breakdown column of each rank-step of the graph (aligned steps table; 0 where absent)."""
-    st = run.steps
-    span = int(max(int(np.max(st["step"], initial=0)), int(np.max(g.rs_step, initial=0)))) + 2
-    key = np.asarray(st["rank"], np.int64) * span + np.asarray(st["step"], np.int64) + 1
-    o = np.argsort(key, kind="stable")
-    q = g.rs_rank * span + g.rs_step + 1
-    i = np.clip(np.searchsorted(key[o], q), 0, max(key.size - 1, 0))
-    ok = key[o][i] == q if key.size else np.zeros(q.size, bool)
-    return np.where(ok, np.asarray(st[column], np.float64)[o][i] if key.size else 0.0, 0.0)
+    """A breakdown column of each rank-step of the graph (aligned steps table; 0 where absent or unknown)."""
+    return np.nan_to_num(rank_step_values(run.steps, column, g.rs_rank, g.rs_step, missing=0.0), nan=0.0)
 
 
 def _op_ms(run: RunSummary, g: StepGraph, name: str) -> np.ndarray:
@@ -288,7 +282,7 @@ def apply(run: RunSummary, g: StepGraph, c: Change) -> StepGraph:
     if isinstance(c, NoIdle):
         rm = _rank_step_values(run, g, "idle_ms")
     elif isinstance(c, NoCpuWait):
-        rm = np.nan_to_num(_rank_step_values(run, g, "cpu_wait_ms"), nan=0.0)
+        rm = _rank_step_values(run, g, "cpu_wait_ms")
     elif isinstance(c, NoInputWait):
         per_rank = {r: float((s.measures or {}).get("input_ms_per_step") or 0.0) for r, s in run.ranks.items()}
         rm = np.array([per_rank.get(int(r), 0.0) for r in g.rs_rank.tolist()], np.float64) if per_rank else \

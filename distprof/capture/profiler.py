@@ -379,11 +379,8 @@ class RankProfiler:
 
     def _cpu_mark_optimizer(self) -> None:
         """The same sample as the primary optimizer's step begins (the hook runs on the training thread)."""
-        if self._cpu is not None and not self._disabled:
-            try:
-                self._cpu_opt_marks[self.step_num] = self._cpu.sample()
-            except Exception:  # noqa: BLE001 -- a hook inside the user's optimizer step never raises
-                pass
+        if self._cpu is not None and not self._disabled:  # sample() never raises
+            self._cpu_opt_marks[self.step_num] = self._cpu.sample()
 
     def _ensure_info(self) -> None:
         import torch.distributed as dist

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 __all__ = ["ThreadCpu", "step_columns"]
@@ -59,8 +61,6 @@ def step_columns(step_ids, marks: dict[int, tuple[int, int] | None] | None, *, s
     """The steps table's ``cpu_run_ns`` and ``cpu_wait_ns``: per step k, sample at the start of step k+1 minus the
     sample at its start (marks: step -> sample at its start); -1 where either is missing or they go backwards.
     `since_previous`: sample k minus sample k−1 instead (marks taken inside each step: its optimizer step's start)."""
-    import numpy as np
-
     ids = np.asarray(step_ids, np.int64)
     run = np.full(ids.size, -1, np.int64)
     wait = np.full(ids.size, -1, np.int64)

@@ -26,20 +26,21 @@ def cpu_contention(run: RunSummary, rules: FindingRules) -> list[Hit]:
     wait = np.asarray(st.get("cpu_wait_ms", np.zeros(0)), np.float64)
     if wait.size == 0 or not np.isfinite(wait).any():
         return []
-    rank = np.asarray(st["rank"], np.int64)
-    run_ms = np.asarray(st.get("cpu_run_ms", np.full(wait.size, np.nan)), np.float64)
-    step_ms = np.asarray(st["step_ms"], np.float64)
+    ok = np.isfinite(wait)
+    ranks, idx = np.unique(np.asarray(st["rank"], np.int64)[ok], return_inverse=True)
+    n = np.bincount(idx)
+
+    def mean(col: np.ndarray) -> np.ndarray:  # per rank over its known rank-steps (NaN run times count as 0)
+        return np.bincount(idx, weights=np.nan_to_num(np.asarray(col, np.float64)[ok]), minlength=ranks.size) / n
+
+    w, s = mean(wait), mean(st["step_ms"])
+    r_ms = mean(st.get("cpu_run_ms", np.zeros(wait.size)))
     hits = []
-    for r in np.unique(rank).tolist():
-        ok = (rank == r) & np.isfinite(wait)
-        if not ok.any():
-            continue
-        w, s = float(np.mean(wait[ok])), float(np.mean(step_ms[ok]))
-        impact = pct(w, s)
-        if impact >= rules.cpu_wait_min_step_pct and w >= rules.cpu_wait_min_ms:
-            hits.append(Hit(int(r), str(run.hosts.get(int(r), "?")), impact, {
-                "cpu_wait_ms_per_step": w, "cpu_run_ms_per_step": float(np.nanmean(run_ms[ok])), "step_ms": s,
-                "threshold_step_pct": rules.cpu_wait_min_step_pct, "threshold_ms": rules.cpu_wait_min_ms}))
+    for i in np.flatnonzero((w >= rules.cpu_wait_min_ms) & (100.0 * w >= rules.cpu_wait_min_step_pct * s)).tolist():
+        r = int(ranks[i])
+        hits.append(Hit(r, str(run.hosts.get(r, "?")), pct(float(w[i]), float(s[i])), {
+            "cpu_wait_ms_per_step": float(w[i]), "cpu_run_ms_per_step": float(r_ms[i]), "step_ms": float(s[i]),
+            "threshold_step_pct": rules.cpu_wait_min_step_pct, "threshold_ms": rules.cpu_wait_min_ms}))
     return hits
 
 
