@@ -199,14 +199,7 @@ class RankProfiler:
         """Finish: end the step in flight where its iteration ended, write what was recorded, wait for the writer
         and the clock side thread, write the status file. After a termination signal every wait is bounded by what
         is left of the signal's deadline (signals.FLUSH_S)."""
-        self._depth += 1
-        try:
-            self._close()
-        finally:
-            self._depth -= 1
-        if self._depth == 0:
-            self._signals.resume()
-        self._raise_strict()
+        self._inside(self._close)
 
     def _close(self) -> None:
         global _active
@@ -331,9 +324,14 @@ class RankProfiler:
     def _advance(self) -> None:
         if self._disabled:
             return
+        self._inside(lambda: self._guard("step", self._advance_unguarded))
+
+    def _inside(self, fn: Callable[[], None]) -> None:
+        """Run profiler code on the training thread: a signal that arrives meanwhile waits for it to leave, and is
+        handled once the outermost such call is done."""
         self._depth += 1
         try:
-            self._guard("step", self._advance_unguarded)
+            fn()
         finally:
             self._depth -= 1
         if self._depth == 0:
