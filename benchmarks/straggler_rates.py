@@ -10,7 +10,7 @@ name nobody; delayed runs slow one rank (`--slow-rank`, chosen per run) by ``--d
 step time (measured first, in the same invocation) and must name exactly that rank. Prints per configuration the
 false-positive rate (balanced runs naming anyone, and how many of those had one rank on a slower CPU: its mean CPU
 time per step for the same work >= 1.25x another's), the true-positive rate (delayed runs naming the slowed rank and
-no other), and the lateness the analysis saw (as the trace shows it, and less each rank's extra wait for a CPU). ``--keep DIR`` keeps the run directories for offline study.
+no other), and the lateness the analysis saw (as the trace shows it, and each rank's extra wait for a CPU beside it). ``--keep DIR`` keeps the run directories for offline study.
 
 Goal (issue "Right answers"): no balanced run named in 20 while another process loads the machine, every delay
 >= 5 % of step time found in 20/20.
@@ -125,9 +125,9 @@ def main() -> None:
                                                          slow, delay)))
             for kind, slow, r in reports:
                 lat = {d["rank"]: round(d["mean_lateness_ms"], 2) for d in r["stragglers"]}
-                own = {d["rank"]: round(d.get("own_lateness_ms", d["mean_lateness_ms"]), 2) for d in r["stragglers"]}
+                cpu = {d["rank"]: round(d.get("cpu_wait_excess_ms") or 0.0, 2) for d in r["stragglers"]}
                 print(f"    {kind} slow={slow} step {r['summary']['step_ms_mean']:.1f} ms named {named(r)} "
-                      f"lateness {lat} less CPU waits {own} CPU time max/min {cpu_spread(r):.2f}", file=sys.stderr,
+                      f"lateness {lat} extra CPU waits {cpu} CPU time max/min {cpu_spread(r):.2f}", file=sys.stderr,
                       flush=True)
             fp = sum(1 for kind, _, r in reports if kind == "balanced" and named(r))
             tp = sum(1 for kind, slow, r in reports if kind == "delayed" and named(r) == [slow])

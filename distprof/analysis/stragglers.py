@@ -11,13 +11,15 @@ rank is one instance (the run summary's matched collectives). For rank r in inst
   caused the others (Scalasca's "Wait at N×N", summed over the waiting ranks); its **lead**
   ``a_{L_i,i} − (second-latest arrival)`` — how much earlier the collective could have started without it.
 
-A rank's lateness **in a step** is its largest ℓ over the step's instances, less its **CPU-wait excess** in the step:
-its wait for a CPU before the step's collectives (``steps.cpu_wait_opt_ms``: the stepping thread runnable but not
-running, from the previous step's optimizer start to this step's; capture/schedstat.py) minus the median of the other
-ranks' — a rank the host's scheduler held back is not late by its own work (on 2 cores shared with a busy process
-this halved the step-to-step noise at 4 ranks and cut it by a quarter at 2). Where any rank of a step lacks the
-value (imports, older shards), the step is not corrected. ``mean_lateness_ms`` is the uncorrected mean,
-``cpu_wait_excess_ms`` the mean correction and ``own_lateness_ms`` what is left, which the rule tests. Collectives outside every step (a
+A rank's lateness **in a step** is its largest ℓ over the step's instances. Its **CPU-wait excess** in the step — its
+wait for a CPU (``steps.cpu_wait_opt_ms``: the stepping thread runnable but not running, from the previous step's
+optimizer start to this step's; capture/schedstat.py) minus the median of the other ranks' — is reported beside it
+(``cpu_wait_excess_ms``, 0 for steps where any rank lacks the value) as a *reason*, not taken out of it: the wait is
+summed over the whole step, not up to each arrival, so on a job with collectives all through the step (FSDP2) it is
+not the delay of any one arrival — a rank slept 30 ms before its all-gathers competes for the cores afterwards while
+its blocked peers do not, and subtracting that wait unnamed it (2 cores, one busy process: 4 runs of 4). A rank the
+host's scheduler held back is late all the same, and fixing the host is what would gain; its finding says so.
+Collectives outside every step (a
 checkpoint after the loop) are left out when the run has steps; in a run without any, each instance is a step of its
 own. A rank that starts its backward X ms late is then ≈X late per step however many bucket all-reduces
 follow — also when its peers' later buckets start late themselves because their worker thread was still waiting in
@@ -409,9 +411,8 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     # (step, rank) cells; a collective outside every step (step −1) is a step of its own
     skey = np.where(t["step"] >= 0, t["step"], -1 - inst)
     cells = _Cells(skey, ridx, nr)
-    c_raw = cells.max(lat)
-    c_cpu = _cpu_wait_excess(run, cells, ranks)
-    c_lat = c_raw - c_cpu  # the lateness of the rank's own work: its extra wait for a CPU taken out
+    c_lat = cells.max(lat)
+    c_cpu = _cpu_wait_excess(run, cells, ranks)  # a reason reported beside the lateness, not taken out of it
     c_exc = excess(cells, c_lat)
     c_cf = cells.max(t["clock_free_lateness_ns"] / NS_PER_MS)
     c_lead = cells.max(t["lead_ns"] / NS_PER_MS)
@@ -420,7 +421,6 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     cons = consistency(cells, c_exc, nr, thr, rule, rule.jitter_factor * jitter)
     out["rule"]["step_noise_ms"] = cons.step_noise_ms
     den = np.maximum(cons.n_steps, 1)
-    mean_raw = np.bincount(cr, weights=c_raw, minlength=nr) / den
     mean_lat = np.bincount(cr, weights=c_lat, minlength=nr) / den
     mean_cpu = np.bincount(cr, weights=c_cpu, minlength=nr) / den
     late_steps = np.bincount(cr, weights=(c_lat >= thr).astype(float), minlength=nr) / den
@@ -433,7 +433,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     max_behind = np.zeros(nr)
     np.maximum.at(max_behind, ridx, behind)
     cf_wait_mean = np.bincount(ridx, weights=cf_wait, minlength=nr) / np.maximum(cnt, 1)
-    confirmed = cf_lat >= rule.clock_free_factor * mean_raw
+    confirmed = cf_lat >= rule.clock_free_factor * mean_lat
     named = (mean_lat >= thr) & cons.passes & confirmed
     cost = np.bincount(cr, weights=cells.max(_cost_ms(t, named[ridx])), minlength=nr) / den
     cpu_ratio = cpu_time_ratios(run)
@@ -446,8 +446,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
             "n_steps": int(cons.n_steps[i]),
             "blame_ms": float(blame[i]),
             "blame_ms_per_step": float(blame[i] / den[i]),
-            "mean_lateness_ms": float(mean_raw[i]),
-            "own_lateness_ms": float(mean_lat[i]),
+            "mean_lateness_ms": float(mean_lat[i]),
             "cpu_wait_excess_ms": float(mean_cpu[i]),
             "cpu_time_ratio": cpu_ratio.get(int(ranks[i])),
             "mean_excess_ms": float(cons.mean_excess[i]),
@@ -466,7 +465,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
         }
         for i in range(nr)
     ]
-    rows.sort(key=lambda d: (not d["named"], -d["cost_ms_per_step"], -d["blame_ms"], -d["own_lateness_ms"],
+    rows.sort(key=lambda d: (not d["named"], -d["cost_ms_per_step"], -d["blame_ms"], -d["mean_lateness_ms"],
                              d["rank"]))
     out["ranks"] = rows
     out["named"] = [d["rank"] for d in rows if d["named"]]
@@ -504,13 +503,13 @@ def cpu_time_ratios(run: RunSummary) -> dict[int, float]:
 
 def _cpu_wait_excess(run: RunSummary, cells: _Cells, ranks: np.ndarray) -> np.ndarray:
     """Per (step, rank) cell: the rank's wait for a CPU before the step's collectives (``steps.cpu_wait_opt_ms``:
-    from the previous step's optimizer start to this step's) minus the median of the other ranks' — how much later
-    its scheduler let it arrive; 0 where a step lacks any rank's value."""
+    from the previous step's optimizer start to this step's) minus the median of the other ranks' — how much longer
+    the host's scheduler held it back in the step than a typical peer; 0 where a step lacks any rank's value."""
     c_q = rank_step_values(run.steps, "cpu_wait_opt_ms", ranks[cells.group], cells.step)
     if not np.isfinite(c_q).any():
         return np.zeros(cells.n)
     out = excess(cells, c_q)
-    bad = ~np.isfinite(out)  # a NaN in a step spoils its medians: that step gets no correction
+    bad = ~np.isfinite(out)  # a NaN in a step spoils its medians: that step gets no value
     if bad.any():
         out[np.isin(cells.step, np.unique(cells.step[bad]))] = 0.0
     return out

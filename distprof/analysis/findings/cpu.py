@@ -3,10 +3,10 @@
 * ``cpu_contention`` — per rank, the mean over its steps of ``steps.cpu_wait_ms`` (the stepping thread's run-queue
   wait, from the capture's scheduler statistics; unknown for imports and older shards, and then the rule is silent).
   Fires when it reaches ``cpu_wait_min_step_pct`` (10 %) of step time and ``cpu_wait_min_ms`` (1 ms) per step.
-  That time is neither the rank's work nor waiting for a peer (a blocked wait sleeps, it is not runnable): the
-  straggler rule takes each rank's extra wait (``cpu_wait_opt_ms``, aligned with the arrivals) out of its lateness,
-  so a rank held back by a noisy neighbour is reported here and not named as the job's straggler. A rank that
-  oversubscribes its own cores (too many intra-op threads or DataLoader workers) is reported here too.
+  That time is neither the rank's own work nor waiting for a peer (a blocked wait sleeps, it is not runnable). A
+  rank held back this way more than its peers is still named a straggler when it arrives late (it is late, and
+  freeing its cores is what would gain); its finding gives the extra wait as the reason. A rank that oversubscribes
+  its own cores (too many intra-op threads or DataLoader workers) is reported here too.
 """
 
 from __future__ import annotations
@@ -48,8 +48,7 @@ def cpu_contention_text(m, where, worst):
     title = f"Waiting for a CPU on {where}: {m['impact_pct']:.0f} % of step time"
     ev = (f"the training thread was runnable but not running {m['cpu_wait_ms_per_step']:.1f} ms of its "
           f"{m['step_ms']:.1f} ms step (it ran {m['cpu_run_ms_per_step']:.1f} ms): other threads or processes held "
-          f"the host's cores. This is neither the rank's own work nor waiting for a peer (the straggler "
-          f"rule takes it out of each rank's lateness). Rule: >= {m['threshold_step_pct']:.0f} % of step time and "
+          f"the host's cores. This is neither the rank's own work nor waiting for a peer. Rule: >= {m['threshold_step_pct']:.0f} % of step time and "
           f">= {m['threshold_ms']:.1f} ms per step.")
     advice = ("Give each rank its cores: no more busy ranks per host than cores, intra-op threads per rank "
               "(OMP_NUM_THREADS, torch.set_num_threads) times ranks within the cores, DataLoader workers counted "
