@@ -14,11 +14,11 @@ rank is one instance (the run summary's matched collectives). For rank r in inst
 A rank's lateness **in a step** is its largest ℓ over the step's instances. Its **CPU-wait excess** in the step — its
 wait for a CPU (``steps.cpu_wait_opt_ms``: the stepping thread runnable but not running, from the previous step's
 optimizer start to this step's; capture/schedstat.py) minus the median of the other ranks' — is reported beside it
-(``cpu_wait_excess_ms``, 0 for steps where any rank lacks the value) as a *reason*, not taken out of it: the wait is
+(``cpu_wait_excess_ms``, 0 for steps where any rank lacks the value) as a fact, not taken out of it: the wait is
 summed over the whole step, not up to each arrival, so on a job with collectives all through the step (FSDP2) it is
 not the delay of any one arrival — a rank slept 30 ms before its all-gathers competes for the cores afterwards while
 its blocked peers do not, and subtracting that wait unnamed it (2 cores, one busy process: 4 runs of 4). A rank the
-host's scheduler held back is late all the same, and fixing the host is what would gain; its finding says so.
+host's scheduler held back is late all the same, and freeing its cores is what would gain; its finding states the wait.
 Collectives outside every step (a
 checkpoint after the loop) are left out when the run has steps; in a run without any, each instance is a step of its
 own. A rank that starts its backward X ms late is then ≈X late per step however many bucket all-reduces
@@ -412,7 +412,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     skey = np.where(t["step"] >= 0, t["step"], -1 - inst)
     cells = _Cells(skey, ridx, nr)
     c_lat = cells.max(lat)
-    c_cpu = _cpu_wait_excess(run, cells, ranks)  # a reason reported beside the lateness, not taken out of it
+    c_cpu = _cpu_wait_excess(run, cells, ranks)  # a fact reported beside the lateness, not taken out of it
     c_exc = excess(cells, c_lat)
     c_cf = cells.max(t["clock_free_lateness_ns"] / NS_PER_MS)
     c_lead = cells.max(t["lead_ns"] / NS_PER_MS)

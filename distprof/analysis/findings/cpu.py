@@ -5,7 +5,7 @@
   Fires when it reaches ``cpu_wait_min_step_pct`` (10 %) of step time and ``cpu_wait_min_ms`` (1 ms) per step.
   That time is neither the rank's own work nor waiting for a peer (a blocked wait sleeps, it is not runnable). A
   rank held back this way more than its peers is still named a straggler when it arrives late (it is late, and
-  freeing its cores is what would gain); its finding gives the extra wait as the reason. A rank that oversubscribes
+  freeing its cores is what would gain); its finding states the extra wait. A rank that oversubscribes
   its own cores (too many intra-op threads or DataLoader workers) is reported here too.
 """
 

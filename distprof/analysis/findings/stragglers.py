@@ -92,9 +92,9 @@ def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts
                             f"ranks' median: the same work ran slower on its CPU (a core shared with another "
                             f"process, throttled, or slower)" if (d.get("cpu_time_ratio") or 0) >= SLOW_CPU_RATIO
                             else "")
-                         + _cpu_wait_reason(d, thr)
+                         + _cpu_wait_note(d, thr)
                          + f". Rule: the stragglers naming rule (floor {thr or 0:.2f} ms, see straggler_info)."),
-            "advice": _rank_advice(r, top, held_back=_held_back(d, thr)),
+            "advice": _rank_advice(r, top),
             "metrics": {"mean_lateness_ms": d["mean_lateness_ms"], "late_fraction": d["late_fraction"],
                         "late_step_fraction": d["late_step_fraction"], "blame_ms_per_step": d["blame_ms_per_step"],
                         "wait_ms_per_step_each": wait_each, "cost_ms_per_step": cost,
@@ -108,31 +108,22 @@ def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts
 
 #: A named rank whose training thread needs this many times its peers' CPU time per step is said to run on a slower CPU.
 SLOW_CPU_RATIO = 1.2
-#: A named rank's extra wait for a CPU is given as a reason once it is this share of its lateness (and above the floor);
-#: from half of it, the advice is about the host's cores first.
+#: A named rank's extra wait for a CPU is stated once it is this share of its lateness (and above the floor). It is a
+#: fact beside the lateness, not its measured cause: on FSDP2 a rank slowed by a sleep before its all-gathers also
+#: waited 6-24 ms longer for a CPU beside a busy process (it computes while its peer's wait is blocked, not runnable).
 CPU_WAIT_REASON_SHARE = 0.25
-CPU_WAIT_HELD_BACK_SHARE = 0.5
 
 
-def _cpu_wait_reason(d: dict, thr: float | None) -> str:
+def _cpu_wait_note(d: dict, thr: float | None) -> str:
     w, late = float(d.get("cpu_wait_excess_ms") or 0.0), float(d["mean_lateness_ms"])
     if w < max(thr or 0.0, CPU_WAIT_REASON_SHARE * late):
         return ""
-    return (f"; its training thread waited {w:.1f} ms per step longer for a CPU than the other ranks' median "
-            f"(runnable, not running: {pct(w, late):.0f} % of its lateness): the host's cores are shared with other "
-            f"threads or processes")
+    return (f"; its training thread also waited {w:.1f} ms per step longer for a CPU than the other ranks' median "
+            f"(runnable, not running): its host's cores are shared with other threads or processes, which can hold it "
+            f"back (see cpu_contention)")
 
 
-def _held_back(d: dict, thr: float | None) -> bool:
-    w = float(d.get("cpu_wait_excess_ms") or 0.0)
-    return w >= max(thr or 0.0, CPU_WAIT_HELD_BACK_SHARE * float(d["mean_lateness_ms"]))
-
-
-def _rank_advice(r: int, top: dict | None, *, held_back: bool = False) -> str:
-    if held_back:
-        return (f"Rank {r} waits for a CPU more than its peers: find what else runs on its host's cores (top -H, "
-                "another job on the node, DataLoader workers or intra-op threads beyond the cores) and move it off or "
-                "bind each rank to its own cores (numactl / taskset); then compare again.")
+def _rank_advice(r: int, top: dict | None) -> str:
     if top is None:
         return ("Compare this rank with its peers in the timeline (distprof timeline) to see where it loses time; "
                 "check its host for CPU contention or throttling.")
