@@ -4,6 +4,7 @@ torchrun jobs (a 25 ms straggler against the same job without it; two runs of th
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -90,3 +91,51 @@ def test_different_world_sizes(synth, tmp_path_factory):
         assert sp.total == pytest.approx(d.step.delta, abs=1e-6), sp.name
     labels = {p.label: p for p in d.splits["rank"].parts}
     assert labels["rank 3"].b is None and labels["rank 3"].a is not None  # only in A
+
+
+# ---- the noise band ------------------------------------------------------------------------------------------------
+def _band(a, b, **rules):
+    from distprof.analysis.diff import DiffRules, _part
+
+    return _part("x", np.asarray(a, float), np.asarray(b, float), 0.0, DiffRules(**rules)).band
+
+
+def test_few_steps_get_students_t_not_three_standard_errors():
+    """8 steps a run: the band is Student's t at Welch's degrees of freedom (3-sigma confidence), wider than 3 SE; with
+    many steps it tends to 3 SE."""
+    from distprof.analysis.stragglers import t_quantile
+
+    a = np.array([10.0, 12, 11, 13, 9, 12, 10, 11])  # alternating: no positive autocorrelation
+    b = a + 1.0
+    se = np.sqrt(2 * a.var(ddof=1) / a.size)
+    tail = 0.5 * math.erfc(3 / math.sqrt(2))
+    assert _band(a, b) == pytest.approx(t_quantile(tail, 14) * se, rel=1e-6)
+    assert _band(a, b) > 1.15 * 3 * se  # t(14) at 99.73 % is 3.64
+    big = np.tile(a, 200)
+    assert _band(big, big + 1) == pytest.approx(3 * np.sqrt(2 * big.var(ddof=1) / big.size), rel=0.02)
+
+
+def test_steps_that_come_in_spells_widen_the_band():
+    """The same 20 step times, once alternating and once in two spells (a load that came and went): the spells carry
+    less information about the mean, so their band is wider; the means are the same."""
+    alt = np.array([10.0, 14] * 10)
+    spells = np.sort(alt)
+    assert _band(spells, spells) > 1.5 * _band(alt, alt)
+
+
+def test_noise_floor_flag(tmp_path_factory, capsys):
+    """--noise-floor sets the least band (% of A's step time): a 20 ms straggler gone from a 35 ms step is inside a
+    90 % floor, not the default; a bad value is one line, no traceback."""
+    runs = [str(make_run(tmp_path_factory.mktemp(k), world_size=4, schedule={"active": 5}, run_id=k, **kw).run_dir)
+            for k, kw in (("late", {"late_rank": 2, "late_ms": 20}), ("base", {}))]
+    assert main(["diff", *runs, "--json", "-", "--no-progress", "--noise-floor", "90"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rules"]["floor_pct"] == 90 and not doc["significant"]
+    assert doc["step_time"]["band"] >= 0.9 * doc["step_time"]["a"] > -doc["step_time"]["delta"]
+    assert main(["diff", *runs, "--json", "-", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["significant"]
+    with pytest.raises(SystemExit) as e:
+        main(["diff", *runs, "--noise-floor", "-3"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--noise-floor" in err[-1] and "Traceback" not in "".join(err)

@@ -18,10 +18,15 @@ compares the means over steps, so that its parts add up. **Splits** of the chang
 rank-steps), memory peaks (per step the largest rank's), FLOPs per step and achieved TFLOP/s (and MFU where the
 device peak is known).
 
-**Noise band** of each figure: ``z`` standard errors of the difference of the two means from the step-to-step
-spread (Welch), and at least ``floor_pct`` % of A's step time (for a comparison: of its A value) — the run-to-run
-drift of a shared machine one run's steps cannot show. A change is **significant** when it is larger than its band;
-the verdict says when the step time's change is inside the noise. A run compared with itself has no change.
+**Noise band** of each figure: the difference of the two means at ``z``-sigma confidence (3: 99.73 %, two-sided)
+from the step-to-step spread — Welch's standard error and Student's t at Welch–Satterthwaite's degrees of freedom
+(with 8 steps a run, 3 standard errors alone are only ~98 %), each run's step count cut to its effective size
+``n (1 − ρ) / (1 + ρ)`` where its steps' lag-1 autocorrelation ρ is positive (load that comes in spells makes
+neighbouring steps alike, and iid errors too small; from 10 steps, ρ at most 0.5) — and at least ``floor_pct`` % of A's step time (for a
+comparison: of its A value): the run-to-run drift one run's steps cannot show (a whole run on a slower core). 5 %
+suits dedicated accelerator nodes; on shared hosts it can be more (``distprof diff --noise-floor PCT``). A change is
+**significant** when it is larger than its band; the verdict says when the step time's change is inside the noise.
+A run compared with itself has no change.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .critical_path import critical_paths, replay, step_graph
+from .stragglers import t_quantile
 from .whatif import per_step_time_ms
 
 if TYPE_CHECKING:
@@ -50,7 +56,7 @@ PHASES = (("compute_ms", "compute"), ("memcpy_ms", "memcpy"), ("exposed_comm_ms"
 
 @dataclass(frozen=True)
 class DiffRules:
-    z: float = 3.0  # standard errors of the difference in a noise band
+    z: float = 3.0  # the band's confidence, in normal sigmas (Student's t at that confidence is used)
     floor_pct: float = 5.0  # least band, % of A's step time (comparisons: of their A value)
     top_ops: int = 10  # ops listed
     top_parts: int = 8  # rank / collective parts listed (the rest summed into one part)
@@ -117,23 +123,63 @@ class RunDiff:
                 "rules": {"z": self.rules.z, "floor_pct": self.rules.floor_pct}}
 
 
-def _stats(v: np.ndarray) -> tuple[float, float, int]:
-    v = np.asarray(v, np.float64)
-    n = v.size
-    if n == 0:
-        return 0.0, 0.0, 0
-    return float(v.mean()), float(v.var(ddof=1)) if n >= 2 else 0.0, n
+@dataclass(frozen=True)
+class _Sample:
+    """Per-step values of one figure in one run: mean, variance of the mean, and degrees of freedom."""
+
+    mean: float
+    var_mean: float
+    df: float
+
+    @classmethod
+    def of(cls, v: np.ndarray) -> "_Sample":
+        v = np.asarray(v, np.float64)
+        n = v.size
+        if n == 0:
+            return cls(0.0, 0.0, math.inf)
+        if n == 1:
+            return cls(float(v[0]), 0.0, math.inf)
+        n_eff = n * _ar1_factor(v)
+        return cls(float(v.mean()), float(v.var(ddof=1)) / n_eff, max(n_eff - 1.0, 1.0))
+
+
+#: Fewest steps from which the lag-1 autocorrelation is estimated (with fewer, ρ̂ swings by ±0.3 on iid steps), and
+#: the largest ρ used (a factor of 3 on the variance of the mean at most: a noisy ρ̂ must not make every band huge).
+AR1_MIN_STEPS = 10
+AR1_MAX_RHO = 0.5
+
+
+def _ar1_factor(v: np.ndarray) -> float:
+    """(1 − ρ) / (1 + ρ) for the lag-1 autocorrelation ρ of `v` where positive (capped at AR1_MAX_RHO), else 1."""
+    if v.size < AR1_MIN_STEPS:
+        return 1.0
+    d = v - v.mean()
+    den = float(d @ d)
+    if den <= 0.0:
+        return 1.0
+    rho = min(max(float(d[1:] @ d[:-1]) / den, 0.0), AR1_MAX_RHO)
+    return (1.0 - rho) / (1.0 + rho)
+
+
+def _band_width(a: _Sample, b: _Sample, z: float) -> float:
+    """Half-width of the z-sigma two-sided interval of b.mean − a.mean (Welch; Student's t, Satterthwaite's df)."""
+    var = a.var_mean + b.var_mean
+    if var <= 0.0:
+        return 0.0
+    df = var**2 / sum(x.var_mean**2 / x.df for x in (a, b) if x.var_mean > 0.0)
+    tail = 0.5 * math.erfc(z / math.sqrt(2.0))  # one-sided tail of the normal at z
+    q = t_quantile(tail, max(int(df), 1)) if df < 1000 else z
+    return q * math.sqrt(var)
 
 
 def _part(label: str, a: np.ndarray | None, b: np.ndarray | None, floor: float, rules: DiffRules,
           **extra: Any) -> Part:
     """A part from per-step values of A and B (None: absent in that run, counted as 0)."""
-    ma, va, na = _stats(a if a is not None else np.zeros(0))
-    mb, vb, nb = _stats(b if b is not None else np.zeros(0))
-    se = math.sqrt((va / na if na else 0.0) + (vb / nb if nb else 0.0))
-    band = max(rules.z * se, floor)
-    delta = mb - ma
-    return Part(label, ma if a is not None else None, mb if b is not None else None, delta, band,
+    sa = _Sample.of(a if a is not None else np.zeros(0))
+    sb = _Sample.of(b if b is not None else np.zeros(0))
+    band = max(_band_width(sa, sb, rules.z), floor)
+    delta = sb.mean - sa.mean
+    return Part(label, sa.mean if a is not None else None, sb.mean if b is not None else None, delta, band,
                 bool(abs(delta) > band and delta != 0.0), extra=extra)
 
 

@@ -5,6 +5,7 @@ its noise band, and a one-paragraph verdict (analysis/diff.py, docs/whatif.md)."
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ._common import add_steps_arg, add_strict_arg, parse_steps, summarize_run
@@ -21,6 +22,9 @@ def register(sub) -> None:
     r.add_argument("run_b", metavar="RUN_B", help="the run compared with it")
     r.add_argument("--json", metavar="PATH", help="also write the diff as JSON to PATH ('-' for stdout only)")
     r.add_argument("--html", metavar="PATH", help="also write a self-contained HTML page of the diff to PATH")
+    r.add_argument("--noise-floor", metavar="PCT", type=_pct,
+                   help="least noise band, %% of A's step time: the run-to-run drift one run's steps cannot show "
+                        "(default 5, DiffRules.floor_pct; more on shared hosts)")
     add_steps_arg(r)
     add_strict_arg(r)
     r.add_argument("--no-progress", action="store_true", help="never show a progress bar")
@@ -28,8 +32,18 @@ def register(sub) -> None:
     r.set_defaults(func=run)
 
 
+def _pct(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0.0 <= v < 100.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage in [0, 100)")
+    return v
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.diff import diff_runs
+    from ..analysis.diff import DiffRules, diff_runs
     from ..analysis.report import to_jsonable
     from ..render import render_json, write_json
     from ..render.diff_console import render_diff
@@ -44,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     b = summarize_run(args.run_b, steps=steps, progress=progress, strict=args.strict)
     if a is None or b is None:  # an MPI process other than rank 0
         return 0
-    d = diff_runs(a, b, labels=(args.run_a, args.run_b))
+    d = diff_runs(a, b, rules=DiffRules() if args.noise_floor is None else DiffRules(floor_pct=args.noise_floor), labels=(args.run_a, args.run_b))
     doc = to_jsonable(d.to_dict())
     html_path = write_diff_html(doc, args.html) if args.html else None
     if args.json == "-":
