@@ -22,11 +22,11 @@ device peak is known).
 from the step-to-step spread — Welch's standard error and Student's t at Welch–Satterthwaite's degrees of freedom
 (with 8 steps a run, 3 standard errors alone are only ~98 %), each run's step count cut to its effective size
 ``n (1 − ρ) / (1 + ρ)`` where its steps' lag-1 autocorrelation ρ is positive (load that comes in spells makes
-neighbouring steps alike, and iid errors too small; from 10 steps, ρ at most 0.5) — and at least ``floor_pct`` % of A's step time (for a
-comparison: of its A value): the run-to-run drift one run's steps cannot show (a whole run on a slower core). 5 %
-suits dedicated accelerator nodes; on shared hosts it can be more (``distprof diff --noise-floor PCT``). A change is
-**significant** when it is larger than its band; the verdict says when the step time's change is inside the noise.
-A run compared with itself has no change.
+neighbouring steps alike, and iid errors too small; from 10 steps, ρ at most 0.5) — and at least ``floor_pct`` % of
+A's step time (for a comparison: of its A value): the run-to-run drift one run's steps cannot show (a whole run on a
+slower core). 5 % suits dedicated accelerator nodes; on shared hosts it can be more (``distprof diff --noise-floor
+PCT``). A change is **significant** when it is larger than its band; the verdict says when the step time's change
+is inside the noise. A run compared with itself has no change.
 """
 
 from __future__ import annotations

@@ -17,11 +17,10 @@ optimizer start to this step's; capture/schedstat.py) minus the median of the ot
 (``cpu_wait_excess_ms``, 0 for steps where any rank lacks the value) as a fact, not taken out of it: the wait is
 summed over the whole step, not up to each arrival, so on a job with collectives all through the step (FSDP2) it is
 not the delay of any one arrival — a rank slept 30 ms before its all-gathers competes for the cores afterwards while
-its blocked peers do not, and subtracting that wait unnamed it (2 cores, one busy process: 4 runs of 4). A rank the
-host's scheduler held back is late all the same, and freeing its cores is what would gain; its finding states the wait.
-Collectives outside every step (a
-checkpoint after the loop) are left out when the run has steps; in a run without any, each instance is a step of its
-own. A rank that starts its backward X ms late is then ≈X late per step however many bucket all-reduces
+its blocked peers do not, and subtracting that wait unnamed it (2 cores, one busy process: in 7 runs of 7). A rank
+the host's scheduler held back is late all the same, and freeing its cores is what would gain; its finding states the
+wait. Collectives outside every step (a checkpoint after the loop) are left out when the run has steps; in a run
+without any, each instance is a step of its own. A rank that starts its backward X ms late is then ≈X late per step however many bucket all-reduces
 follow — also when its peers' later buckets start late themselves because their worker thread was still waiting in
 the first one. Per rank: ``mean_lateness_ms`` (mean over its steps of its step lateness), ``mean_instance_lateness_ms``
 (mean ℓ over instances), ``late_fraction`` (share of its instances where it arrived last), ``late_step_fraction``

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     b = summarize_run(args.run_b, steps=steps, progress=progress, strict=args.strict)
     if a is None or b is None:  # an MPI process other than rank 0
         return 0
-    d = diff_runs(a, b, rules=DiffRules() if args.noise_floor is None else DiffRules(floor_pct=args.noise_floor), labels=(args.run_a, args.run_b))
+    rules = DiffRules() if args.noise_floor is None else DiffRules(floor_pct=args.noise_floor)
+    d = diff_runs(a, b, rules=rules, labels=(args.run_a, args.run_b))
     doc = to_jsonable(d.to_dict())
     html_path = write_diff_html(doc, args.html) if args.html else None
     if args.json == "-":

@@ -5,8 +5,8 @@
   Fires when it reaches ``cpu_wait_min_step_pct`` (10 %) of step time and ``cpu_wait_min_ms`` (1 ms) per step.
   That time is neither the rank's own work nor waiting for a peer (a blocked wait sleeps, it is not runnable). A
   rank held back this way more than its peers is still named a straggler when it arrives late (it is late, and
-  freeing its cores is what would gain); its finding states the extra wait. A rank that oversubscribes
-  its own cores (too many intra-op threads or DataLoader workers) is reported here too.
+  freeing its cores is what would gain); its finding states the extra wait. A rank that oversubscribes its own
+  cores (too many intra-op threads or DataLoader workers) is reported here too.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def cpu_contention_text(m, where, worst):
     title = f"Waiting for a CPU on {where}: {m['impact_pct']:.0f} % of step time"
     ev = (f"the training thread was runnable but not running {m['cpu_wait_ms_per_step']:.1f} ms of its "
           f"{m['step_ms']:.1f} ms step (it ran {m['cpu_run_ms_per_step']:.1f} ms): other threads or processes held "
-          f"the host's cores. This is neither the rank's own work nor waiting for a peer. Rule: >= {m['threshold_step_pct']:.0f} % of step time and "
-          f">= {m['threshold_ms']:.1f} ms per step.")
+          f"the host's cores. This is neither the rank's own work nor waiting for a peer. Rule: "
+          f">= {m['threshold_step_pct']:.0f} % of step time and >= {m['threshold_ms']:.1f} ms per step.")
     advice = ("Give each rank its cores: no more busy ranks per host than cores, intra-op threads per rank "
               "(OMP_NUM_THREADS, torch.set_num_threads) times ranks within the cores, DataLoader workers counted "
               "too; bind ranks to cores (numactl / taskset, torchrun --numa-binding where available); look for other "
