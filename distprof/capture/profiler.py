@@ -224,6 +224,8 @@ class RankProfiler:
                     self._guard("stop", lambda: self._stop_partial(iteration_done))
         finally:
             self._memhist_stop()
+            if self._cpu is not None:  # every sample is taken: the last at the final step's end, above
+                self._cpu.close()
             if _active is self:
                 _active = None
             groups.set_default_group_listener(None)
@@ -352,8 +354,8 @@ class RankProfiler:
         self.step_num += 1
         if cur in RECORDING or nxt in RECORDING:  # the boundary between two steps of which one is recorded
             self._cpu_mark(self.step_num)
-        elif len(self._cpu_opt_marks) > 2:  # outside windows only the previous step's is needed (a window's first)
-            self._cpu_opt_marks = {k: v for k, v in self._cpu_opt_marks.items() if k >= self.step_num - 1}
+        else:  # outside windows only the previous step's optimizer sample can still be needed (a window's first)
+            self._cpu_opt_marks.pop(self.step_num - 2, None)
         self._t_step_call = time.perf_counter()
         self._step_began_ns = time.time_ns()
         self._prof.step()  # on the window's last step this stops the trace and calls _on_trace_ready
@@ -376,7 +378,8 @@ class RankProfiler:
             self._cpu_marks[step] = self._cpu.sample()
 
     def _cpu_mark_optimizer(self) -> None:
-        """The same sample as the primary optimizer's step begins (the hook runs on the training thread)."""
+        """The same sample as the primary optimizer's step begins (the hook runs on the training thread). Taken every
+        step: a triggered window learnt one step ahead needs the step before its first."""
         if self._cpu is not None and not self._disabled:  # sample() never raises
             self._cpu_opt_marks[self.step_num] = self._cpu.sample()
 
