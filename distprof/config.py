@@ -74,6 +74,7 @@ class ProfileConfig:
     trigger_poll_s: float = 0.5  # how often rank 0 looks for a request; the others check the store at least this
     # far apart, more with many ranks (capture/trigger.py: check_interval_s)
     trigger_margin: int = 3  # fewest steps between rank 0 seeing a request and its window's first (warm-up) step
+    cpu_sample_ms: float = 1.0  # how often a side thread samples the training thread's CPU waits while recording; 0 off
     watch: bool = False  # a few timings of every step on every rank, and a window when a rank drifts (docs/watch.md)
     watch_interval_s: float = 2.0  # how often each rank flushes its series and publishes its own work
     watch_threshold: float = 0.2  # a rank drifts when its own work exceeds the others' median by this fraction ...
@@ -91,6 +92,8 @@ class ProfileConfig:
             raise ConfigError(f"sync_timeout_s={self.sync_timeout_s}: need > 0")
         if not isinstance(self.memory_history_entries, int) or self.memory_history_entries < 1:
             raise ConfigError(f"memory_history_entries={self.memory_history_entries!r}: need an integer >= 1")
+        if not (self.cpu_sample_ms == 0 or 0.2 <= self.cpu_sample_ms <= 1000):
+            raise ConfigError(f"cpu_sample_ms={self.cpu_sample_ms}: need 0 (off) or milliseconds in 0.2..1000")
         if self.schedule.kind == "none" and not self.trigger:
             raise ConfigError("--schedule none records only triggered windows, and --no-trigger turns them off: "
                               "nothing would be recorded; drop one of them")
@@ -163,6 +166,7 @@ _PARSERS = {
     "sync_rounds": parse_int,
     "sync_timeout_s": parse_float,
     "memory_history_entries": parse_int,
+    "cpu_sample_ms": parse_float,
     "trigger_poll_s": parse_float,
     "trigger_margin": parse_int,
     "watch_interval_s": parse_float,

@@ -70,6 +70,9 @@ def get_args_parser() -> argparse.ArgumentParser:
                         f"[{'on' if d.memory_history else 'off'}]")
     g.add_argument("--memory-history-entries", dest="memory_history_entries", type=int, default=None,
                    help=f"most allocator entries kept per window with --memory-history [{d.memory_history_entries}]")
+    g.add_argument("--cpu-sample-ms", dest="cpu_sample_ms", type=float, default=None,
+                   help="while recording, sample the training thread's wait for a CPU this often (ms; 0 off): tells "
+                        f"a rank's own work from time the host's other processes held its cores [{d.cpu_sample_ms:g}]")
     g = p.add_argument_group("behaviour")
     _bool(g, "strict", d.strict, "raise on profiler errors instead of warning and letting training go on")
     g.add_argument("--sync-rounds", type=int, default=None,

@@ -66,6 +66,7 @@ class RankProfiler:
         self._cpu: schedstat.ThreadCpu | None = None  # the training thread's scheduler statistics (opened there)
         self._cpu_marks: dict[int, tuple[int, int] | None] = {}  # this window: step -> sample at its start
         self._cpu_opt_marks: dict[int, tuple[int, int] | None] = {}  # step -> sample as its optimizer step began
+        self._sampler: schedstat.WaitSampler | None = None  # the training thread's CPU waits while recording
         self._main_tid = threading.get_native_id()
         self._info: dist_info.RankInfo | None = None
         self._info_final = False  # read while the process group existed (else from the launcher's environment)
@@ -170,6 +171,8 @@ class RankProfiler:
             self._raise_strict()
             return self
         self._cpu = schedstat.ThreadCpu()
+        if cfg.cpu_sample_ms > 0:
+            self._sampler = schedstat.WaitSampler(self._main_tid, cfg.cpu_sample_ms / 1e3)
         self._step_began_ns = time.time_ns()  # just before torch opens ProfilerStep#0
         self._prof.start()
         if self._plan.action(0) in RECORDING:  # wait = warmup = 0: the first window begins with the profiler
@@ -226,6 +229,8 @@ class RankProfiler:
             self._memhist_stop()
             if self._cpu is not None:  # every sample is taken: the last at the final step's end, above
                 self._cpu.close()
+            if self._sampler is not None:
+                self._sampler.close()
             if _active is self:
                 _active = None
             groups.set_default_group_listener(None)
@@ -369,6 +374,8 @@ class RankProfiler:
         self._cpu_marks = {k: v for k, v in self._cpu_marks.items() if k >= first}  # back to back: keep its start
         self._cpu_opt_marks = {k: v for k, v in self._cpu_opt_marks.items() if k >= first - 1}
         groups.snapshot()  # the groups as they are now, should the script destroy them before the window ends
+        if self._sampler is not None:
+            self._sampler.resume()
         self._clock.mark(window, 0)
         self._cuda_window_begin()
 
@@ -451,11 +458,15 @@ class RankProfiler:
                    if self._memhist is not None else None)
         first, last = self._plan.steps_of(window)
         last = last if complete else self.step_num
+        samples = None
+        if self._sampler is not None:  # a back-to-back window resumes it at its begin
+            samples = self._sampler.take()
+            self._sampler.pause()
         self._writer.submit(WindowJob(
             results, window, complete, self._info, stop_s, ready_s, peaks, dict(self._cuda_baseline),
             groups.gloo_thread_pg(), groups.process_groups(), groups.backend_name(self._info.device_type),
             groups.backend_config(), dict(self._step_end_ns), memsnap=memsnap, memhist=memhist,
-            cpu_marks=dict(self._cpu_marks), cpu_opt_marks=dict(self._cpu_opt_marks),
+            cpu_marks=dict(self._cpu_marks), cpu_opt_marks=dict(self._cpu_opt_marks), cpu_samples=samples,
             p2p_calls=p2p.drain(), trigger=self._trigger_attr(window), steps=(first, last)))
 
     def _trigger_attr(self, window: int) -> dict[str, Any] | None:

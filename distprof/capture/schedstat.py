@@ -9,18 +9,27 @@ oversubscribed hosts (the ``cpu_contention`` finding) and can replay the steps w
 The file is opened once, on the thread to be measured (the fd stays bound to that thread), and re-read with one
 ``pread`` per step boundary (a few µs). Where it does not exist (not Linux, a kernel without ``CONFIG_SCHED_INFO``)
 or a read fails, samples are None and the shard's columns say unknown (-1); a sample never raises.
+
+:class:`WaitSampler` reads the same numbers of the training thread from a side thread every ``--cpu-sample-ms``
+while a window records (the shard's ``cpu/samples`` table): the analysis interpolates them to the thread's wait for
+a CPU within any stretch of a step, e.g. its own work before a collective (per step boundary it is only known over
+the whole step). Each sample is one ``pread`` and a clock read; the side thread sleeps between them and never takes
+a lock the training thread holds.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
+from array import array
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ThreadCpu", "step_columns"]
+__all__ = ["ThreadCpu", "WaitSampler", "step_columns"]
 
 PATH = "/proc/thread-self/schedstat"
 
@@ -55,6 +64,78 @@ class ThreadCpu:
                 os.close(fd)
             except OSError:
                 pass
+
+
+class WaitSampler:
+    """Samples (``time.time_ns()``, run ns, wait ns) of thread `tid` every `period_s` on a daemon thread while
+    :meth:`resume`-d; :meth:`take` hands over what was gathered. At most `max_samples` are kept between two takes
+    (later ones are dropped: the window's end goes unknown, nothing grows without bound). Never raises."""
+
+    def __init__(self, tid: int, period_s: float, max_samples: int = 1 << 20):
+        self._period = period_s
+        self._max = max_samples
+        self._lock = threading.Lock()
+        self._buf = (array("q"), array("q"), array("q"))
+        self._on = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._cpu = ThreadCpu(f"/proc/self/task/{tid}/schedstat")
+        if self._cpu._fd is None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="distprof-cpu-sampler", daemon=True)
+        self._thread.start()
+
+    @property
+    def active(self) -> bool:
+        return self._thread is not None
+
+    def _add(self) -> None:
+        s = self._cpu.sample()
+        if s is None:
+            return
+        t = time.time_ns()
+        with self._lock:
+            buf = self._buf
+            if len(buf[0]) < self._max:
+                buf[0].append(t)
+                buf[1].append(s[0])
+                buf[2].append(s[1])
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop:
+                if not self._on.wait(0.5):
+                    continue
+                self._add()
+                time.sleep(self._period)
+        except Exception as e:  # noqa: BLE001 -- the windows go on without samples
+            log.debug("distprof: CPU sampler stopped: %s", e)
+
+    def resume(self) -> None:
+        """Sample from now on (one sample at once, from the caller)."""
+        if self._thread is not None:
+            self._add()
+            self._on.set()
+
+    def pause(self) -> None:
+        self._on.clear()
+
+    def take(self) -> dict[str, np.ndarray]:
+        """One sample now, then everything since the last take, as the ``cpu/samples`` table (sorted by time)."""
+        if self._thread is not None and self._on.is_set():
+            self._add()
+        with self._lock:
+            buf, self._buf = self._buf, (array("q"), array("q"), array("q"))
+        t, r, w = (np.frombuffer(b, np.int64).copy() if len(b) else np.zeros(0, np.int64) for b in buf)
+        o = np.argsort(t, kind="stable")
+        return {"t_ns": t[o], "run_ns": r[o], "wait_ns": w[o]}
+
+    def close(self) -> None:
+        self._stop = True
+        self._on.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        self._cpu.close()
 
 
 def step_columns(step_ids, marks: dict[int, tuple[int, int] | None] | None, *, since_previous: bool = False):

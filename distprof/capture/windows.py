@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
 from ..config import ProfileConfig
 from ..events.p2p import P2PCalls
 from ..storage import schema
@@ -56,6 +58,7 @@ class WindowJob:
     p2p_calls: P2PCalls | None = None  # the point-to-point calls since the last window (capture.p2p)
     cpu_marks: dict[int, tuple[int, int] | None] | None = None  # step -> training thread's (run, wait) ns at its start
     cpu_opt_marks: dict[int, tuple[int, int] | None] | None = None  # step -> the same as its optimizer step began
+    cpu_samples: dict[str, np.ndarray] | None = None  # the training thread's CPU waits while recording (cpu/samples)
     trigger: dict[str, Any] | None = None  # a triggered window: request_id, reason, plan (capture/trigger.py)
     steps: tuple[int, int] = (-1, -1)  # first and last step the window was to record (for a lost window's message)
     t_queued: float = field(default_factory=time.perf_counter)
@@ -200,6 +203,11 @@ class ShardWriter:
         samples, local = self._clock.take(job.window)
         s_tab, l_tab = clock.samples_table(samples, local)
         tables = {**ex.tables, "clock/samples": s_tab, "clock/local": l_tab}
+        if job.cpu_samples is not None and job.cpu_samples["t_ns"].size:
+            cs = dict(job.cpu_samples)
+            if info.sim_clock is not None and not info.sim_clock.is_identity:
+                cs["t_ns"] = np.asarray(info.sim_clock.apply(cs["t_ns"]), np.int64)
+            tables["cpu/samples"] = cs
         strings = list(ex.strings)
         mem_attr = None
         if job.memsnap is not None:

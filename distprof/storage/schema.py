@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 FORMAT_NAME = "distprof-shard"
-SCHEMA_VERSION = "1.3"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties;
-# 1.2: comms.peer, comms.p2p_seq; 1.3: steps.cpu_run_ns, cpu_wait_ns, cpu_wait_opt_ns
+SCHEMA_VERSION = "1.4"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties;
+# 1.2: comms.peer, comms.p2p_seq; 1.3: steps.cpu_run_ns, cpu_wait_ns, cpu_wait_opt_ns; 1.4: optional cpu/samples
 SCHEMA_MAJOR = 1
 
 #: One file per rank per finished window; a crash loses at most the window in flight.
@@ -153,6 +153,12 @@ TABLES: dict[str, dict[str, np.dtype]] = {
         "frame_id": np.dtype("u4"),
         "user_frame_id": np.dtype("u4"),
     },
+    # 1.4, optional (--cpu-sample-ms > 0, Linux): the training thread's scheduler statistics, sampled while recording
+    "cpu/samples": {
+        "t_ns": np.dtype("i8"),  # time.time_ns() of the sample (the events' clock)
+        "run_ns": np.dtype("i8"),  # the thread's time on a CPU so far
+        "wait_ns": np.dtype("i8"),  # its time runnable but waiting for a CPU so far
+    },
     "clock/local": {
         "phase": np.dtype("u1"),
         "time_ns": np.dtype("i8"),
@@ -181,7 +187,7 @@ REQUIRED_ATTRS = (
 JSON_ATTRS = ("config", "process_groups", "errors", "sim_clock", "timings", "steps_covered", "memory_history",
               "device_properties", "trigger")
 #: Tables a shard may lack (a reader returns them empty): added in a minor version or written only on request.
-OPTIONAL_TABLES = ("cuda_memory", "cuda_memory_blocks")
+OPTIONAL_TABLES = ("cuda_memory", "cuda_memory_blocks", "cpu/samples")
 
 
 def empty_table(name: str, n: int = 0) -> dict[str, np.ndarray]:
