@@ -14,6 +14,7 @@ import pytest
 from conftest import EXAMPLES, job_env, only_run_dir, torchrun
 from distprof.analysis.findings.cpu import cpu_contention
 from distprof.analysis.findings.rules import FindingRules
+from distprof.analysis.cpuwait import wait_at
 from distprof.capture import schedstat
 from distprof.storage import find_shards, read_shard
 
@@ -61,6 +62,44 @@ def test_step_columns(marks, run, wait):
     assert r.tolist() == run and w.tolist() == wait
 
 
+def test_wait_at_interpolates_within_the_samples_only():
+    s = {"t_ns": np.array([1_000, 2_000, 3_000, 2_000_003_000]), "run_ns": np.zeros(4, np.int64),
+         "wait_ns": np.array([10, 30, 30, 90])}
+    got = wait_at(s, np.array([1_000, 1_500, 2_500, 3_000, 500, 1_000_000_000, 2_000_003_000, 2_000_004_000]))
+    assert got[:4].tolist() == [10.0, 20.0, 30.0, 30.0]
+    assert np.isnan(got[4])  # before the first sample
+    assert np.isnan(got[5])  # inside a gap longer than MAX_GAP_NS (between windows)
+    assert got[6] == 90.0 and np.isnan(got[7])
+    assert np.isnan(wait_at(None, np.array([1]))).all() and wait_at(s, np.zeros(0, np.int64)).size == 0
+
+
+@pytest.mark.skipif(not HAVE, reason="no /proc/thread-self/schedstat")
+def test_the_sampler_reads_the_training_thread_only_while_resumed():
+    sm = schedstat.WaitSampler(threading.get_native_id(), 0.001)
+    assert sm.active
+    time.sleep(0.05)
+    assert sm.take()["t_ns"].size == 0  # not resumed: nothing gathered
+    sm.resume()
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.05:  # this thread's own CPU time: the samples' run_ns grows with it
+        pass
+    a = sm.take()
+    sm.pause()
+    time.sleep(0.02)
+    b = sm.take()
+    sm.close()
+    assert a["t_ns"].size >= 3 and (np.diff(a["t_ns"]) >= 0).all()
+    assert a["run_ns"][-1] - a["run_ns"][0] >= 30_000_000
+    assert b["t_ns"].size <= 1  # at most the one in flight as it paused
+
+
+def test_a_thread_without_statistics_gives_no_sampler():
+    sm = schedstat.WaitSampler(-5, 0.001)  # no such thread
+    assert not sm.active and sm.take()["t_ns"].size == 0
+    sm.resume()
+    sm.close()
+
+
 def _steps(wait_ms, step_ms=20.0):
     n = len(wait_ms)
     return SimpleNamespace(steps={"rank": np.repeat([0, 1], n), "step": np.tile(np.arange(n), 2),
@@ -92,8 +131,21 @@ def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
              cwd=tmp_path, env=job_env())
     run = only_run_dir(tmp_path / "out")
     for p in find_shards(run):
-        st = read_shard(p).table("steps")
+        sh = read_shard(p)
+        st = sh.table("steps")
         assert (st["cpu_run_ns"] > 0).all() and (st["cpu_wait_ns"] >= 0).all() and (st["cpu_wait_opt_ns"] >= 0).all()
+        # the side thread's samples cover every step, and their wait over a step is the step's, up to what the
+        # thread waited within the sampling periods around its two ends (exactly known from the samples)
+        cs = sh.table("cpu/samples")
+        t, w = cs["t_ns"], cs["wait_ns"]
+        assert t.size > 10 and (np.diff(t) >= 0).all() and (np.diff(w) >= 0).all()
+        assert t[0] <= st["start_ns"].min() and t[-1] >= st["end_ns"].max()
+        est = wait_at(cs, st["end_ns"]) - wait_at(cs, st["start_ns"])
+        i0 = np.searchsorted(t, st["start_ns"], side="right")
+        i1 = np.searchsorted(t, st["end_ns"], side="right")
+        i0, i1 = np.clip(i0, 1, t.size - 1), np.clip(i1, 1, t.size - 1)
+        slack = (w[i0] - w[i0 - 1]) + (w[i1] - w[i1 - 1]) + 2_000_000  # + the step marks' own instants
+        assert (np.abs(est - st["cpu_wait_ns"]) <= slack).all(), (est, st["cpu_wait_ns"], slack)
     import distprof
     from distprof.analysis import whatif
     from distprof.analysis.report import build_report

@@ -92,6 +92,9 @@ class StepGraph:
     ev_transfer: np.ndarray  # x (ns)
     names: np.ndarray  # collective op names
     n_groups: int
+    # the rank's wait for a CPU within each work segment and tail (ns, NaN unknown: no cpu/samples, p2p events)
+    ev_cpu_wait: np.ndarray | None = None
+    rs_tail_cpu_wait: np.ndarray | None = None
 
     @property
     def n_events(self) -> int:
@@ -126,8 +129,11 @@ def _rank_steps(run: RunSummary) -> dict[str, np.ndarray]:
     rank = np.asarray(st["rank"], np.int64)[o]
     step = np.asarray(st["step"], np.int64)[o]
     keep = np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])][:rank.size]  # a (rank, step) once
+    nan = np.full(o.size, np.nan)
     return {"rank": rank[keep], "step": step[keep], "start": np.asarray(st["start_ns"], np.int64)[o][keep],
-            "end": np.asarray(st["end_ns"], np.int64)[o][keep]}
+            "end": np.asarray(st["end_ns"], np.int64)[o][keep],
+            "cw_start": np.asarray(st.get("cpu_wait_at_start_ns", nan), np.float64)[o][keep],
+            "cw_end": np.asarray(st.get("cpu_wait_at_end_ns", nan), np.float64)[o][keep]}
 
 
 def _rs_index(rs: dict[str, np.ndarray], rank: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -161,6 +167,12 @@ def step_graph(run: RunSummary) -> StepGraph:
     op = np.r_[np.asarray(m["op_id"], np.int64), np.full(2 * npp, -1, np.int64)]
     pg = np.r_[np.asarray(m["pg"], np.int64), np.asarray(p.pg, np.int64), np.asarray(p.pg, np.int64)]
     pair = np.r_[np.full(nc, -1, np.int64), np.arange(npp), np.arange(npp)]  # the p2p pair of sends / receives
+    rows = np.asarray(m["row"], np.int64)
+    cr = run.collective_rows
+    cw_a = np.r_[np.asarray(cr.get("cpu_wait_at_start_ns", np.full(len(cr["step"]), np.nan)), np.float64)[rows],
+                 np.full(2 * npp, np.nan)]
+    cw_z = np.r_[np.asarray(cr.get("cpu_wait_at_end_ns", np.full(len(cr["step"]), np.nan)), np.float64)[rows],
+                 np.full(2 * npp, np.nan)]
     rsi = _rs_index(rs, ranks, steps)
     keep = rsi >= 0
     # a collective instance is a node of the graph only where all its members are in recorded steps
@@ -199,13 +211,20 @@ def step_graph(run: RunSummary) -> StepGraph:
     link = np.where(prev < 0, LINK_START, np.where(a >= pz - END_SLACK_NS, LINK_END, LINK_ARRIVAL)).astype(np.int8)
     anchor = np.where(link == LINK_START, start_rs[ev_rs] if n else 0.0, np.where(link == LINK_END, pz, pa))
     gap = np.maximum(a - anchor, 0.0) if n else np.zeros(0)
+    cw_a, cw_z = cw_a[o], cw_z[o]
+    pcz = np.where(prev >= 0, cw_z[np.maximum(prev, 0)], np.nan) if n else np.zeros(0)
+    pca = np.where(prev >= 0, cw_a[np.maximum(prev, 0)], np.nan) if n else np.zeros(0)
+    cw_anchor = np.where(link == LINK_START, rs["cw_start"][ev_rs] if n else 0.0,
+                         np.where(link == LINK_END, pcz, pca))
+    ev_cpu_wait = np.clip(cw_a - cw_anchor, 0.0, gap) if n else np.zeros(0)
     g = StepGraph(
         t0=t0, rs_rank=rs["rank"], rs_step=rs["step"], rs_start=start_rs, rs_end=end_rs,
         rs_tail=np.zeros(rs["rank"].size), rs_tail_link=np.zeros(rs["rank"].size, np.int8),
         rs_last=np.full(rs["rank"].size, -1, np.int64),
         ev_rs=ev_rs, ev_rank=ranks[o], ev_step=steps[o], ev_kind=k_o, ev_group=gid, ev_op=op[o], ev_pg=pg[o],
         ev_partner=partner, ev_arrival=a, ev_end=z, ev_gap=gap, ev_link=link, ev_prev=prev,
-        ev_transfer=np.zeros(n), names=np.asarray(run.names, dtype=object), n_groups=n_groups)
+        ev_transfer=np.zeros(n), names=np.asarray(run.names, dtype=object), n_groups=n_groups,
+        ev_cpu_wait=ev_cpu_wait)
     s, _ = _starts(g, a, who=False)
     g.ev_transfer = np.maximum(z - s, 0.0)
     if n:
@@ -224,6 +243,10 @@ def step_graph(run: RunSummary) -> StepGraph:
     g.rs_tail_link = np.where(~has, LINK_START, np.where(waited, LINK_END, LINK_ARRIVAL)).astype(np.int8)
     tail_anchor = np.where(g.rs_tail_link == LINK_START, start_rs, np.where(g.rs_tail_link == LINK_END, lz, la))
     g.rs_tail = np.maximum(end_rs - tail_anchor, 0.0)
+    lcz = np.where(has, cw_z[np.maximum(L, 0)] if n else np.nan, np.nan)
+    lca = np.where(has, cw_a[np.maximum(L, 0)] if n else np.nan, np.nan)
+    tail_cw = np.where(g.rs_tail_link == LINK_START, rs["cw_start"], np.where(g.rs_tail_link == LINK_END, lcz, lca))
+    g.rs_tail_cpu_wait = np.clip(rs["cw_end"] - tail_cw, 0.0, g.rs_tail)
     return g
 
 

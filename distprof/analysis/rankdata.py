@@ -63,6 +63,7 @@ class RankData:
     attrs: dict[str, Any]  # attributes of the rank's first shard
     windows: list[int] = field(default_factory=list)
     samples: dict[tuple[int, int], Table] = field(default_factory=dict)  # (rank, window) -> /clock/samples (leaders)
+    cpu_samples: Table | None = None  # the training thread's sampled CPU waits, every window's, by time (analysis.cpuwait)
 
     def table(self, name: str) -> Table:
         return getattr(self, name)
@@ -122,11 +123,13 @@ def read_rank(cat: RunCatalog, rank: int, *, columns: Mapping[str, Iterable[str]
     per_shard: list[dict[str, Table]] = []
     names_list: list[np.ndarray] = []
     samples: dict[tuple[int, int], Table] = {}
+    cpu: list[Table] = []
     for s in shards:
         leader = s.attrs.get("clock_role") in ("leader", None)
         try:
-            tabs, names = s.tables({**want, **({"clock/samples": None} if leader else {})}, names=True)
-            check_values(s.path, s.attrs, {"clock/samples": {}, **tabs}, len(names))
+            tabs, names = s.tables({**want, "cpu/samples": None, **({"clock/samples": None} if leader else {})},
+                                   names=True)
+            check_values(s.path, s.attrs, {"clock/samples": {}, "cpu/samples": {}, **tabs}, len(names))
         except BadShardError as e:
             if cat.strict:
                 raise strict_error(e) from None
@@ -135,6 +138,9 @@ def read_rank(cat: RunCatalog, rank: int, *, columns: Mapping[str, Iterable[str]
             skipped.append(SkippedShard(Path(e.path), e.reason))
             continue
         sm = tabs.pop("clock/samples", None)
+        cs = tabs.pop("cpu/samples", None)
+        if cs is not None and len(cs.get("t_ns", ())):
+            cpu.append(cs)
         kept.append(s)
         per_shard.append(tabs)
         names_list.append(names)
@@ -144,8 +150,9 @@ def read_rank(cat: RunCatalog, rank: int, *, columns: Mapping[str, Iterable[str]
         raise RankUnreadable(shards[0].path, f"every shard of rank {rank} failed its checks")
     names, remaps = merge_strings(names_list)
     tables = _concat(kept, per_shard, remaps, [cat.pg_luts.get(s.path) for s in kept])
+    cpu_samples = {c: np.concatenate([t[c] for t in cpu]) for c in cpu[0]} if cpu else None
     return RankData(rank=rank, names=names, attrs=kept[0].attrs, windows=[s.window for s in kept],
-                    samples=samples, **tables)
+                    samples=samples, cpu_samples=cpu_samples, **tables)
 
 
 def read_ranks(cat: RunCatalog, ranks: Iterable[int], *, columns: Mapping[str, Iterable[str] | None] | None = None

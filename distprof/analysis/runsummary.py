@@ -85,12 +85,13 @@ def _collective_rows(parts: list[tuple[int, Table, np.ndarray]]) -> tuple[Table,
                     "seq": c["seq"], "op_id": lut[c["op"]] if c["op"].size else np.zeros(0, np.uint32),
                     "bytes": c["bytes"], "start_ns": c["start_ns"], "end_ns": c["end_ns"], "step": c["step"],
                     "ev_row": c["ev_row"],
-                    "exposed_ns": c.get("exposed_ns", np.zeros(c["seq"].size, np.int64))})
+                    "exposed_ns": c.get("exposed_ns", np.zeros(c["seq"].size, np.int64)),
+                    **{k: c.get(k, np.full(c["seq"].size, np.nan)) for k in CPU_WAIT_AT}})
     if not out:
         z = np.zeros(0, np.int64)
         return {"rank": z.astype(np.int32), "window": z.astype(np.int32), "pg": z.astype(np.int32),
                 "seq": z.astype(np.int32), "op_id": z.astype(np.uint32), "bytes": z, "start_ns": z, "end_ns": z,
-                "step": z, "ev_row": z, "exposed_ns": z}, names.astype(object)
+                "step": z, "ev_row": z, "exposed_ns": z, **{k: np.zeros(0) for k in CPU_WAIT_AT}}, names.astype(object)
     return {k: np.concatenate([p[k] for p in out]) for k in out[0]}, names.astype(object)
 
 
@@ -151,6 +152,10 @@ def join(cat: RunCatalog, parts: list[tuple[int, Table, np.ndarray]],
     return Joined(rows, names, matched, model, warnings)
 
 
+#: Columns of the collective rows and steps: the training thread's cumulative CPU wait (ns, NaN unknown) at the
+#: row's start and end (analysis.cpuwait), for the CPU wait within any stretch between them on that rank.
+CPU_WAIT_AT = ("cpu_wait_at_start_ns", "cpu_wait_at_end_ns")
+
 #: Breakdown columns that are durations (ms): measured on the rank's clock, scaled by its drift when aligned.
 _DURATION_COLUMNS = ("compute_ms", "comm_ms", "overlapped_ms", "exposed_comm_ms", "memcpy_ms", "idle_ms", "other_ms")
 
@@ -162,6 +167,8 @@ def _aligned_steps(summaries: list[RankSummary], model: ClockModel) -> Table:
     if not parts:
         return empty_breakdown()
     out = {c: np.concatenate([p[c] for p in parts]) for c in BREAKDOWN_COLUMNS}
+    for c in CPU_WAIT_AT:  # raw per-rank values (differences on one rank's clock): not aligned
+        out[c] = np.concatenate([p.get(c, np.full(p["step"].size, np.nan)) for p in parts])
     for c in ("start_ns", "end_ns"):
         out[c] = model.align(out["rank"], out["window"], out[c])
     out["step_ms"] = (out["end_ns"] - out["start_ns"]) / 1e6

@@ -41,6 +41,7 @@ from ..storage.schema import CAT_COMM, KIND_CODE, KINDS, ROLE_EXEC
 from .annotations import rank_annotations
 from . import intervals as iv
 from .breakdown import rank_breakdown, rank_sets, step_span
+from .cpuwait import wait_at
 from .findings.measures import rank_measures
 from .findings.rules import FindingRules
 from .gpu_time import rank_gpu_time
@@ -266,6 +267,9 @@ def summarize_rank(rd: RankData, *, steps: tuple[int, int] | None = None, rules:
     rs = rank_sets(rd, ix, *step_span(rd))
     bd = rank_breakdown(rd, ix, rs)
     coll["exposed_ns"] = _exposed_in(rs, coll)
+    for tab in (coll, bd):  # the training thread's CPU wait so far at each start and end (NaN unknown)
+        tab["cpu_wait_at_start_ns"] = wait_at(rd.cpu_samples, tab["start_ns"])
+        tab["cpu_wait_at_end_ns"] = wait_at(rd.cpu_samples, tab["end_ns"])
     st = np.unique(np.asarray(rd.steps["step"], np.int64))
     ops, op_names, op_kinds = _op_totals(rd, ix, st, top_ops, rs.wait)
     dev = np.asarray(rd.events["device"])
