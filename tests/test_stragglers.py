@@ -276,6 +276,65 @@ def test_a_late_rank_whose_peers_waited_longer_for_a_cpu_is_still_named():
     assert _by_rank(res)[1]["cpu_wait_excess_ms"] == pytest.approx(-25.0)
 
 
+def _cpu_waits(run, rs, wait_ms_of):
+    """Give the summary's steps and collective rows cumulative CPU waits (as cpu/samples would): a rank's wait grows
+    by ``wait_ms_of(rank, step)`` between its step's start and its first arrival, and by nothing elsewhere."""
+    cr, st = rs.collective_rows, rs.steps
+    for tab in (cr, st):
+        for c in ("cpu_wait_at_start_ns", "cpu_wait_at_end_ns"):
+            tab[c] = np.zeros(len(tab["step"]))
+    total: dict[int, float] = {}
+    for i in np.lexsort((st["start_ns"], st["rank"])):
+        r, s = int(st["rank"][i]), int(st["step"][i])
+        base = total.get(r, 0.0)
+        st["cpu_wait_at_start_ns"][i] = base
+        total[r] = base + wait_ms_of(r, s) * 1e6
+        st["cpu_wait_at_end_ns"][i] = total[r]
+        rows = (cr["rank"] == r) & (cr["step"] == s)
+        cr["cpu_wait_at_start_ns"][rows] = total[r]
+        cr["cpu_wait_at_end_ns"][rows] = total[r]
+
+
+def test_own_work_takes_the_cpu_wait_off_but_a_rank_held_back_is_still_named():
+    """Rank 1 is 20 ms late every step, and its samples say it spent those 20 ms waiting for a CPU before its first
+    collective: its own work is its peer's (``own_excess_ms`` ≈ 0), and it is named on its lateness all the same."""
+    run = ddp_run(2, n_steps=6, late_rank=1, late_ms=20, jitter_ms=JITTER[:2])
+    rs = summarize_merged(run)
+    plain = _by_rank(find_stragglers(rs))[1]
+    assert plain["own_excess_ms"] == pytest.approx(20.0, abs=0.5) and plain["own_steps_consistent"]
+    _cpu_waits(run, rs, lambda r, s: 20.0 if r == 1 else 0.0)
+    d = _by_rank(find_stragglers(rs))[1]
+    assert d["own_excess_ms"] == pytest.approx(0.0, abs=0.5) and not d["own_steps_consistent"]
+    assert d["named"]
+
+
+def test_consistent_own_work_is_named_through_noisy_arrivals():
+    """Rank 1 does 6 ms more work before backward every step; rank 0's previous step ran 8 ms long every other step
+    (its step starts late: the optimizer, the host), so rank 1's arrival lateness swings +6 / −2 ms and the lateness
+    test alone does not name it. Its own work before the first collective, measured from its own step start, is 6 ms
+    over its peer's in every step: it is named, and its finding says so."""
+    from distprof.analysis.findings.rules import FindingRules
+    from distprof.analysis.findings.stragglers import straggler_findings
+
+    n = 10
+    shift = {s: (8.0 if s % 2 else 0.0) for s in range(n)}
+    late_at = {**{(s, 1): 6.0 for s in range(n)}, **{(s, 0): shift[s] for s in range(n)}}
+    rs = summarize_merged(ddp_run(2, n_steps=n, late_at=late_at, jitter_ms=JITTER[:2]))
+    st = rs.steps
+    for i in np.flatnonzero(st["rank"] == 0):  # rank 0's extra time was before its step began, not in its work
+        st["start_ns"][i] += int(shift[int(st["step"][i]) - 10] * 1e6)
+    res = find_stragglers(rs)
+    d = _by_rank(res)[1]
+    assert d["mean_lateness_ms"] == pytest.approx(2.0, abs=0.5)
+    assert d["excess_bound_ms"] < res["rule"]["threshold_ms"]  # the lateness test alone would not name it
+    assert d["own_excess_ms"] == pytest.approx(6.0, abs=0.5) and d["own_steps_consistent"]
+    assert res["named"] == [1]
+    (f,) = straggler_findings(res, [], {0: "h", 1: "h"}, 30.0, FindingRules())
+    assert "own work before each step's first collective" in f["evidence"]
+    balanced = find_stragglers(summarize_merged(ddp_run(2, n_steps=n, jitter_ms=JITTER[:2])))
+    assert balanced["named"] == [] and not any(x["own_steps_consistent"] for x in balanced["ranks"])
+
+
 def test_an_unknown_cpu_wait_on_any_rank_leaves_the_step_uncorrected():
     run = ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER)
     w = np.where(run.steps["rank"] == 2, 20_000_000, 0)

@@ -51,6 +51,16 @@ Naming rule (:class:`StragglerRule`): lateness that is large, consistent across 
   1.4826 × the median absolute deviation of arrivals within an instance, the median over instances, taken over the
   ranks of one host and over all ranks, the smaller; needs three ranks); (4) the clock-free cross-check confirms it:
   its clock-free lateness ≥ ``clock_free_factor`` × its mean lateness, so a clock error cannot name a rank.
+  **Own work** is the other way to pass (2) and (3): per step whose first sync event is a collective, the rank's
+  work before it (its step start to its arrival: the step graph's first segment, on its own clock) less its wait
+  for a CPU there (``cpu/samples``, analysis.cpuwait; unknown: nothing taken off), over the median of the same
+  segment on the instance's other members (``own_excess_ms``; its bound ``own_excess_bound_ms``). The arrival
+  lateness carries every rank's noise since the previous collective (the optimizer, the host's scheduler); this
+  segment carries only the rank's own work, and with the CPU waits taken off, not the time the host's other
+  processes held its cores: beside one busy process on 2 cores its per-step spread falls from ≈ 9 ms to ≈ 3 ms.
+  (1) and (4) still hold: a rank whose extra work its peers absorbed (they were slower elsewhere) costs nothing and
+  is not named. Later segments are not compared: after the first collective the segments also hold hand-overs
+  from communication threads that were still busy, and what a rank did meanwhile is hidden in that wait.
   ``clock_free.agrees`` says whether the clock-free measure's most-late rank is a named one (or, with nobody named,
   the same rank as the aligned measure's).
 
@@ -104,13 +114,15 @@ class StragglerRule:
     def text(self) -> str:
         return (
             f"a rank is named if its lateness (per step: latest arrival at the step's collectives minus the median of "
-            f"the other ranks' arrivals, less its extra wait for a CPU) exceeds the other ranks' by at least the floor max({self.min_lateness_ms:g} "
-            f"ms, {self.residual_factor:g} x max clock residual, {self.step_fraction:g} x median step time) in >= "
-            f"{self.min_late_fraction:.0%} of its steps and, over steps, either the lower confidence bound of that excess "
-            f"({self.confidence:.0%} for the run, Bonferroni over ranks) is above the floor or the excess is an "
-            f"outlier (>= {self.outlier_z:g} x the run's step-to-step noise) in >= {self.min_late_fraction:.0%} of "
-            f"its steps and at least 2 (one step: {self.single_step_factor:g} x the floor and {self.jitter_factor:g} "
-            f"x the arrival jitter), and the clock-free estimate from durations confirms it"
+            f"the other ranks' arrivals) is at least the floor max({self.min_lateness_ms:g} ms, "
+            f"{self.residual_factor:g} x max clock residual, {self.step_fraction:g} x median step time), the "
+            f"clock-free estimate from durations confirms it, and it is consistent across steps: either that lateness "
+            f"exceeds the other ranks' by the floor in >= {self.min_late_fraction:.0%} of its steps and, over steps, "
+            f"the lower confidence bound of that excess ({self.confidence:.0%} for the run, Bonferroni over ranks) is "
+            f"above the floor or the excess is an outlier (>= {self.outlier_z:g} x the run's step-to-step noise) in "
+            f">= {self.min_late_fraction:.0%} of its steps and at least 2 (one step: {self.single_step_factor:g} x "
+            f"the floor and {self.jitter_factor:g} x the arrival jitter); or its own work before each step's first "
+            f"collective (its waits for a CPU left out) exceeds its peers' the same way"
         )
 
 
@@ -433,7 +445,8 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     np.maximum.at(max_behind, ridx, behind)
     cf_wait_mean = np.bincount(ridx, weights=cf_wait, minlength=nr) / np.maximum(cnt, 1)
     confirmed = cf_lat >= rule.clock_free_factor * mean_lat
-    named = (mean_lat >= thr) & cons.passes & confirmed
+    own = _own_work(run, ranks, thr, rule)
+    named = (mean_lat >= thr) & (cons.passes | own.passes) & confirmed
     cost = np.bincount(cr, weights=cells.max(_cost_ms(t, named[ridx])), minlength=nr) / den
     cpu_ratio = cpu_time_ratios(run)
 
@@ -449,6 +462,9 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
             "cpu_wait_excess_ms": float(mean_cpu[i]),
             "cpu_time_ratio": cpu_ratio.get(int(ranks[i])),
             "mean_excess_ms": float(cons.mean_excess[i]),
+            "own_excess_ms": None if own.n_steps[i] == 0 else float(own.mean_excess[i]),
+            "own_excess_bound_ms": None if np.isnan(own.excess_bound[i]) else float(own.excess_bound[i]),
+            "own_steps_consistent": bool(own.passes[i]),
             "excess_bound_ms": None if np.isnan(cons.excess_bound[i]) else float(cons.excess_bound[i]),
             "excess_step_fraction": float(cons.excess_step_fraction[i]),
             "outlier_step_fraction": float(cons.outlier_step_fraction[i]),
@@ -512,6 +528,45 @@ def _cpu_wait_excess(run: RunSummary, cells: _Cells, ranks: np.ndarray) -> np.nd
     if bad.any():
         out[np.isin(cells.step, np.unique(cells.step[bad]))] = 0.0
     return out
+
+
+def own_work_excess(run: RunSummary) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank-step whose first sync event is a collective: (rank, step, excess ms) of its own work before it — the
+    step graph's first work segment (its step start to its arrival) less its wait for a CPU there where the samples
+    know it — over the median of the same segment of the instance's other members (the same collective: the same
+    work before it in a data- or tensor-parallel group)."""
+    from .critical_path import KIND_COLL, step_graph
+
+    g = step_graph(run)
+    first = np.flatnonzero((g.ev_kind == KIND_COLL) & (g.ev_group >= 0) & (g.ev_prev < 0))
+    wait = g.ev_cpu_wait[first] if g.ev_cpu_wait is not None else np.zeros(first.size)
+    own = (g.ev_gap[first] - np.nan_to_num(wait)) / NS_PER_MS
+    grp = g.ev_group[first]
+    o = np.lexsort((own, grp))
+    grp_s, own_s = grp[o], own[o]
+    f_of = np.flatnonzero(np.r_[True, grp_s[1:] != grp_s[:-1]]) if grp_s.size else np.zeros(0, np.int64)
+    n_of = np.diff(np.r_[f_of, grp_s.size])
+    gi = np.cumsum(np.r_[True, grp_s[1:] != grp_s[:-1]]) - 1 if grp_s.size else np.zeros(0, np.int64)
+    first_s, n_s = f_of[gi], n_of[gi]
+    many = n_s >= 2
+    exc = np.full(grp_s.size, np.nan)
+    pos = np.arange(grp_s.size) - first_s
+    exc[many] = own_s[many] - _median_of_others(first_s[many], n_s[many], pos[many], own_s)
+    ok = np.isfinite(exc)
+    rows = first[o][ok]
+    return g.ev_rank[rows].astype(np.int64), g.ev_step[rows].astype(np.int64), exc[ok]
+
+
+def _own_work(run: RunSummary, ranks: np.ndarray, thr: float, rule: StragglerRule) -> Consistency:
+    """The consistency test (excess ≥ the floor in most steps, its lower confidence bound above it) on each rank's
+    own-work excess before its steps' first collective (:func:`own_work_excess`)."""
+    r, st, exc = own_work_excess(run)
+    keep = np.isin(r, ranks)
+    r, st, exc = r[keep], st[keep], exc[keep]
+    cells = _Cells(st, np.searchsorted(ranks, r), ranks.size)
+    c_exc = np.full(cells.n, np.nan)
+    c_exc[cells.idx] = exc
+    return consistency(cells, c_exc, ranks.size, thr, rule, np.inf)
 
 
 def _inside_steps(t: Table) -> Table:

@@ -93,6 +93,7 @@ def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts
                             f"process, throttled, or slower)" if (d.get("cpu_time_ratio") or 0) >= SLOW_CPU_RATIO
                             else "")
                          + _cpu_wait_note(d, thr)
+                         + _own_work_note(d)
                          + f". Rule: the stragglers naming rule (floor {thr or 0:.2f} ms, see straggler_info)."),
             "advice": _rank_advice(r, top),
             "metrics": {"mean_lateness_ms": d["mean_lateness_ms"], "late_fraction": d["late_fraction"],
@@ -101,6 +102,7 @@ def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts
                         "lost_ms_per_step": d["lost_ms_per_step"], "impact_pct": impact,
                         "median_step_ms": median_step_ms, "threshold_ms": float(thr or 0.0),
                         "cpu_wait_excess_ms": float(d.get("cpu_wait_excess_ms") or 0.0),
+                        **({"own_excess_ms": d["own_excess_ms"]} if d.get("own_excess_ms") is not None else {}),
                         **({"top_excess_ms_per_step": top["excess_ms_per_step"]} if top else {})},
         })
     return out
@@ -121,6 +123,14 @@ def _cpu_wait_note(d: dict, thr: float | None) -> str:
     return (f"; its training thread also waited {w:.1f} ms per step longer for a CPU than the other ranks' median "
             f"(runnable, not running): its host's cores are shared with other threads or processes, which can hold it "
             f"back (see cpu_contention)")
+
+
+def _own_work_note(d: dict) -> str:
+    """Said when the rank's own work before its steps' first collective exceeded its peers' consistently."""
+    if not d.get("own_steps_consistent") or d.get("own_excess_ms") is None:
+        return ""
+    return (f"; its own work before each step's first collective (its waits for a CPU left out) took "
+            f"{d['own_excess_ms']:.1f} ms longer than its peers' median, consistently across steps")
 
 
 def _rank_advice(r: int, top: dict | None) -> str:
