@@ -10,7 +10,8 @@ interleaved `--rounds` times (a b c d, a b c d, ...):
       (--wait 1 --warmup 1 --active 6 --repeat 3), each window exported with export_chrome_trace and loaded back with
       orjson in on_trace_ready (timed apart from torch's own stop);
   (c) distprof.launch with that schedule;
-  (d) distprof.launch --watch --schedule none (every step timed and flushed, no window).
+  (d) distprof.launch --watch --schedule none (every step timed and flushed, no window);
+  (f, with --arms) distprof.launch with the same schedule and --cpu-sample-ms 0: the CPU sampler's part of (c).
 
 Medians over both ranks and every round, and the ratios against the goals of issue 14:
 
@@ -48,8 +49,9 @@ def run(tmp: Path, tag: str, args, arm: str) -> list[dict]:
     out = tmp / tag
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     sched = [f"--{k}={v}" for k, v in SCHED.items()]
-    if arm == "c":
-        cmd += ["-m", "distprof.launch", "--out", str(tmp / "runs"), "--run-id", tag, *sched]
+    if arm in "cf":
+        cmd += ["-m", "distprof.launch", "--out", str(tmp / "runs"), "--run-id", tag, *sched,
+                *(["--cpu-sample-ms", "0"] if arm == "f" else [])]
     elif arm in "de":
         cmd += ["-m", "distprof.launch", "--out", str(tmp / "runs"), "--run-id", tag, "--schedule", "none",
                 *(["--watch"] if arm == "d" else [])]
@@ -154,7 +156,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--arms", default="abcd", help="which arms to run (e: distprof --schedule none without --watch, "
-                                                   "to tell the watch's part of d from the launcher's); "
+                                                   "to tell the watch's part of d from the launcher's; f: distprof "
+                                                   "--cpu-sample-ms 0, to tell the CPU sampler's part of c); "
                                                    "ratios are printed for the arms present")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -164,7 +167,7 @@ def main() -> None:
 
     sched = ScheduleConfig(**SCHED)
     rec_a = {"a": [], "b": [], "c": [], "d": [], "e": []}  # outside-window steps of a, c, d; recorded steps of b, c
-    recorded = {"b": [], "c": []}
+    recorded = {"b": [], "c": [], "f": []}
     b_stop, b_export, b_load, b_gzip, c_hold, c_stop, c_durable, c_size = [], [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -186,9 +189,9 @@ def main() -> None:
                             b_load.append(e["load_s"])
                             if e["gzip_bytes"]:
                                 b_gzip.append(e["gzip_bytes"])
-                    if arm == "c":
+                    if arm in "cf":
                         # iteration i runs step i; its first forward ends step i-1 (the deferred step)
-                        recorded["c"] += [t for i, t in enumerate(st) if action_at(sched, i) is Action.RECORD
+                        recorded[arm] += [t for i, t in enumerate(st) if action_at(sched, i) is Action.RECORD
                                           and i > 0 and action_at(sched, i - 1) is Action.RECORD]
                 if arm == "c":
                     run_dir = tmp / "runs" / tag
@@ -206,7 +209,7 @@ def main() -> None:
         return statistics.median(xs) if xs else float("nan")
 
     a, c_out, dw, e = med(rec_a["a"]), med(rec_a["c"]), med(rec_a["d"]), med(rec_a["e"])
-    rb, rc = med(recorded["b"]), med(recorded["c"])
+    rb, rc, rf = med(recorded["b"]), med(recorded["c"]), med(recorded["f"])
     micro = micro_watch()
     off_us, on_us = watch_step_cost()
     load = os.getloadavg()
@@ -228,6 +231,8 @@ def main() -> None:
          med(c_size) / med(b_gzip) <= 0.5, f"{med(c_size) / 1e3:.0f} kB vs {med(b_gzip) / 1e3:.0f} kB"),
         ("--watch / distprof --schedule none without it (the watch's own part)", dw / e, "<= 1.005", dw / e <= 1.005,
          f"{dw * 1e3:.2f} vs {e * 1e3:.2f} ms, {len(rec_a['e'])} steps"),
+        ("CPU sampler: distprof / distprof --cpu-sample-ms 0 (recorded steps)", rc / rf, "<= 1.01", rc / rf <= 1.01,
+         f"{rc * 1e3:.2f} vs {rf * 1e3:.2f} ms, {len(recorded['f'])} steps"),
     ]
     rows = [r for r in rows if r[1] == r[1]]  # arms not run: NaN
     print(f"capture overhead: 2-rank DDP MLP (hidden {args.hidden}, batch {args.batch}), {args.steps} steps x "
