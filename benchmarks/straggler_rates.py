@@ -8,9 +8,12 @@ Each run is `examples/ddp_mlp.py` (``--hidden``, its default width) under `distp
 process: the noisy neighbour of a shared machine; ``--duty`` < 1 makes it bursty, busy that share of every 20 ms). Balanced runs must
 name nobody; delayed runs slow one rank (`--slow-rank`, chosen per run) by ``--delay-pct`` of the balanced median
 step time (measured first, in the same invocation) and must name exactly that rank. Prints per configuration the
-false-positive rate (balanced runs naming anyone, and how many of those had one rank on a slower CPU: its mean CPU
-time per step for the same work >= 1.25x another's), the true-positive rate (delayed runs naming the slowed rank and
-no other), and the lateness the analysis saw (as the trace shows it, and each rank's extra wait for a CPU beside it). ``--keep DIR`` keeps the run directories for offline study.
+false-positive rate (balanced runs naming anyone) and the true-positive rate (delayed runs naming the slowed rank and
+no other), over all runs and over the runs that test what they mean to: where no rank's CPU time per step for the
+same work exceeds another's (balanced) or the slowed rank's (delayed) by the delay or more — identical processes on
+a VM differ (page placement, the host), and such a rank is slower for real. Each run's line has the lateness and the
+own-work excess the analysis saw. ``--keep DIR`` keeps the run directories for offline study; ``--rescore DIR``
+re-analyses them with the code as it is now.
 
 Goal (issue "Right answers"): no balanced run named in 20 while another process loads the machine, every delay
 >= 5 % of step time found in 20/20.
@@ -32,9 +35,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-#: A balanced run whose ranks' mean CPU time per step (the same work) differs by this factor had one rank on a slower
-#: CPU (a core shared with the busy process, a hyperthread sibling, the hypervisor): naming it is not noise.
-UNEVEN_CPU = 1.25
 ROOT = HERE.parent
 
 
@@ -81,32 +81,44 @@ def run_job(out: Path, ranks: int, hidden: int, active: int, slow_rank: int, slo
     return json.loads(rep.read_text())
 
 
-def cpu_spread(rep: dict) -> float:
-    """How unequal the ranks' CPUs were: the largest over the smallest rank's mean CPU time per step (steps'
-    cpu_run_ms: the same work on every rank of a balanced job), 1.0 when unknown."""
+def cpu_means(rep: dict) -> dict[int, float]:
+    """Each rank's mean CPU time per step (steps' cpu_run_ms: the training thread on a CPU; a sleep is not in it)."""
     per: dict[int, list[float]] = {}
     for s in rep.get("steps", []):
         if s.get("cpu_run_ms") is not None:
             per.setdefault(int(s["rank"]), []).append(float(s["cpu_run_ms"]))
-    means = [statistics.mean(v) for v in per.values() if v]
-    return max(means) / min(means) if len(means) > 1 and min(means) > 0 else 1.0
+    return {r: statistics.mean(v) for r, v in per.items() if v}
+
+
+def cpu_excess_ms(rep: dict, slow: int) -> float:
+    """How much more CPU time per step the same work took on another rank than on the one that should be named: in a
+    balanced run the spread (largest − smallest rank), in a delayed run the most any other rank exceeds the slowed
+    one. Identical processes on this VM differ by up to 1.3x (page placement); where this exceeds the delay, a rank
+    other than the injected one (or, balanced, some rank) is slower for real by more than the delay, and the run
+    does not test what it was meant to."""
+    m = cpu_means(rep)
+    if len(m) < 2:
+        return 0.0
+    if slow < 0:
+        return max(m.values()) - min(m.values())
+    return max((v - m[slow] for r, v in m.items() if r != slow), default=0.0) if slow in m else 0.0
 
 
 def named(rep: dict) -> list[int]:
     return sorted(int(d["rank"]) for d in rep.get("stragglers", []) if d.get("named"))
 
 
-def score(ranks: int, reports: list[tuple[str, int, dict]], runs: int, took_s: float) -> tuple:
-    """Print each run and the configuration's rates; returns the summary row. A run whose ranks' CPUs ran the same
-    work >= UNEVEN_CPU apart is scored apart: its slower-CPU rank is late for real, so "balanced" and "the delayed
-    rank is the one to name" do not hold there."""
+def score(ranks: int, reports: list[tuple[str, int, dict]], delay_ms: float, took_s: float) -> tuple:
+    """Print each run and the configuration's rates; returns the summary row. Runs are also scored on their own
+    where the ranks' CPUs ran the same work evenly (``cpu_excess_ms`` below the delay): elsewhere a rank is slower
+    for real by more than the delay, so "balanced" and "the delayed rank is the one to name" do not hold."""
     for kind, slow, r in reports:
         lat = {d["rank"]: round(d["mean_lateness_ms"], 2) for d in r["stragglers"]}
-        own = {d["rank"]: round(d.get("own_excess_ms") or 0.0, 2) for d in r["stragglers"]}
+        own = {d["rank"]: round(d.get("own_excess_median_ms") or 0.0, 2) for d in r["stragglers"]}
         print(f"    {kind} slow={slow} step {r['summary']['step_ms_mean']:.1f} ms named {named(r)} "
-              f"lateness {lat} own-work excess {own} CPU time max/min {cpu_spread(r):.2f}", file=sys.stderr,
+              f"lateness {lat} own-work excess {own} CPU excess {cpu_excess_ms(r, slow):.1f} ms", file=sys.stderr,
               flush=True)
-    even = [(k, s, r) for k, s, r in reports if cpu_spread(r) < UNEVEN_CPU]
+    even = [(k, s, r) for k, s, r in reports if cpu_excess_ms(r, s) < delay_ms]
     bal = [r for k, _, r in reports if k == "balanced"]
     dl = [(s, r) for k, s, r in reports if k == "delayed"]
     fp = sum(1 for r in bal if named(r))
@@ -118,13 +130,14 @@ def score(ranks: int, reports: list[tuple[str, int, dict]], runs: int, took_s: f
     lat = [max((d["mean_lateness_ms"] for d in r["stragglers"]), default=0.0) for r in bal_e]
     step_ms = statistics.median(r["summary"]["step_ms_mean"] for r in bal) if bal else 0.0
     print(f"  {ranks} ranks: median step {step_ms:.1f} ms: all runs {fp}/{len(bal)} balanced named, {tp}/{len(dl)} "
-          f"delayed found; ranks on even CPUs (CPU time for the same work < {UNEVEN_CPU:g}x apart): "
+          f"delayed found (delay {delay_ms:.2f} ms); runs whose ranks' CPU time for the same work differs less than the "
+          f"delay: "
           f"{fp_e}/{len(bal_e)} balanced named, {tp_e}/{len(dl_e)} delayed found ({took_s:.0f} s)", file=sys.stderr,
           flush=True)
     return (ranks, step_ms, fp, len(bal), tp, len(dl), fp_e, len(bal_e), tp_e, len(dl_e), max(lat) if lat else 0.0)
 
 
-def rescore(base: Path) -> list[tuple]:
+def rescore(base: Path, pct: float) -> list[tuple]:
     """Re-analyse kept runs (``--keep`` dirs, ``n{ranks}-bal{i}`` / ``n{ranks}-del{i}``) with the code as it is now."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     found: dict[int, list[tuple[str, int, dict]]] = {}
@@ -139,14 +152,21 @@ def rescore(base: Path) -> list[tuple]:
         if q.returncode != 0:
             raise SystemExit(f"report failed on {d}:\n{q.stderr[-3000:]}")
         slow = (1 + i % (ranks - 1) if ranks > 1 else 0) if kind == "del" else -1
+        meta = json.loads((d / "meta.json").read_text()) if (d / "meta.json").exists() else {}
         found.setdefault(ranks, []).append(("balanced" if kind == "bal" else "delayed", slow,
-                                            json.loads(rep.read_text())))
-    return [score(n, reps, 0, 0.0) for n, reps in sorted(found.items())]
+                                            json.loads(rep.read_text()), meta.get("delay_ms")))
+    rows = []
+    for n, reps in sorted(found.items()):
+        delays = [x for *_, x in reps if x is not None]
+        bal = [r["summary"]["step_ms_mean"] for k, _, r, _ in reps if k == "balanced"]
+        delay = delays[0] if delays else pct / 100 * statistics.median(bal)
+        rows.append(score(n, [(k, s, r) for k, s, r, _ in reps], delay, 0.0))
+    return rows
 
 
 def table(rows: list[tuple]) -> None:
     print(f"\n{'ranks':>5} {'step ms':>8} | {'all runs: false pos':>19} {'true pos':>9} | "
-          f"{'even CPUs: false pos':>20} {'true pos':>9} {'max noise lat ms':>17}")
+          f"{'even runs: false pos':>20} {'true pos':>9} {'max noise lat ms':>17}")
     for ranks, step_ms, fp, nb, tp, nd, fpe, nbe, tpe, nde, lat in rows:
         print(f"{ranks:>5} {step_ms:>8.1f} | {f'{fp}/{nb}':>19} {f'{tp}/{nd}':>9} | {f'{fpe}/{nbe}':>20} "
               f"{f'{tpe}/{nde}':>9} {lat:>17.2f}")
@@ -165,7 +185,7 @@ def main() -> None:
     ap.add_argument("--rescore", metavar="DIR", help="re-analyse the runs kept in DIR (no jobs run) and score them")
     args = ap.parse_args()
     if args.rescore:
-        table(rescore(Path(args.rescore)))
+        table(rescore(Path(args.rescore), args.delay_pct))
         return
     stop = mp.Event()
     burners = [mp.Process(target=_burn, args=(stop, args.duty), daemon=True) for _ in range(args.load)]
@@ -187,7 +207,9 @@ def main() -> None:
                 slow = 1 + i % (ranks - 1) if ranks > 1 else 0
                 reports.append(("delayed", slow, run_job(base / f"n{ranks}-del{i}", ranks, args.hidden, args.active,
                                                          slow, delay)))
-            rows.append(score(ranks, reports, args.runs, time.perf_counter() - t0))
+            for (kind, slow, r), i in zip(reports, list(range(args.runs)) * 2):
+                (base / f"n{ranks}-{kind[:3]}{i}" / "meta.json").write_text(json.dumps({"slow": slow, "delay_ms": delay}))
+            rows.append(score(ranks, reports, delay, time.perf_counter() - t0))
     finally:
         stop.set()
         for b in burners:

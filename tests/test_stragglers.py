@@ -359,3 +359,11 @@ def test_a_named_rank_on_a_slower_cpu_is_said_so():
     bare = find_stragglers(summarize_merged(ddp_run(4, n_steps=4, late_rank=2, late_ms=20, jitter_ms=JITTER)))
     assert _by_rank(bare)[2]["cpu_time_ratio"] is None
     assert "CPU time" not in straggler_findings(bare, [], {r: "h" for r in range(4)}, 30.0, FindingRules())[0]["evidence"]
+
+
+@pytest.mark.parametrize("k, n, p", [(5, 5, 1 / 32), (0, 3, 1.0), (2, 3, 0.5), (8, 8, 1 / 256), (3, 0, 1.0)])
+def test_the_sign_test_tail(k, n, p):
+    from distprof.analysis.stragglers import _binomial_half_tail
+
+    assert _binomial_half_tail(k, n) == pytest.approx(p)
+    assert _binomial_half_tail(3000, 5000) < 1e-40 and _binomial_half_tail(2500, 5000) == pytest.approx(0.5, abs=0.01)

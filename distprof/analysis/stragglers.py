@@ -51,16 +51,20 @@ Naming rule (:class:`StragglerRule`): lateness that is large, consistent across 
   1.4826 × the median absolute deviation of arrivals within an instance, the median over instances, taken over the
   ranks of one host and over all ranks, the smaller; needs three ranks); (4) the clock-free cross-check confirms it:
   its clock-free lateness ≥ ``clock_free_factor`` × its mean lateness, so a clock error cannot name a rank.
-  **Own work** is the other way to pass (2) and (3): per step whose first sync event is a collective, the rank's
-  work before it (its step start to its arrival: the step graph's first segment, on its own clock) less its wait
-  for a CPU there (``cpu/samples``, analysis.cpuwait; unknown: nothing taken off), over the median of the same
-  segment on the instance's other members (``own_excess_ms``; its bound ``own_excess_bound_ms``). The arrival
-  lateness carries every rank's noise since the previous collective (the optimizer, the host's scheduler); this
-  segment carries only the rank's own work, and with the CPU waits taken off, not the time the host's other
-  processes held its cores: beside one busy process on 2 cores its per-step spread falls from ≈ 9 ms to ≈ 3 ms.
-  (1) and (4) still hold: a rank whose extra work its peers absorbed (they were slower elsewhere) costs nothing and
-  is not named. Later segments are not compared: after the first collective the segments also hold hand-overs
-  from communication threads that were still busy, and what a rank did meanwhile is hidden in that wait.
+  **Own work** is the other way to be named: per step whose first sync event is a collective, the rank's work
+  before it (its step start to its arrival: the step graph's first segment, on its own clock) less its wait for a
+  CPU there (``cpu/samples``, analysis.cpuwait; unknown: nothing taken off), over the median of the same segment on
+  the instance's other members (``own_excess_ms``, median ``own_excess_median_ms``). The arrival lateness carries
+  every rank's noise since the previous collective (the optimizer, the host's scheduler); this segment carries only
+  the rank's own work, and with the CPU waits taken off, not the time the host's other processes held its cores:
+  beside one busy process on 2 cores its per-step spread between two ranks falls from 5–17 ms to 2–4 ms. It is
+  consistent when it passes (2) and (3) as above, or — robust to the odd step a rank spent held off the CPU — its
+  median is ≥ the floor and it is positive in more steps than chance allows (one-sided sign test at the rule's
+  confidence, Bonferroni: with no excess a rank is as often above its peers' median as below; ``own_sign_p``). A
+  rank whose own work is consistently longer is named although its peers' own noise (a slower optimizer step)
+  hides it in the arrivals: it is the rank that does more, and severity follows what it costs. Durations on one
+  rank's clock need no clock check (4). Later segments are not compared: after the first collective they also hold
+  hand-overs from communication threads that were still busy, and what a rank did meanwhile is hidden in that wait.
   ``clock_free.agrees`` says whether the clock-free measure's most-late rank is a named one (or, with nobody named,
   the same rank as the aligned measure's).
 
@@ -121,8 +125,9 @@ class StragglerRule:
             f"the lower confidence bound of that excess ({self.confidence:.0%} for the run, Bonferroni over ranks) is "
             f"above the floor or the excess is an outlier (>= {self.outlier_z:g} x the run's step-to-step noise) in "
             f">= {self.min_late_fraction:.0%} of its steps and at least 2 (one step: {self.single_step_factor:g} x "
-            f"the floor and {self.jitter_factor:g} x the arrival jitter); or its own work before each step's first "
-            f"collective (its waits for a CPU left out) exceeds its peers' the same way"
+            f"the floor and {self.jitter_factor:g} x the arrival jitter); or if its own work before each step's first "
+            f"collective (its waits for a CPU left out) exceeds its peers' the same way, or by a median above the floor "
+            f"in more steps than chance allows (sign test at the same confidence)"
         )
 
 
@@ -446,7 +451,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     cf_wait_mean = np.bincount(ridx, weights=cf_wait, minlength=nr) / np.maximum(cnt, 1)
     confirmed = cf_lat >= rule.clock_free_factor * mean_lat
     own = _own_work(run, ranks, thr, rule)
-    named = (mean_lat >= thr) & (cons.passes | own.passes) & confirmed
+    named = ((mean_lat >= thr) & cons.passes & confirmed) | own.passes
     cost = np.bincount(cr, weights=cells.max(_cost_ms(t, named[ridx])), minlength=nr) / den
     cpu_ratio = cpu_time_ratios(run)
 
@@ -463,7 +468,10 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
             "cpu_time_ratio": cpu_ratio.get(int(ranks[i])),
             "mean_excess_ms": float(cons.mean_excess[i]),
             "own_excess_ms": None if own.n_steps[i] == 0 else float(own.mean_excess[i]),
+            "own_excess_median_ms": None if own.n_steps[i] == 0 else float(own.median_excess[i]),
             "own_excess_bound_ms": None if np.isnan(own.excess_bound[i]) else float(own.excess_bound[i]),
+            "own_positive_fraction": None if own.n_steps[i] == 0 else float(own.positive_fraction[i]),
+            "own_sign_p": float(own.sign_p[i]),
             "own_steps_consistent": bool(own.passes[i]),
             "excess_bound_ms": None if np.isnan(cons.excess_bound[i]) else float(cons.excess_bound[i]),
             "excess_step_fraction": float(cons.excess_step_fraction[i]),
@@ -557,16 +565,51 @@ def own_work_excess(run: RunSummary) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return g.ev_rank[rows].astype(np.int64), g.ev_step[rows].astype(np.int64), exc[ok]
 
 
-def _own_work(run: RunSummary, ranks: np.ndarray, thr: float, rule: StragglerRule) -> Consistency:
-    """The consistency test (excess ≥ the floor in most steps, its lower confidence bound above it) on each rank's
-    own-work excess before its steps' first collective (:func:`own_work_excess`)."""
+@dataclass
+class OwnWork:
+    """Per rank: its own-work excess over its steps (:func:`own_work_excess`) and whether it is consistent."""
+
+    n_steps: np.ndarray
+    mean_excess: np.ndarray  # NaN without steps
+    median_excess: np.ndarray
+    excess_bound: np.ndarray  # lower confidence bound of the mean (NaN with fewer than 2 steps)
+    positive_fraction: np.ndarray  # share of its steps with a positive excess
+    sign_p: np.ndarray  # one-sided sign test: P(at least that many positive steps | no excess), 1 when unknown
+    passes: np.ndarray
+
+
+def _binomial_half_tail(k: int, n: int) -> float:
+    """P(X ≥ k) for X ~ Binomial(n, 1/2) (exact up to 400 steps, then the normal limit with continuity correction)."""
+    if n <= 0 or k <= 0:
+        return 1.0
+    if n > 400:
+        return 0.5 * math.erfc((k - 0.5 - n / 2) / math.sqrt(n / 4) / math.sqrt(2))
+    return math.fsum(math.comb(n, j) for j in range(k, n + 1)) / 2.0 ** n
+
+
+def _own_work(run: RunSummary, ranks: np.ndarray, thr: float, rule: StragglerRule) -> OwnWork:
+    """Whether each rank's own work before its steps' first collective (:func:`own_work_excess`) exceeds its peers'
+    consistently: the consistency test on the mean (excess ≥ the floor in most steps, lower confidence bound above
+    it), or — robust to the odd step a rank spent held off the CPU, which widens that bound — its median excess ≥
+    the floor and more positive steps than chance allows (one-sided sign test at the rule's confidence, Bonferroni
+    over ranks: with no excess a rank's own work is as often above its peers' median as below)."""
     r, st, exc = own_work_excess(run)
     keep = np.isin(r, ranks)
     r, st, exc = r[keep], st[keep], exc[keep]
-    cells = _Cells(st, np.searchsorted(ranks, r), ranks.size)
+    nr = ranks.size
+    cells = _Cells(st, np.searchsorted(ranks, r), nr)
     c_exc = np.full(cells.n, np.nan)
     c_exc[cells.idx] = exc
-    return consistency(cells, c_exc, ranks.size, thr, rule, np.inf)
+    cons = consistency(cells, c_exc, nr, thr, rule, np.inf)
+    g = cells.group
+    n = np.bincount(g, minlength=nr)
+    pos = np.bincount(g, weights=(c_exc > 0).astype(float), minlength=nr).astype(np.int64)
+    med = np.where(n > 0, group_median(g, c_exc, nr) if g.size else np.zeros(nr), np.nan)
+    alpha = (1 - rule.confidence) / max(int(np.count_nonzero(n)), 1)
+    p = np.array([_binomial_half_tail(int(k), int(m)) for k, m in zip(pos, n)])
+    robust = (n > 0) & (med >= thr) & (p <= alpha)
+    return OwnWork(n, np.where(n > 0, cons.mean_excess, np.nan), med, cons.excess_bound,
+                   pos / np.maximum(n, 1), p, (n > 0) & (cons.passes | robust))
 
 
 def _inside_steps(t: Table) -> Table:

@@ -288,6 +288,11 @@ def _clock(clock: dict[str, Any], st: _Style) -> list[str]:
     return out
 
 
+#: Below this many recorded steps an unnamed run says that small stragglers cannot be resolved (the own-work sign test
+#: needs 8 steps with two ranks at 99 %, 9 with four).
+FEW_STEPS = 10
+
+
 def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
     info = report.get("straggler_info", {})
     ranks = report.get("stragglers", [])
@@ -305,16 +310,21 @@ def _stragglers(report: dict[str, Any], st: _Style, top: int) -> list[str]:
             f"consistently across steps (latest: rank {worst['rank']}, {_f(worst.get('mean_lateness_ms'), '{:.2f}')}"
             f" ms mean lateness)"
         )
+        n_steps = max((d.get("n_steps") or 0) for d in ranks)
+        if 1 < n_steps < FEW_STEPS:
+            out.append(st.dim(f"  only {n_steps} recorded steps: too few to tell a straggler of a few percent from noise; "
+                              f"record more (--active {3 * FEW_STEPS})"))
     rows = []
     for d in ranks[:_MAX_RANK_ROWS]:
         rows.append([
             str(d["rank"]), _name(d["host"]), _f(d.get("cost_ms_per_step"), "{:.2f}"),
             _f(d["mean_lateness_ms"], "{:.2f}"), _f(d.get("cpu_wait_excess_ms"), "{:.2f}"),
-            _f(d.get("mean_excess_ms"), "{:.2f}"),
+            _f(d.get("mean_excess_ms"), "{:.2f}"), _f(d.get("own_excess_median_ms"), "{:.2f}"),
             _f(100 * (d.get("excess_step_fraction") or 0), "{:.0f}%"), _f(100 * d["late_fraction"], "{:.0f}%"),
             _f(d["clock_free_lateness_ms"], "{:.2f}"), "STRAGGLER" if d["named"] else "",
         ])
-    lines = _table(["rank", "host", "cost ms/step", "mean late ms", "cpu-wait ms", "excess ms", "late steps", "last",
+    lines = _table(["rank", "host", "cost ms/step", "mean late ms", "cpu-wait ms", "excess ms", "own ms", "late steps",
+                    "last",
                     "clock-free late ms", ""], rows)
     out += [st.red(x) if x.rstrip().endswith("STRAGGLER") else x for x in lines]
     if len(ranks) > _MAX_RANK_ROWS:

@@ -127,10 +127,11 @@ def _cpu_wait_note(d: dict, thr: float | None) -> str:
 
 def _own_work_note(d: dict) -> str:
     """Said when the rank's own work before its steps' first collective exceeded its peers' consistently."""
-    if not d.get("own_steps_consistent") or d.get("own_excess_ms") is None:
+    if not d.get("own_steps_consistent") or d.get("own_excess_median_ms") is None:
         return ""
     return (f"; its own work before each step's first collective (its waits for a CPU left out) took "
-            f"{d['own_excess_ms']:.1f} ms longer than its peers' median, consistently across steps")
+            f"{d['own_excess_median_ms']:.1f} ms longer than its peers' (median over steps; longer in "
+            f"{100 * (d.get('own_positive_fraction') or 0):.0f} % of them)")
 
 
 def _rank_advice(r: int, top: dict | None) -> str:
