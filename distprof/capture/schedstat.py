@@ -29,7 +29,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ThreadCpu", "WaitSampler", "step_columns"]
+__all__ = ["ThreadCpu", "WaitSampler", "drop_flat", "step_columns"]
 
 PATH = "/proc/thread-self/schedstat"
 
@@ -66,6 +66,10 @@ class ThreadCpu:
                 pass
 
 
+#: A sample whose read took longer than this (the thread was preempted in it) is dropped: its time is uncertain.
+MAX_SAMPLE_NS = 200_000
+
+
 class WaitSampler:
     """Samples (``time.time_ns()``, run ns, wait ns) of thread `tid` every `period_s` on a daemon thread while
     :meth:`resume`-d; :meth:`take` hands over what was gathered. At most `max_samples` are kept between two takes
@@ -90,10 +94,12 @@ class WaitSampler:
         return self._thread is not None
 
     def _add(self) -> None:
+        t0 = time.time_ns()
         s = self._cpu.sample()
-        if s is None:
+        t1 = time.time_ns()
+        if s is None or t1 - t0 > MAX_SAMPLE_NS:  # held off the CPU mid-read: when it read is not known
             return
-        t = time.time_ns()
+        t = (t0 + t1) // 2
         with self._lock:
             buf = self._buf
             if len(buf[0]) < self._max:
@@ -136,6 +142,17 @@ class WaitSampler:
         if self._thread is not None:
             self._thread.join(timeout=1.0)
         self._cpu.close()
+
+
+def drop_flat(samples: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The samples without those whose wait equals both neighbours': interpolating the wait between the ones kept
+    gives exactly the same values (it was flat there), and a thread that mostly runs or sleeps waits rarely."""
+    w = np.asarray(samples["wait_ns"])
+    if w.size < 3:
+        return samples
+    keep = np.ones(w.size, bool)
+    keep[1:-1] = ~((w[1:-1] == w[:-2]) & (w[1:-1] == w[2:]))
+    return {k: np.asarray(v)[keep] for k, v in samples.items()}
 
 
 def step_columns(step_ids, marks: dict[int, tuple[int, int] | None] | None, *, since_previous: bool = False):

@@ -25,7 +25,7 @@ from ..config import ProfileConfig
 from ..events.p2p import P2PCalls
 from ..storage import schema
 from ..storage.writer import ShardWriteError, free_bytes, no_space, reserve_bytes, shard_image, write_durably
-from . import clock, groups
+from . import clock, groups, schedstat
 from .dist_info import RankInfo
 from .extract import extract
 from .memhistory import SNAPSHOT_TEMPLATE, dump_snapshot, summarize_snapshot
@@ -204,7 +204,7 @@ class ShardWriter:
         s_tab, l_tab = clock.samples_table(samples, local)
         tables = {**ex.tables, "clock/samples": s_tab, "clock/local": l_tab}
         if job.cpu_samples is not None and job.cpu_samples["t_ns"].size:
-            cs = dict(job.cpu_samples)
+            cs = schedstat.drop_flat(job.cpu_samples)
             if info.sim_clock is not None and not info.sim_clock.is_identity:
                 cs["t_ns"] = np.asarray(info.sim_clock.apply(cs["t_ns"]), np.int64)
             tables["cpu/samples"] = cs
