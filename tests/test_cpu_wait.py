@@ -63,9 +63,9 @@ def test_step_columns(marks, run, wait):
 
 
 def test_wait_at_interpolates_within_the_samples_only():
-    s = {"t_ns": np.array([1_000, 2_000, 3_000, 2_000_003_000]), "run_ns": np.zeros(4, np.int64),
+    s = {"t_ns": np.array([1_000, 2_000, 3_000, 100_000_003_000]), "run_ns": np.zeros(4, np.int64),
          "wait_ns": np.array([10, 30, 30, 90])}
-    got = wait_at(s, np.array([1_000, 1_500, 2_500, 3_000, 500, 1_000_000_000, 2_000_003_000, 2_000_004_000]))
+    got = wait_at(s, np.array([1_000, 1_500, 2_500, 3_000, 500, 50_000_000_000, 100_000_003_000, 100_000_004_000]))
     assert got[:4].tolist() == [10.0, 20.0, 30.0, 30.0]
     assert np.isnan(got[4])  # before the first sample
     assert np.isnan(got[5])  # inside a gap longer than MAX_GAP_NS (between windows)
@@ -135,8 +135,10 @@ def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
         st = sh.table("steps")
         assert (st["cpu_run_ns"] > 0).all() and (st["cpu_wait_ns"] >= 0).all() and (st["cpu_wait_opt_ns"] >= 0).all()
         # the side thread's samples cover every step and are the training thread's: the wait they give a step is
-        # within its wall time, and over the steps together it is the step marks' (the marks are taken a moment
-        # before each step's start, so only the window's two ends differ: a preemption there, a few ms each)
+        # within its wall time, and over the steps together it is the step marks' (each mark is taken just before
+        # torch's profiler step; the window's first one before the trace starts, which under this load can take the
+        # thread hundreds of ms of waiting that its step, by its start time, does not hold: the first step is left
+        # out, and the rest differ only at their two ends)
         cs = sh.table("cpu/samples")
         t, w = cs["t_ns"], cs["wait_ns"]
         assert t.size > 10 and (np.diff(t) >= 0).all() and (np.diff(w) >= 0).all()
@@ -144,7 +146,8 @@ def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
         est = wait_at(cs, st["end_ns"]) - wait_at(cs, st["start_ns"])
         wall = st["end_ns"] - st["start_ns"]
         assert np.isfinite(est).all() and (est >= 0).all() and (est <= wall + 1e6).all(), (est, wall)
-        total, marks = float(est.sum()), float(st["cpu_wait_ns"].sum())
+        o = np.argsort(st["start_ns"])[1:]
+        total, marks = float(est[o].sum()), float(st["cpu_wait_ns"][o].sum())
         assert abs(total - marks) <= 0.2 * marks + 40e6, (est, st["cpu_wait_ns"])
     import distprof
     from distprof.analysis import whatif
