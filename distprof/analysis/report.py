@@ -105,7 +105,8 @@ def build_report(
     for i in range(bd["step"].size):
         steps_records.append({c: table[c][i] for c in cols})
 
-    strag = find_stragglers(run, rule=rule)
+    graph = step_graph(run)  # the cross-rank step graph: own work, critical path, what-ifs, each finding's gain
+    strag = find_stragglers(run, rule=rule, graph=graph)
     pipes = pipelines(run)
     if strag["n_instances"] == 0 and not pipes:
         warnings.append("no collective was matched across ranks: no straggler analysis")
@@ -116,7 +117,6 @@ def build_report(
     par = detect_parallelism(run, table, pipes)
     found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules, pipelines=pipes,
                      exposed_advice=advice_for_exposed(par, table))
-    graph = step_graph(run)  # the cross-rank step graph: critical path, what-ifs, each finding's estimated gain
     annotate_findings(run, found, graph=graph)
     summary = _summary(bd)
     mfu_rows = mfu(run, peak_tflops=peak_tflops)

@@ -91,6 +91,7 @@ from .groupstats import group_median, rank_step_values
 Table = dict[str, np.ndarray]
 
 if TYPE_CHECKING:
+    from .critical_path import StepGraph
     from .runsummary import RunSummary
 
 logger = logging.getLogger(__name__)
@@ -384,7 +385,8 @@ class _Cells:
         return np.bincount(self.idx, weights=v, minlength=self.n)
 
 
-def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> dict[str, Any]:
+def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
+                    graph: StepGraph | None = None) -> dict[str, Any]:
     """Rank and host straggler tables, per-step stragglers and the naming rule (a JSON-ready dict).
 
     Keys: ``rule`` (text, threshold_ms and its parts), ``n_instances``, ``ranks`` (one dict per rank, named first,
@@ -450,7 +452,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> di
     np.maximum.at(max_behind, ridx, behind)
     cf_wait_mean = np.bincount(ridx, weights=cf_wait, minlength=nr) / np.maximum(cnt, 1)
     confirmed = cf_lat >= rule.clock_free_factor * mean_lat
-    own = _own_work(run, ranks, thr, rule)
+    own = _own_work(run, ranks, thr, rule, graph)
     named = ((mean_lat >= thr) & cons.passes & confirmed) | own.passes
     cost = np.bincount(cr, weights=cells.max(_cost_ms(t, named[ridx])), minlength=nr) / den
     cpu_ratio = cpu_time_ratios(run)
@@ -538,14 +540,14 @@ def _cpu_wait_excess(run: RunSummary, cells: _Cells, ranks: np.ndarray) -> np.nd
     return out
 
 
-def own_work_excess(run: RunSummary) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def own_work_excess(run: RunSummary, graph: StepGraph | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per rank-step whose first sync event is a collective: (rank, step, excess ms) of its own work before it — the
     step graph's first work segment (its step start to its arrival) less its wait for a CPU there where the samples
     know it — over the median of the same segment of the instance's other members (the same collective: the same
     work before it in a data- or tensor-parallel group)."""
     from .critical_path import KIND_COLL, step_graph
 
-    g = step_graph(run)
+    g = graph if graph is not None else step_graph(run)
     first = np.flatnonzero((g.ev_kind == KIND_COLL) & (g.ev_group >= 0) & (g.ev_prev < 0))
     wait = g.ev_cpu_wait[first] if g.ev_cpu_wait is not None else np.zeros(first.size)
     own = (g.ev_gap[first] - np.nan_to_num(wait)) / NS_PER_MS
@@ -587,13 +589,14 @@ def _binomial_half_tail(k: int, n: int) -> float:
     return math.fsum(math.comb(n, j) for j in range(k, n + 1)) / 2.0 ** n
 
 
-def _own_work(run: RunSummary, ranks: np.ndarray, thr: float, rule: StragglerRule) -> OwnWork:
+def _own_work(run: RunSummary, ranks: np.ndarray, thr: float, rule: StragglerRule,
+              graph: StepGraph | None = None) -> OwnWork:
     """Whether each rank's own work before its steps' first collective (:func:`own_work_excess`) exceeds its peers'
     consistently: the consistency test on the mean (excess ≥ the floor in most steps, lower confidence bound above
     it), or — robust to the odd step a rank spent held off the CPU, which widens that bound — its median excess ≥
     the floor and more positive steps than chance allows (one-sided sign test at the rule's confidence, Bonferroni
     over ranks: with no excess a rank's own work is as often above its peers' median as below)."""
-    r, st, exc = own_work_excess(run)
+    r, st, exc = own_work_excess(run, graph)
     keep = np.isin(r, ranks)
     r, st, exc = r[keep], st[keep], exc[keep]
     nr = ranks.size

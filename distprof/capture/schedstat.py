@@ -127,14 +127,14 @@ class WaitSampler:
         self._on.clear()
 
     def take(self) -> dict[str, np.ndarray]:
-        """One sample now, then everything since the last take, as the ``cpu/samples`` table (sorted by time)."""
+        """One sample now, then everything since the last take, as the ``cpu/samples`` columns, in the order taken
+        (the writer sorts them, off the training thread: :func:`drop_flat`)."""
         if self._thread is not None and self._on.is_set():
             self._add()
         with self._lock:
             buf, self._buf = self._buf, (array("q"), array("q"), array("q"))
-        t, r, w = (np.frombuffer(b, np.int64).copy() if len(b) else np.zeros(0, np.int64) for b in buf)
-        o = np.argsort(t, kind="stable")
-        return {"t_ns": t[o], "run_ns": r[o], "wait_ns": w[o]}
+        t, r, w = (np.frombuffer(b, np.int64) if len(b) else np.zeros(0, np.int64) for b in buf)  # no copy
+        return {"t_ns": t, "run_ns": r, "wait_ns": w}
 
     def close(self) -> None:
         self._stop = True
@@ -145,9 +145,12 @@ class WaitSampler:
 
 
 def drop_flat(samples: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The samples without those whose wait equals both neighbours': interpolating the wait between the ones kept
-    gives exactly the same values (it was flat there), and a thread that mostly runs or sleeps waits rarely."""
-    w = np.asarray(samples["wait_ns"])
+    """The samples sorted by time, without those whose wait equals both neighbours': interpolating the wait between
+    the ones kept gives exactly the same values (it was flat there), and a thread that mostly runs or sleeps waits
+    rarely."""
+    o = np.argsort(np.asarray(samples["t_ns"]), kind="stable")
+    samples = {k: np.asarray(v)[o] for k, v in samples.items()}
+    w = samples["wait_ns"]
     if w.size < 3:
         return samples
     keep = np.ones(w.size, bool)
