@@ -318,8 +318,15 @@ class Consistency:
 
 def excess(cells: "_Cells", c_lat: np.ndarray) -> np.ndarray:
     """Per (step, group) cell: its lateness minus the median of the other groups' lateness in that step."""
-    o = np.lexsort((c_lat, cells.step))
-    st, v = cells.step[o], c_lat[o]
+    return excess_by(cells.step, c_lat)
+
+
+def excess_by(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Each value minus the median of the other values with the same key (0 subtracted where it is alone)."""
+    if key.size == 0:
+        return np.zeros(0)
+    o = np.lexsort((values, key))
+    st, v = key[o], values[o]
     f_of = np.flatnonzero(np.r_[True, st[1:] != st[:-1]])
     n_of = np.diff(np.r_[f_of, st.size])
     gi = np.cumsum(np.r_[True, st[1:] != st[:-1]]) - 1
@@ -552,19 +559,9 @@ def own_work_excess(run: RunSummary, graph: StepGraph | None = None) -> tuple[np
     wait = g.ev_cpu_wait[first] if g.ev_cpu_wait is not None else np.zeros(first.size)
     own = (g.ev_gap[first] - np.nan_to_num(wait)) / NS_PER_MS
     grp = g.ev_group[first]
-    o = np.lexsort((own, grp))
-    grp_s, own_s = grp[o], own[o]
-    f_of = np.flatnonzero(np.r_[True, grp_s[1:] != grp_s[:-1]]) if grp_s.size else np.zeros(0, np.int64)
-    n_of = np.diff(np.r_[f_of, grp_s.size])
-    gi = np.cumsum(np.r_[True, grp_s[1:] != grp_s[:-1]]) - 1 if grp_s.size else np.zeros(0, np.int64)
-    first_s, n_s = f_of[gi], n_of[gi]
-    many = n_s >= 2
-    exc = np.full(grp_s.size, np.nan)
-    pos = np.arange(grp_s.size) - first_s
-    exc[many] = own_s[many] - _median_of_others(first_s[many], n_s[many], pos[many], own_s)
-    ok = np.isfinite(exc)
-    rows = first[o][ok]
-    return g.ev_rank[rows].astype(np.int64), g.ev_step[rows].astype(np.int64), exc[ok]
+    shared = np.bincount(grp, minlength=int(grp.max()) + 1)[grp] >= 2 if grp.size else np.zeros(0, bool)
+    rows, exc = first[shared], excess_by(grp[shared], own[shared])
+    return g.ev_rank[rows].astype(np.int64), g.ev_step[rows].astype(np.int64), exc
 
 
 @dataclass
