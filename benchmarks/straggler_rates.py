@@ -11,7 +11,7 @@ step time (measured first, in the same invocation) and must name exactly that ra
 false-positive rate (balanced runs naming anyone) and the true-positive rate (delayed runs naming the slowed rank and
 no other), over all runs and over the runs that test what they mean to: where no rank's CPU time per step for the
 same work exceeds another's (balanced) or the slowed rank's (delayed) by the delay or more — identical processes on
-a VM differ (page placement, the host), and such a rank is slower for real. Each run's line has the lateness and the
+a VM can differ (the allocator's page faults, see ``--malloc``; the host), and such a rank is slower for real. Each run's line has the lateness and the
 own-work excess the analysis saw. ``--keep DIR`` keeps the run directories for offline study; ``--rescore DIR``
 re-analyses them with the code as it is now.
 
@@ -51,15 +51,31 @@ def _burn(stop, duty: float) -> None:
             time.sleep(0.02 - busy)
 
 
-def run_job(out: Path, ranks: int, hidden: int, active: int, slow_rank: int, slow_ms: float) -> dict:
+#: The jobs' allocator settings (``--malloc``). On CPU, Adam's step allocates 8-16 MB temporaries; glibc serves
+#: them by mmap or from its heap by a threshold it moves as the process frees (its "dynamic mmap threshold"). In a
+#: bare process that cost ~8,000 page faults per optimizer step (26-30 ms against 10-13 ms without them), and with
+#: glibc's defaults identical ranks ran the same MLP step at 41-58 ms of CPU time. ``thp`` (the default) puts torch's
+#: CPU tensors on huge pages: ~2,000 faults per step, 36-49 ms, mostly 37-38. ``steady`` fixes the threshold at
+#: glibc's largest (32 MiB) and stops trimming the heap: no faults in a bare process, but under the profiler it did
+#: not make ranks even (20 + 20 runs at 30 steps, 2 and 4 ranks: CPU time apart by less than the delay in 11 and 9
+#: of 20 balanced runs, against 9 and 17 with thp; balanced runs named 8/20 and 8/20, against 3/20 and 0/20), so it
+#: is not the default. The rest is the host: with fused Adam (no temporaries)
+#: one rank's backward matmuls still ran 2x slower than its twin's for a whole run. ``default`` leaves glibc as it is.
+MALLOC_ENV = {
+    "steady": {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)},
+    "thp": {"THP_MEM_ALLOC_ENABLE": "1"},
+    "default": {},
+}
+
+
+def run_job(out: Path, ranks: int, hidden: int, active: int, slow_rank: int, slow_ms: float,
+            malloc: str = "thp") -> dict:
     """One profiled job; returns its report.json (the job's own step times come from the report)."""
-    # THP_MEM_ALLOC_ENABLE: torch's CPU tensors on huge pages. Without it, on this 2-core VM, identical processes ran the
-    # same MLP step at 41-58 ms of CPU time each (page placement: one rank 1.3-1.6x slower for its whole run, loaded
-    # or not), which is a real straggler, not a balanced job; with it 36-49 ms, mostly 37-38.
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), THP_MEM_ALLOC_ENABLE="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     for k in list(env):
-        if k.startswith("DISTPROF_"):
+        if k.startswith("DISTPROF_") or k.startswith("MALLOC_") or k == "THP_MEM_ALLOC_ENABLE":
             del env[k]
+    env.update(MALLOC_ENV[malloc])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "distprof.launch", "--out", str(out), "--run-id", "r", "--wait", "2", "--warmup", "1",
            "--active", str(active), str(ROOT / "examples" / "ddp_mlp.py"), "--hidden", str(hidden),
@@ -93,7 +109,8 @@ def cpu_means(rep: dict) -> dict[int, float]:
 def cpu_excess_ms(rep: dict, slow: int) -> float:
     """How much more CPU time per step the same work took on another rank than on the one that should be named: in a
     balanced run the spread (largest − smallest rank), in a delayed run the most any other rank exceeds the slowed
-    one. Identical processes on this VM differ by up to 1.3x (page placement); where this exceeds the delay, a rank
+    one. Identical processes on this VM differed by up to 1.3x with glibc's default allocator (page faults, see
+    MALLOC_ENV); where this exceeds the delay, a rank
     other than the injected one (or, balanced, some rank) is slower for real by more than the delay, and the run
     does not test what it was meant to."""
     m = cpu_means(rep)
@@ -181,6 +198,8 @@ def main() -> None:
     ap.add_argument("--delay-pct", type=float, default=5.0, help="delay as a share of the balanced median step")
     ap.add_argument("--load", type=int, default=1, help="busy processes beside the jobs")
     ap.add_argument("--duty", type=float, default=1.0, help="share of time each busy process computes")
+    ap.add_argument("--malloc", choices=sorted(MALLOC_ENV), default="thp",
+                    help="the jobs' allocator settings (see MALLOC_ENV): thp (default), steady or default")
     ap.add_argument("--keep", help="keep the run directories here")
     ap.add_argument("--rescore", metavar="DIR", help="re-analyse the runs kept in DIR (no jobs run) and score them")
     args = ap.parse_args()
@@ -200,15 +219,16 @@ def main() -> None:
             reports = []
             for i in range(args.runs):
                 reports.append(("balanced", -1, run_job(base / f"n{ranks}-bal{i}", ranks, args.hidden, args.active,
-                                                        -1, 0.0)))
+                                                        -1, 0.0, args.malloc)))
             step_ms = statistics.median(r["summary"]["step_ms_mean"] for _, _, r in reports)
             delay = args.delay_pct / 100 * step_ms
             for i in range(args.runs):
                 slow = 1 + i % (ranks - 1) if ranks > 1 else 0
                 reports.append(("delayed", slow, run_job(base / f"n{ranks}-del{i}", ranks, args.hidden, args.active,
-                                                         slow, delay)))
+                                                         slow, delay, args.malloc)))
             for (kind, slow, r), i in zip(reports, list(range(args.runs)) * 2):
-                (base / f"n{ranks}-{kind[:3]}{i}" / "meta.json").write_text(json.dumps({"slow": slow, "delay_ms": delay}))
+                (base / f"n{ranks}-{kind[:3]}{i}" / "meta.json").write_text(json.dumps({"slow": slow, "delay_ms": delay,
+                                                                                       "malloc": args.malloc}))
             rows.append(score(ranks, reports, delay, time.perf_counter() - t0))
     finally:
         stop.set()

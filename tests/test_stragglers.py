@@ -295,17 +295,56 @@ def _cpu_waits(run, rs, wait_ms_of):
         cr["cpu_wait_at_end_ns"][rows] = total[r]
 
 
-def test_own_work_takes_the_cpu_wait_off_but_a_rank_held_back_is_still_named():
+def test_a_rank_late_only_by_its_wait_for_a_cpu_is_not_named_and_its_contention_says_why():
     """Rank 1 is 20 ms late every step, and its samples say it spent those 20 ms waiting for a CPU before its first
-    collective: its own work is its peer's (``own_excess_ms`` ≈ 0), and it is named on its lateness all the same."""
+    collective: its own work is its peer's and its lateness is its host's scheduler — it is not named, its row keeps
+    the lateness the trace shows, and the CPU-contention finding says it was held back."""
+    from distprof.analysis.findings.cpu import cpu_contention, cpu_contention_text
+    from distprof.analysis.findings.rules import FindingRules
+
     run = ddp_run(2, n_steps=6, late_rank=1, late_ms=20, jitter_ms=JITTER[:2])
     rs = summarize_merged(run)
-    plain = _by_rank(find_stragglers(rs))[1]
-    assert plain["own_excess_ms"] == pytest.approx(20.0, abs=0.5) and plain["own_steps_consistent"]
+    plain = find_stragglers(rs)
+    assert plain["named"] == [1] and _by_rank(plain)[1]["own_steps_consistent"]
     _cpu_waits(run, rs, lambda r, s: 20.0 if r == 1 else 0.0)
-    d = _by_rank(find_stragglers(rs))[1]
+    res = find_stragglers(rs)
+    d = _by_rank(res)[1]
+    assert res["named"] == []
     assert d["own_excess_ms"] == pytest.approx(0.0, abs=0.5) and not d["own_steps_consistent"]
-    assert d["named"]
+    assert d["mean_lateness_ms"] == pytest.approx(20.0, abs=1.0)
+    assert d["cpu_wait_excess_ms"] == pytest.approx(20.0, abs=1.0)
+    assert d["lateness_not_cpu_wait_ms"] == pytest.approx(0.0, abs=1.0)
+    rs.steps["cpu_wait_ms"] = np.where(rs.steps["rank"] == 1, 20.0, 0.0)
+    (hit,) = cpu_contention(rs, FindingRules(), res)
+    assert hit.rank == 1 and hit.metrics["held_back_ms_per_step"] == pytest.approx(20.0, abs=1.0)
+    _, evidence, _ = cpu_contention_text({**hit.metrics, "impact_pct": hit.impact_pct}, "rank 1", hit)
+    assert "Rank 1 arrived 20" in evidence and "not named a straggler" in evidence
+
+
+def test_a_late_rank_that_waited_for_a_cpu_after_its_arrivals_is_still_named():
+    """Rank 1 sleeps 20 ms before its backward (its own work), and waits 20 ms for a CPU after its collectives (it
+    computes while its peer is blocked): the wait after the arrival is not what made it late, and it is named."""
+    run = ddp_run(2, n_steps=6, late_rank=1, late_ms=20, jitter_ms=JITTER[:2])
+    rs = summarize_merged(run)
+    cr, st = rs.collective_rows, rs.steps
+    for tab in (cr, st):
+        for c in ("cpu_wait_at_start_ns", "cpu_wait_at_end_ns"):
+            tab[c] = np.zeros(len(tab["step"]))
+    for r in (0, 1):  # the wait grows inside each collective (after the arrival), by 20 ms a step on rank 1
+        rows = np.flatnonzero(cr["rank"] == r)
+        rows = rows[np.argsort(cr["start_ns"][rows], kind="stable")]
+        grow = np.full(rows.size, 20e6 if r == 1 else 0.0)
+        cr["cpu_wait_at_end_ns"][rows] = np.cumsum(grow)
+        cr["cpu_wait_at_start_ns"][rows] = np.r_[0.0, np.cumsum(grow)[:-1]]
+        for i in np.flatnonzero(st["rank"] == r):  # the steps' ends agree: the wait so far at each
+            mine = rows[cr["step"][rows] == st["step"][i]]
+            st["cpu_wait_at_start_ns"][i] = cr["cpu_wait_at_start_ns"][mine].min()
+            st["cpu_wait_at_end_ns"][i] = cr["cpu_wait_at_end_ns"][mine].max()
+    res = find_stragglers(rs)
+    d = _by_rank(res)[1]
+    assert res["named"] == [1]
+    assert d["cpu_wait_excess_ms"] == pytest.approx(0.0, abs=0.5)
+    assert d["lateness_not_cpu_wait_ms"] == pytest.approx(d["mean_lateness_ms"])
 
 
 def test_consistent_own_work_is_named_through_noisy_arrivals():

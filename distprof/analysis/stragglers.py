@@ -11,15 +11,19 @@ rank is one instance (the run summary's matched collectives). For rank r in inst
   caused the others (Scalasca's "Wait at N×N", summed over the waiting ranks); its **lead**
   ``a_{L_i,i} − (second-latest arrival)`` — how much earlier the collective could have started without it.
 
-A rank's lateness **in a step** is its largest ℓ over the step's instances. Its **CPU-wait excess** in the step — its
-wait for a CPU (``steps.cpu_wait_opt_ms``: the stepping thread runnable but not running, from the previous step's
-optimizer start to this step's; capture/schedstat.py) minus the median of the other ranks' — is reported beside it
-(``cpu_wait_excess_ms``, 0 for steps where any rank lacks the value) as a fact, not taken out of it: the wait is
-summed over the whole step, not up to each arrival, so on a job with collectives all through the step (FSDP2) it is
-not the delay of any one arrival — a rank slept 30 ms before its all-gathers competes for the cores afterwards while
-its blocked peers do not, and subtracting that wait unnamed it (2 cores, one busy process: in 7 runs of 7). A rank
-the host's scheduler held back is late all the same, and freeing its cores is what would gain; its finding states the
-wait. Collectives outside every step (a checkpoint after the loop) are left out when the run has steps; in a run
+A rank's lateness **in a step** is its largest ℓ over the step's instances. Its **CPU-wait excess** before an
+arrival (``held_back_ms``) is how much longer than the instance's other members its training thread waited for a CPU
+(runnable, not running: ``cpu/samples``, analysis.cpuwait) between the end of its previous collective and this
+arrival (``cpu_wait_before``) — the share of that lateness the host's scheduler caused. The naming rule below uses
+the lateness less it (``lateness_not_cpu_wait_ms``; the mean lateness stays what the trace shows, and
+``cpu_wait_excess_ms`` is their difference): beside one busy process on 2 cores, a balanced 4-rank DDP run had a rank
+late 22.8 ms in most steps whose own work equalled its peers' and whose thread had waited 24 ms per step longer for a
+CPU; such a rank is reported by ``cpu_contention``, not as the rank to fix. The wait is taken only up to each
+arrival, since the rank's previous collective: a rank slowed by a sleep before its FSDP2 all-gathers competes for the
+cores after them while its blocked peers do not, and a wait summed over its whole step (the step boundaries'
+``steps.cpu_wait_opt_ms``) unnamed it in 7 runs of 7. Without samples, or where collectives run on a device (a
+kernel's start, which a CPU wait delays only when its stream has run dry), nothing is taken off and the step
+boundaries' wait is reported beside the lateness. Collectives outside every step (a checkpoint after the loop) are left out when the run has steps; in a run
 without any, each instance is a step of its own. A rank that starts its backward X ms late is then ≈X late per step however many bucket all-reduces
 follow — also when its peers' later buckets start late themselves because their worker thread was still waiting in
 the first one. Per rank: ``mean_lateness_ms`` (mean over its steps of its step lateness), ``mean_instance_lateness_ms``
@@ -39,8 +43,8 @@ Naming rule (:class:`StragglerRule`): lateness that is large, consistent across 
   excess takes that bias out, and its sign says who was late. With **two ranks** this is explicit: the excess is one
   rank's step lateness minus the other's (``e_0s = −e_1s``), so one rank late is the other early and only one of
   them can be in excess; with one collective per step it is twice the arrival gap.
-* The rank is **named** iff (1) its mean lateness ≥ the floor; (2) its excess ≥ the floor in at least
-  ``min_late_fraction`` of its steps (arrival order consistent across steps); (3) over its steps, either
+* The rank is **named** iff (1) its mean lateness (less its CPU-wait excess) ≥ the floor; (2) its excess ≥ the
+  floor in at least ``min_late_fraction`` of its steps (arrival order consistent across steps); (3) over its steps, either
   *steadily late*: the lower one-sided confidence bound of its mean excess (Student's t, ``confidence`` for the whole
   run: the error rate is split over the ranks, Bonferroni) ≥ the floor — lateness that comes and goes with
   scheduling noise has a wide bound and is not named, however large one step's was — or *often far out*: its excess
@@ -119,7 +123,7 @@ class StragglerRule:
     def text(self) -> str:
         return (
             f"a rank is named if its lateness (per step: latest arrival at the step's collectives minus the median of "
-            f"the other ranks' arrivals) is at least the floor max({self.min_lateness_ms:g} ms, "
+            f"the other ranks' arrivals, less how much longer it waited for a CPU before them) is at least the floor max({self.min_lateness_ms:g} ms, "
             f"{self.residual_factor:g} x max clock residual, {self.step_fraction:g} x median step time), the "
             f"clock-free estimate from durations confirms it, and it is consistent across steps: either that lateness "
             f"exceeds the other ranks' by the floor in >= {self.min_late_fraction:.0%} of its steps and, over steps, "
@@ -186,7 +190,7 @@ def collective_instances(run: RunSummary) -> Table:
     Columns: ``inst`` (0..n−1), ``window``, ``pg``, ``seq``, ``rank``, ``step``, ``arrival_ns``, ``dur_ns``, ``pos``
     (arrival order, 0 = first), ``n_ranks``, ``lateness_ns`` (vs the median of the others, float), ``behind_first_ns``,
     ``is_last``, ``lead_ns`` (last arriver only: its arrival − the second-latest; else 0), ``clock_free_lateness_ns``
-    (median of the others' durations − own, float). Instances seen on fewer than two ranks are dropped; a rank seen
+    (median of the others' durations − own, float), ``cpu_wait_before_ns`` (:func:`cpu_wait_before`, NaN unknown). Instances seen on fewer than two ranks are dropped; a rank seen
     twice in one instance keeps its first row. With a steps selection, only collectives inside the selected steps.
     """
     m = run.collectives.members
@@ -217,6 +221,7 @@ def collective_instances(run: RunSummary) -> Table:
         "step": step[keep],
         "arrival_ns": arrival,
         "dur_ns": np.asarray(m["end_ns"], np.int64)[keep] - arrival,
+        "cpu_wait_before_ns": cpu_wait_before(run)[np.asarray(m["row"], np.int64)][keep],
     }
     _, inst = np.unique(inst[keep], return_inverse=True)  # renumber 0..n-1
     inst = inst.reshape(-1)
@@ -255,7 +260,44 @@ def _empty_instances() -> Table:
     z = np.zeros(0, np.int64)
     out = {k: z.copy() for k in ("inst", "window", "pg", "seq", "rank", "step", "arrival_ns", "dur_ns", "pos",
                                  "n_ranks", "behind_first_ns", "lead_ns")}
-    out.update({"lateness_ns": np.zeros(0), "clock_free_lateness_ns": np.zeros(0), "is_last": np.zeros(0, bool)})
+    out.update({"lateness_ns": np.zeros(0), "clock_free_lateness_ns": np.zeros(0), "is_last": np.zeros(0, bool),
+                "cpu_wait_before_ns": np.zeros(0)})
+    return out
+
+
+def cpu_wait_before(run: RunSummary) -> np.ndarray:
+    """Per row of ``run.collective_rows``: how long the rank's training thread waited for a CPU (runnable, not
+    running; ``cpu_wait_at_*``) from the end of its last collective of an earlier step in the window (the latest end
+    so far; in the window's first step, the step's start) to this one's start — the part of the stretch before the arrival that the host's scheduler took. From
+    the previous step, not the previous collective: a rank held up before its first bucket's all-reduce is as late at
+    the buckets that follow, with no wait between them. NaN where unknown: no ``cpu/samples``, a collective outside
+    the steps with none before it, or a rank whose collectives run on a device (its arrival is a kernel's start on a stream, which a CPU wait
+    delays only when the stream has run dry)."""
+    cr = run.collective_rows
+    n = int(np.asarray(cr["rank"]).size)
+    a = np.asarray(cr.get("cpu_wait_at_start_ns", np.full(n, np.nan)), np.float64)
+    z = np.asarray(cr.get("cpu_wait_at_end_ns", np.full(n, np.nan)), np.float64)
+    out = np.full(n, np.nan)
+    if n == 0 or not np.isfinite(a).any():
+        return out
+    rank, win, step = (np.asarray(cr[k], np.int64) for k in ("rank", "window", "step"))
+    o = np.lexsort((np.asarray(cr["start_ns"], np.int64), win, rank))
+    bounds = np.flatnonzero(np.r_[True, (rank[o][1:] != rank[o][:-1]) | (win[o][1:] != win[o][:-1]), True])
+    on_device = {r for r, at in run.attrs.items() if str(at.get("device_type", "cpu")) != "cpu"}
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        if int(rank[o[lo]]) in on_device:
+            continue
+        idx = o[lo:hi]
+        s = step[idx]
+        run_start = np.maximum.accumulate(np.where(np.r_[True, s[1:] != s[:-1]], np.arange(idx.size), 0))
+        has_prev = run_start > 0
+        prev_end = np.fmax.accumulate(z[idx])  # the cumulative wait only grows: the latest end's is the max
+        k = idx[has_prev]
+        out[k] = np.maximum(a[k] - prev_end[run_start[has_prev] - 1], 0.0)
+    first = ~np.isfinite(out) & np.isfinite(a) & (step >= 0) & ~np.isin(rank, list(on_device))
+    if first.any():  # the window's first step: from the step's start
+        at_start = rank_step_values(run.steps, "cpu_wait_at_start_ns", rank[first], step[first])
+        out[first] = np.maximum(a[first] - at_start, 0.0)
     return out
 
 
@@ -437,8 +479,14 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
     skey = np.where(t["step"] >= 0, t["step"], -1 - inst)
     cells = _Cells(skey, ridx, nr)
     c_lat = cells.max(lat)
-    c_cpu = _cpu_wait_excess(run, cells, ranks)  # a fact reported beside the lateness, not taken out of it
-    c_exc = excess(cells, c_lat)
+    held = held_back_ms(t)
+    if np.isfinite(held).any():  # the lateness the host's scheduler did not cause: what names a rank
+        c_own = cells.max(lat - np.nan_to_num(held))
+        c_cpu = c_lat - c_own
+    else:  # no samples: the step-boundary wait is reported beside the lateness, not taken out of it
+        c_own = c_lat
+        c_cpu = _cpu_wait_excess(run, cells, ranks)
+    c_exc = excess(cells, c_own)
     c_cf = cells.max(t["clock_free_lateness_ns"] / NS_PER_MS)
     c_lead = cells.max(t["lead_ns"] / NS_PER_MS)
     c_blame = cells.sum(blame_row)
@@ -447,6 +495,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
     out["rule"]["step_noise_ms"] = cons.step_noise_ms
     den = np.maximum(cons.n_steps, 1)
     mean_lat = np.bincount(cr, weights=c_lat, minlength=nr) / den
+    mean_own = np.bincount(cr, weights=c_own, minlength=nr) / den
     mean_cpu = np.bincount(cr, weights=c_cpu, minlength=nr) / den
     late_steps = np.bincount(cr, weights=(c_lat >= thr).astype(float), minlength=nr) / den
     lost = np.bincount(cr, weights=c_lead, minlength=nr) / den
@@ -460,7 +509,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
     cf_wait_mean = np.bincount(ridx, weights=cf_wait, minlength=nr) / np.maximum(cnt, 1)
     confirmed = cf_lat >= rule.clock_free_factor * mean_lat
     own = _own_work(run, ranks, thr, rule, graph)
-    named = ((mean_lat >= thr) & cons.passes & confirmed) | own.passes
+    named = ((mean_own >= thr) & cons.passes & confirmed) | own.passes
     cost = np.bincount(cr, weights=cells.max(_cost_ms(t, named[ridx])), minlength=nr) / den
     cpu_ratio = cpu_time_ratios(run)
 
@@ -474,6 +523,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
             "blame_ms_per_step": float(blame[i] / den[i]),
             "mean_lateness_ms": float(mean_lat[i]),
             "cpu_wait_excess_ms": float(mean_cpu[i]),
+            "lateness_not_cpu_wait_ms": float(mean_own[i]),
             "cpu_time_ratio": cpu_ratio.get(int(ranks[i])),
             "mean_excess_ms": float(cons.mean_excess[i]),
             "own_excess_ms": None if own.n_steps[i] == 0 else float(own.mean_excess[i]),
@@ -508,7 +558,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
         "top_rank_by_lateness": top_lat,
         "agrees": (cf_top in out["named"]) if out["named"] else cf_top == top_lat,
         "named_confirmed": {str(int(ranks[i])): bool(confirmed[i]) for i in range(nr)
-                            if mean_lat[i] >= thr and cons.passes[i]},
+                            if mean_own[i] >= thr and cons.passes[i]},
     }
     out["per_step"], out["changes"] = _per_step(cells, c_lat, c_exc, c_blame, ranks, thr)
     out["hosts"] = _hosts(run, t, skey, blame_row, thr, rule)
@@ -531,6 +581,19 @@ def cpu_time_ratios(run: RunSummary) -> dict[int, float]:
     ref = _median_of_others(np.zeros(u.size, np.int64), np.full(u.size, u.size), pos, mean[o])
     good = ref > 0
     return {int(r): float(m / q) for r, m, q in zip(u[good].tolist(), mean[good].tolist(), ref[good].tolist())}
+
+
+def held_back_ms(t: Table) -> np.ndarray:
+    """Per instance row: how much longer the rank waited for a CPU before its arrival (``cpu_wait_before_ns``) than
+    the median of the instance's other members (ms, 0 when shorter) — the part of its lateness the host's scheduler
+    caused. NaN for every row of an instance where a member's wait is unknown."""
+    w = t["cpu_wait_before_ns"] / NS_PER_MS
+    if w.size == 0:
+        return w
+    bad = np.bincount(t["inst"], weights=(~np.isfinite(w)).astype(float))[t["inst"]] > 0
+    out = np.maximum(excess_by(t["inst"], np.where(bad, 0.0, w)), 0.0)  # a peer's longer wait makes nobody late
+    out[bad] = np.nan
+    return out
 
 
 def _cpu_wait_excess(run: RunSummary, cells: _Cells, ranks: np.ndarray) -> np.ndarray:

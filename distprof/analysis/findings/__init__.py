@@ -82,7 +82,7 @@ def findings(
         pipes, {r for r, s in run.ranks.items() if s.collectives["seq"].size})), n, rules,
         lambda m, where, worst: exposed_comm_text(m, where, worst, exposed_advice))
     out += group("input_wait", input_wait(ms, rules), n, rules, input_wait_text)
-    out += group("cpu_contention", cpu_contention(run, rules), n, rules, cpu_contention_text)
+    out += group("cpu_contention", cpu_contention(run, rules, stragglers), n, rules, cpu_contention_text)
     out += group("device_idle", device_idle(ms, rules), n, rules, device_idle_text)
     out += group("host_sync", host_sync(ms, rules), n, rules, host_sync_text)
     out += group("tiny_ops", tiny_ops(ms, rules), n, rules, tiny_ops_text)

@@ -4,14 +4,16 @@
   wait, from the capture's scheduler statistics; unknown for imports and older shards, and then the rule is silent).
   Fires when it reaches ``cpu_wait_min_step_pct`` (10 %) of step time and ``cpu_wait_min_ms`` (1 ms) per step.
   That time is neither the rank's own work nor waiting for a peer (a blocked wait sleeps, it is not runnable). A
-  rank held back this way more than its peers is still named a straggler when it arrives late (it is late, and
-  freeing its cores is what would gain); its finding states the extra wait. A rank that oversubscribes its own
-  cores (too many intra-op threads or DataLoader workers) is reported here too.
+  rank held back this way more than its peers, late at its collectives by that wait and no more (the stragglers'
+  ``cpu_wait_excess_ms`` and ``lateness_not_cpu_wait_ms``), is not named a straggler: the finding says it arrived
+  late and why (``late_ms_per_step``, ``held_back_ms_per_step``), since freeing its cores, not its work, is what
+  would gain. A rank that oversubscribes its own cores (too many intra-op threads or DataLoader workers) is
+  reported here too.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,7 +23,20 @@ if TYPE_CHECKING:
     from ..runsummary import RunSummary
 
 
-def cpu_contention(run: RunSummary, rules: FindingRules) -> list[Hit]:
+def held_back(stragglers: dict[str, Any] | None) -> dict[int, tuple[float, float]]:
+    """Ranks late by at least the straggler floor, not named, whose lateness was mostly waiting longer for a CPU than
+    their peers: rank -> (mean lateness, its CPU-wait excess), ms per step."""
+    if not stragglers:
+        return {}
+    thr = float(stragglers.get("rule", {}).get("threshold_ms") or 0.0)
+    return {int(d["rank"]): (float(d["mean_lateness_ms"]), float(d.get("cpu_wait_excess_ms") or 0.0))
+            for d in stragglers.get("ranks", [])
+            if not d.get("named") and d["mean_lateness_ms"] >= thr
+            and (d.get("cpu_wait_excess_ms") or 0.0) >= max(thr, 0.5 * d["mean_lateness_ms"])}
+
+
+def cpu_contention(run: RunSummary, rules: FindingRules, stragglers: dict[str, Any] | None = None) -> list[Hit]:
+    held = held_back(stragglers)
     st = run.steps
     wait = np.asarray(st.get("cpu_wait_ms", np.zeros(0)), np.float64)
     if wait.size == 0 or not np.isfinite(wait).any():
@@ -40,7 +55,8 @@ def cpu_contention(run: RunSummary, rules: FindingRules) -> list[Hit]:
         r = int(ranks[i])
         hits.append(Hit(r, str(run.hosts.get(r, "?")), pct(float(w[i]), float(s[i])), {
             "cpu_wait_ms_per_step": float(w[i]), "cpu_run_ms_per_step": float(r_ms[i]), "step_ms": float(s[i]),
-            "threshold_step_pct": rules.cpu_wait_min_step_pct, "threshold_ms": rules.cpu_wait_min_ms}))
+            "threshold_step_pct": rules.cpu_wait_min_step_pct, "threshold_ms": rules.cpu_wait_min_ms,
+            "late_ms_per_step": held.get(r, (0.0, 0.0))[0], "held_back_ms_per_step": held.get(r, (0.0, 0.0))[1]}))
     return hits
 
 
@@ -49,9 +65,18 @@ def cpu_contention_text(m, where, worst):
     ev = (f"the training thread was runnable but not running {m['cpu_wait_ms_per_step']:.1f} ms of its "
           f"{m['step_ms']:.1f} ms step (it ran {m['cpu_run_ms_per_step']:.1f} ms): other threads or processes held "
           f"the host's cores. This is neither the rank's own work nor waiting for a peer. Rule: "
-          f">= {m['threshold_step_pct']:.0f} % of step time and >= {m['threshold_ms']:.1f} ms per step.")
+          f">= {m['threshold_step_pct']:.0f} % of step time and >= {m['threshold_ms']:.1f} ms per step."
+          + _held_back_text(worst.rank, worst.metrics))
     advice = ("Give each rank its cores: no more busy ranks per host than cores, intra-op threads per rank "
               "(OMP_NUM_THREADS, torch.set_num_threads) times ranks within the cores, DataLoader workers counted "
               "too; bind ranks to cores (numactl / taskset, torchrun --numa-binding where available); look for other "
               "processes on the host (top, another job sharing the node) and move them off.")
     return title, ev, advice
+
+
+def _held_back_text(rank: int, m: dict) -> str:
+    if m.get("held_back_ms_per_step", 0.0) <= 0:
+        return ""
+    return (f" Rank {rank} arrived {m['late_ms_per_step']:.1f} ms late per step at its collectives, "
+            f"{m['held_back_ms_per_step']:.1f} ms of it from waiting longer for a CPU than its peers before them: "
+            f"the host held it back, its own work was not slower, and it is not named a straggler.")
