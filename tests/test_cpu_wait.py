@@ -62,6 +62,30 @@ def test_step_columns(marks, run, wait):
     assert r.tolist() == run and w.tolist() == wait
 
 
+@pytest.mark.parametrize("marks, faults", [
+    ({5: (10, 1, 100), 6: (30, 4, 8300), 7: (35, 4, 8300)}, [8200, 0, -1]),
+    ({5: (10, 1, -1), 6: (30, 4, 7), 7: (35, 4, 9)}, [-1, 2, -1]),  # no stat at step 5's start
+    ({5: (10, 1), 6: (30, 4)}, [-1, -1, -1]),  # marks without faults
+    ({5: (10, 1, 9), 6: None}, [-1, -1, -1]),
+])
+def test_step_faults(marks, faults):
+    assert schedstat.step_faults([5, 6, 7], marks).tolist() == faults
+
+
+@pytest.mark.skipif(not HAVE, reason="no /proc/thread-self/schedstat")
+def test_page_faults_count_the_memory_the_thread_maps():
+    cpu = schedstat.ThreadCpu(faults=True)
+    a = cpu.sample()
+    buf = bytearray(32 << 20)  # zero pages from the kernel: each page faults when first written
+    for i in range(0, len(buf), 4096):
+        buf[i] = 1
+    b = cpu.sample()
+    cpu.close()
+    assert a is not None and b is not None and a[2] >= 0
+    assert b[2] - a[2] >= 4000  # 8,192 pages written (fewer faults only with huge pages)
+    assert schedstat.ThreadCpu().sample()[2] == -1  # not asked for: unknown
+
+
 def test_wait_at_interpolates_within_the_samples_only():
     s = {"t_ns": np.array([1_000, 2_000, 3_000, 100_000_003_000]), "run_ns": np.zeros(4, np.int64),
          "wait_ns": np.array([10, 30, 30, 90])}
@@ -137,6 +161,7 @@ def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
         sh = read_shard(p)
         st = sh.table("steps")
         assert (st["cpu_run_ns"] > 0).all() and (st["cpu_wait_ns"] >= 0).all() and (st["cpu_wait_opt_ns"] >= 0).all()
+        assert (st["page_faults"] >= 0).all()
         # the side thread's samples cover every step and are the training thread's: the wait they give a step is
         # within its wall time, and over the steps together it is the step marks' (each mark is taken just before
         # torch's profiler step; the window's first one before the trace starts, which under this load can take the

@@ -400,6 +400,25 @@ def test_a_named_rank_on_a_slower_cpu_is_said_so():
     assert "CPU time" not in straggler_findings(bare, [], {r: "h" for r in range(4)}, 30.0, FindingRules())[0]["evidence"]
 
 
+def test_a_named_rank_that_faults_every_step_is_said_so():
+    """Rank 2 took 8,000 page faults per step against its peers' 50: its finding says so; ranks without the count
+    (older shards, imports) have None and nothing is said."""
+    from distprof.analysis.findings.stragglers import straggler_findings
+    from distprof.analysis.findings.rules import FindingRules
+
+    run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20, jitter_ms=JITTER, late_kind="compute")
+    run.steps["page_faults"] = np.where(run.steps["rank"] == 2, 8000, 50)
+    res = find_stragglers(summarize_merged(run))
+    d = _by_rank(res)[2]
+    assert d["page_faults_per_step"] == 8000 and d["others_page_faults_per_step"] == 50
+    (f,) = straggler_findings(res, [], {r: "h" for r in range(4)}, 30.0, FindingRules())
+    assert "8,000 page faults per step" in f["evidence"]
+    bare = find_stragglers(summarize_merged(ddp_run(4, n_steps=4, late_rank=2, late_ms=20, jitter_ms=JITTER)))
+    assert _by_rank(bare)[2]["page_faults_per_step"] is None
+    assert "page faults" not in straggler_findings(bare, [], {r: "h" for r in range(4)}, 30.0,
+                                                   FindingRules())[0]["evidence"]
+
+
 @pytest.mark.parametrize("k, n, p", [(5, 5, 1 / 32), (0, 3, 1.0), (2, 3, 0.5), (8, 8, 1 / 256), (3, 0, 1.0)])
 def test_the_sign_test_tail(k, n, p):
     from distprof.analysis.stragglers import _binomial_half_tail

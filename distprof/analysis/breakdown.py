@@ -24,7 +24,9 @@ compute, memcpy nor exposed communication), so ``compute + memcpy + exposed_comm
 Also ``comm_ms = |S∩K|`` (total, overlapped or not) and ``overlapped_ms = |S∩K∩C|`` (communication hidden under
 compute on another thread or stream). From the capture's scheduler statistics (NaN when unknown: imports, older
 shards, no ``/proc/thread-self/schedstat``): ``cpu_run_ms``, the stepping thread's time on a CPU in the step, and
-``cpu_wait_ms``, its time runnable but waiting for one (other threads or processes held the host's cores).
+``cpu_wait_ms``, its time runnable but waiting for one (other threads or processes held the host's cores);
+``page_faults``, its page faults in the step (minor + major: the kernel mapping memory it touched for the first time,
+e.g. an allocator handing out pages it had returned).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ BREAKDOWN_COLUMNS = (
     "cpu_run_ms",
     "cpu_wait_ms",
     "cpu_wait_opt_ms",
+    "page_faults",
 )
 
 
@@ -199,7 +202,16 @@ def rank_breakdown(rd: RankData, ix: RankIndex, rs: RankSets | None = None) -> T
         "cpu_run_ms": _known_ms(st, "cpu_run_ns", idx),
         "cpu_wait_ms": _known_ms(st, "cpu_wait_ns", idx),
         "cpu_wait_opt_ms": _known_ms(st, "cpu_wait_opt_ns", idx),
+        "page_faults": _known(st, "page_faults", idx),
     }
+
+
+def _known(st: Table, col: str, idx: np.ndarray) -> np.ndarray:
+    """A steps count column, -1 unknown (older shards, imports), as float with NaN unknown."""
+    if col not in st:
+        return np.full(idx.size, np.nan)
+    v = np.asarray(st[col], np.int64)[idx]
+    return np.where(v >= 0, v.astype(np.float64), np.nan)
 
 
 def _known_ms(st: Table, col: str, idx: np.ndarray) -> np.ndarray:

@@ -512,6 +512,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
     named = ((mean_own >= thr) & cons.passes & confirmed) | own.passes
     cost = np.bincount(cr, weights=cells.max(_cost_ms(t, named[ridx])), minlength=nr) / den
     cpu_ratio = cpu_time_ratios(run)
+    faults = page_faults_per_step(run)
 
     rows = [
         {
@@ -525,6 +526,9 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
             "cpu_wait_excess_ms": float(mean_cpu[i]),
             "lateness_not_cpu_wait_ms": float(mean_own[i]),
             "cpu_time_ratio": cpu_ratio.get(int(ranks[i])),
+            "page_faults_per_step": faults[int(ranks[i])][0] if int(ranks[i]) in faults else None,
+            "others_page_faults_per_step": (faults[int(ranks[i])][1] if int(ranks[i]) in faults
+                                            and np.isfinite(faults[int(ranks[i])][1]) else None),
             "mean_excess_ms": float(cons.mean_excess[i]),
             "own_excess_ms": None if own.n_steps[i] == 0 else float(own.mean_excess[i]),
             "own_excess_median_ms": None if own.n_steps[i] == 0 else float(own.median_excess[i]),
@@ -563,6 +567,24 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
     out["per_step"], out["changes"] = _per_step(cells, c_lat, c_exc, c_blame, ranks, thr)
     out["hosts"] = _hosts(run, t, skey, blame_row, thr, rule)
     return out
+
+
+def page_faults_per_step(run: RunSummary) -> dict[int, tuple[float, float]]:
+    """Per rank: (its mean page faults per step, the median of the other ranks' means) from ``steps.page_faults``
+    (ranks without the value are left out; with one rank, the other's median is NaN)."""
+    st = run.steps
+    v = np.asarray(st.get("page_faults", np.zeros(0)), np.float64)
+    ok = np.isfinite(v)
+    u, idx = np.unique(np.asarray(st["rank"], np.int64)[ok], return_inverse=True)
+    if u.size == 0:
+        return {}
+    mean = np.bincount(idx, weights=v[ok]) / np.bincount(idx)
+    o = np.argsort(mean, kind="stable")
+    pos = np.empty(u.size, np.int64)
+    pos[o] = np.arange(u.size)
+    ref = (_median_of_others(np.zeros(u.size, np.int64), np.full(u.size, u.size), pos, mean[o]) if u.size >= 2
+           else np.full(u.size, np.nan))
+    return {int(r): (float(m), float(q)) for r, m, q in zip(u.tolist(), mean.tolist(), ref.tolist())}
 
 
 def cpu_time_ratios(run: RunSummary) -> dict[int, float]:

@@ -76,8 +76,8 @@ def extract(
     cuda_baseline: dict[int, int] | None = None,
     step_end_ns: dict[int, int] | None = None,
     p2p_calls: P2PCalls | None = None,
-    cpu_marks: dict[int, tuple[int, int] | None] | None = None,
-    cpu_opt_marks: dict[int, tuple[int, int] | None] | None = None,
+    cpu_marks: dict[int, tuple[int, ...] | None] | None = None,
+    cpu_opt_marks: dict[int, tuple[int, ...] | None] | None = None,
 ) -> Extracted:
     """Turn one window's Kineto events into the shard tables.
 
@@ -85,7 +85,8 @@ def extract(
     :func:`distprof.events.tables.build_tables`); the simulated clock is applied to them as to the events.
     `cpu_marks`: step -> the training thread's (CPU run, run-queue wait) ns at its start (capture/schedstat.py),
     giving the steps table's ``cpu_run_ns`` / ``cpu_wait_ns``; `cpu_opt_marks` the same as each step's optimizer step
-    began, giving ``cpu_wait_opt_ns`` (the wait between the previous step's optimizer start and this step's).
+    began, giving ``cpu_wait_opt_ns`` (the wait between the previous step's optimizer start and this step's); the
+    marks' third number (page faults) gives ``page_faults``.
     """
     evs = list(events)
     n = len(evs)
@@ -161,6 +162,7 @@ def extract(
     steps = built.tables["steps"]
     steps["cpu_run_ns"], steps["cpu_wait_ns"] = schedstat.step_columns(steps["step"], cpu_marks)
     steps["cpu_wait_opt_ns"] = schedstat.step_columns(steps["step"], cpu_opt_marks, since_previous=True)[1]
+    steps["page_faults"] = schedstat.step_faults(steps["step"], cpu_marks)
     assign = built.assign_step
     s_start, s_end = built.step_span
     step_ids = steps["step"]

@@ -64,7 +64,7 @@ class RankProfiler:
         self._step_began_ns = 0  # time.time_ns() when the step in flight began
         self._step_end_ns: dict[int, int] = {}  # this window: steps ended by its close -> their iteration's end
         self._cpu: schedstat.ThreadCpu | None = None  # the training thread's scheduler statistics (opened there)
-        self._cpu_marks: dict[int, tuple[int, int] | None] = {}  # this window: step -> sample at its start
+        self._cpu_marks: dict[int, tuple[int, ...] | None] = {}  # this window: step -> sample at its start
         self._cpu_opt_marks: dict[int, tuple[int, int] | None] = {}  # step -> sample as its optimizer step began
         self._sampler: schedstat.WaitSampler | None = None  # the training thread's CPU waits while recording
         self._main_tid = threading.get_native_id()
@@ -170,7 +170,7 @@ class RankProfiler:
         if self._disabled:  # the agreement failed: warned once, training goes on unprofiled
             self._raise_strict()
             return self
-        self._cpu = schedstat.ThreadCpu()
+        self._cpu = schedstat.ThreadCpu(faults=True)
         if cfg.cpu_sample_ms > 0:
             self._sampler = schedstat.WaitSampler(self._main_tid, cfg.cpu_sample_ms / 1e3)
         self._step_began_ns = time.time_ns()  # just before torch opens ProfilerStep#0

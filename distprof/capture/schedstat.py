@@ -7,7 +7,8 @@ is neither the rank's own work nor waiting for a peer (which is sleeping, not ru
 oversubscribed hosts (the ``cpu_contention`` finding) and can replay the steps without that wait (``NoCpuWait``).
 
 The file is opened once, on the thread to be measured (the fd stays bound to that thread), and re-read with one
-``pread`` per step boundary (a few µs). Where it does not exist (not Linux, a kernel without ``CONFIG_SCHED_INFO``)
+``pread`` per step boundary (a few µs); the training thread's page faults (``/proc/thread-self/stat``: minor and
+major, the kernel mapping memory the thread touched) are read beside them, one more ``pread``. Where it does not exist (not Linux, a kernel without ``CONFIG_SCHED_INFO``)
 or a read fails, samples are None and the shard's columns say unknown (-1); a sample never raises.
 
 :class:`WaitSampler` reads the same numbers of the training thread from a side thread every ``--cpu-sample-ms``
@@ -29,41 +30,61 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ThreadCpu", "WaitSampler", "drop_flat", "step_columns"]
+__all__ = ["ThreadCpu", "WaitSampler", "drop_flat", "step_columns", "step_faults"]
 
 PATH = "/proc/thread-self/schedstat"
 
 
 class ThreadCpu:
-    """Samples of one thread's (run ns, run-queue wait ns); open it on that thread."""
+    """Samples of one thread's (run ns, run-queue wait ns, page faults); open it on that thread. The faults (minor
+    + major, from ``/proc/thread-self/stat``) are read only with `faults` and are −1 when unknown."""
 
-    def __init__(self, path: str = PATH):
+    def __init__(self, path: str = PATH, faults: bool = False):
         self._fd: int | None = None
+        self._stat: int | None = None
         try:
             self._fd = os.open(path, os.O_RDONLY)
         except OSError as e:
             log.debug("distprof: no scheduler statistics (%s): CPU waits unknown", e)
             return
+        if faults:
+            try:
+                self._stat = os.open(os.path.join(os.path.dirname(path), "stat"), os.O_RDONLY)
+            except OSError as e:
+                log.debug("distprof: no thread stat (%s): page faults unknown", e)
         if self.sample() is None:
             self.close()
 
-    def sample(self) -> tuple[int, int] | None:
+    def sample(self) -> tuple[int, int, int] | None:
         fd = self._fd
         if fd is None:
             return None
         try:
             parts = os.pread(fd, 128, 0).split()
-            return int(parts[0]), int(parts[1])
+            return int(parts[0]), int(parts[1]), self._faults()
         except (OSError, ValueError, IndexError):
             return None
 
+    def _faults(self) -> int:
+        """minflt + majflt of the thread (fields 10 and 12 of its stat; the name before them may hold spaces)."""
+        fd = self._stat
+        if fd is None:
+            return -1
+        try:
+            rest = os.pread(fd, 1024, 0).rpartition(b")")[2].split()
+            return int(rest[7]) + int(rest[9])
+        except (OSError, ValueError, IndexError):
+            return -1
+
     def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        for name in ("_fd", "_stat"):
+            fd = getattr(self, name)
+            setattr(self, name, None)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 #: A sample whose read took longer than this (the thread was preempted in it) is dropped: its time is uncertain.
@@ -158,7 +179,20 @@ def drop_flat(samples: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.asarray(v)[keep] for k, v in samples.items()}
 
 
-def step_columns(step_ids, marks: dict[int, tuple[int, int] | None] | None, *, since_previous: bool = False):
+def step_faults(step_ids, marks: dict[int, tuple[int, ...] | None] | None) -> np.ndarray:
+    """The steps table's ``page_faults``: per step k, the training thread's page faults from its start to the start
+    of step k+1 (the marks' third number); -1 where either is missing or unknown."""
+    ids = np.asarray(step_ids, np.int64)
+    out = np.full(ids.size, -1, np.int64)
+    for i, k in enumerate(ids.tolist()):
+        a, b = (marks or {}).get(k), (marks or {}).get(k + 1)
+        if a is None or b is None or len(a) < 3 or len(b) < 3 or a[2] < 0 or b[2] < a[2]:
+            continue
+        out[i] = b[2] - a[2]
+    return out
+
+
+def step_columns(step_ids, marks: dict[int, tuple[int, ...] | None] | None, *, since_previous: bool = False):
     """The steps table's ``cpu_run_ns`` and ``cpu_wait_ns``: per step k, sample at the start of step k+1 minus the
     sample at its start (marks: step -> sample at its start); -1 where either is missing or they go backwards.
     `since_previous`: sample k minus sample k−1 instead (marks taken inside each step: its optimizer step's start)."""

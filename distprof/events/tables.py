@@ -453,6 +453,7 @@ def build_tables(
         "cpu_run_ns": np.full(n_steps, -1, np.int64),  # unknown here: the capture fills them (capture/schedstat.py)
         "cpu_wait_ns": np.full(n_steps, -1, np.int64),
         "cpu_wait_opt_ns": np.full(n_steps, -1, np.int64),
+        "page_faults": np.full(n_steps, -1, np.int64),
     }
     return Built(tables={"events": events, "comms": comms, "threads": threads, "steps": steps},
                  process_groups=pgs, order=np.arange(len(in_ts)) if order is None else order, assign_step=assign, step_span=(s_start, s_end))

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 FORMAT_NAME = "distprof-shard"
-SCHEMA_VERSION = "1.4"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties;
-# 1.2: comms.peer, comms.p2p_seq; 1.3: steps.cpu_run_ns, cpu_wait_ns, cpu_wait_opt_ns; 1.4: optional cpu/samples
+SCHEMA_VERSION = "1.5"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties;
+# 1.2: comms.peer, comms.p2p_seq; 1.3: steps.cpu_run_ns, cpu_wait_ns, cpu_wait_opt_ns; 1.4: optional cpu/samples;
+# 1.5: steps.page_faults
 SCHEMA_MAJOR = 1
 
 #: One file per rank per finished window; a crash loses at most the window in flight.
@@ -61,7 +62,8 @@ PHASES = ("window_start", "window_end")
 #: here (0 when nothing better): storage.validate rejects a shard that lacks any other column of a table it has.
 MISSING_DEFAULTS: dict[tuple[str, str], int] = {("threads", "device"): -1, ("comms", "peer"): -1,
                                                 ("comms", "p2p_seq"): -1, ("steps", "cpu_run_ns"): -1,
-                                                ("steps", "cpu_wait_ns"): -1, ("steps", "cpu_wait_opt_ns"): -1}
+                                                ("steps", "cpu_wait_ns"): -1, ("steps", "cpu_wait_opt_ns"): -1,
+                                                ("steps", "page_faults"): -1}
 
 #: dataset -> column -> dtype. Every column of a table has the same length.
 TABLES: dict[str, dict[str, np.dtype]] = {
@@ -113,6 +115,7 @@ TABLES: dict[str, dict[str, np.dtype]] = {
         "cpu_run_ns": np.dtype("i8"),  # 1.3: the stepping thread's time on a CPU in the step, -1 unknown
         "cpu_wait_ns": np.dtype("i8"),  # 1.3: its time runnable but waiting for a CPU (capture/schedstat.py), -1
         "cpu_wait_opt_ns": np.dtype("i8"),  # 1.3: that wait from the previous step's optimizer start to this one's
+        "page_faults": np.dtype("i8"),  # 1.5: the stepping thread's page faults (minor + major) in the step, -1
     },
     "clock/samples": {
         "phase": np.dtype("u1"),

@@ -128,13 +128,14 @@ def _fsize_limit(kb: int):
 
 @pytest.mark.parametrize("kind", ["tmpfs", "ulimit-f"])
 def test_full_disk_loses_windows_not_training(tmp_path, kind):
-    """A 100 kB file system (room for about two 30-36 kB shards of the six windows each rank records, beside the
-    run's small files) or a 16 kB file-size limit (no shard fits): training ends as always (exit 0, every step done), every window that did not fit is lost with
+    """A 120 kB file system (room for about two of the 33-41 kB shards of the six windows each rank records, in 4 kB
+    pages, beside the run's small files and the two status files; at 100 kB a first window's shard of 41,122 bytes
+    took 11 pages and left no room for a status file) or a 16 kB file-size limit (no shard fits): training ends as always (exit 0, every step done), every window that did not fit is lost with
     one warning per rank naming it and why, listed in the status file and the closing line; what was written is
     whole; no temporary is left."""
     out = tmp_path / "out"
     if kind == "tmpfs":
-        if not can_mount_tmpfs(out, 100):
+        if not can_mount_tmpfs(out, 120):
             pytest.skip("cannot mount a tmpfs here (needs root); the ulimit-f case covers the write errors")
         preexec, want = None, "not enough space on"
     else:

@@ -93,6 +93,7 @@ def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts
                             f"process, throttled, or slower)" if (d.get("cpu_time_ratio") or 0) >= SLOW_CPU_RATIO
                             else "")
                          + _cpu_wait_note(d, thr)
+                         + _page_fault_note(d)
                          + _own_work_note(d)
                          + f". Rule: the stragglers naming rule (floor {thr or 0:.2f} ms, see straggler_info)."),
             "advice": _rank_advice(r, top),
@@ -123,6 +124,21 @@ def _cpu_wait_note(d: dict, thr: float | None) -> str:
     return (f"; its training thread also waited {w:.1f} ms per step longer for a CPU than the other ranks' median "
             f"(runnable, not running): its host's cores are shared with other threads or processes, which can hold it "
             f"back (see cpu_contention)")
+
+
+#: A named rank's page faults are stated once they exceed its peers' median by this many per step and this factor.
+PAGE_FAULTS_NOTE_MIN = 1000
+PAGE_FAULTS_NOTE_RATIO = 2.0
+
+
+def _page_fault_note(d: dict) -> str:
+    mine, others = d.get("page_faults_per_step"), d.get("others_page_faults_per_step")
+    if mine is None or others is None or mine - others < PAGE_FAULTS_NOTE_MIN or mine < PAGE_FAULTS_NOTE_RATIO * others:
+        return ""
+    return (f"; its training thread took {mine:,.0f} page faults per step against the other ranks' median of "
+            f"{others:,.0f}: the kernel mapped memory for it anew every step (an allocator returning memory to the "
+            f"system and taking it back; on CPU, torch's huge pages THP_MEM_ALLOC_ENABLE=1 or a fixed "
+            f"MALLOC_MMAP_THRESHOLD_ keep it)")
 
 
 def _own_work_note(d: dict) -> str:
