@@ -207,7 +207,7 @@ def rank_breakdown(rd: RankData, ix: RankIndex, rs: RankSets | None = None) -> T
 
 
 def _known(st: Table, col: str, idx: np.ndarray) -> np.ndarray:
-    """A steps count column, -1 unknown (older shards, imports), as float with NaN unknown."""
+    """A steps column, -1 unknown (older shards, imports, no scheduler statistics), as float with NaN unknown."""
     if col not in st:
         return np.full(idx.size, np.nan)
     v = np.asarray(st[col], np.int64)[idx]
@@ -216,7 +216,4 @@ def _known(st: Table, col: str, idx: np.ndarray) -> np.ndarray:
 
 def _known_ms(st: Table, col: str, idx: np.ndarray) -> np.ndarray:
     """A steps column in ns, -1 unknown (older shards, imports, no scheduler statistics), as ms with NaN unknown."""
-    if col not in st:
-        return np.full(idx.size, np.nan)
-    v = np.asarray(st[col], np.int64)[idx]
-    return np.where(v >= 0, v / NS_PER_MS, np.nan)
+    return _known(st, col, idx) / NS_PER_MS

@@ -268,11 +268,12 @@ def _empty_instances() -> Table:
 def cpu_wait_before(run: RunSummary) -> np.ndarray:
     """Per row of ``run.collective_rows``: how long the rank's training thread waited for a CPU (runnable, not
     running; ``cpu_wait_at_*``) from the end of its last collective of an earlier step in the window (the latest end
-    so far; in the window's first step, the step's start) to this one's start — the part of the stretch before the arrival that the host's scheduler took. From
-    the previous step, not the previous collective: a rank held up before its first bucket's all-reduce is as late at
-    the buckets that follow, with no wait between them. NaN where unknown: no ``cpu/samples``, a collective outside
-    the steps with none before it, or a rank whose collectives run on a device (its arrival is a kernel's start on a stream, which a CPU wait
-    delays only when the stream has run dry)."""
+    so far; in the window's first step, the step's start) to this one's start — the part of the stretch before the
+    arrival that the host's scheduler took. From the previous step, not the previous collective: a rank held up
+    before its first bucket's all-reduce is as late at the buckets that follow, with no wait between them. NaN where
+    unknown: no ``cpu/samples``, a collective outside the steps with none before it, or a rank whose collectives run
+    on a device (its arrival is a kernel's start on a stream, which a CPU wait delays only when the stream has run
+    dry)."""
     cr = run.collective_rows
     n = int(np.asarray(cr["rank"]).size)
     a = np.asarray(cr.get("cpu_wait_at_start_ns", np.full(n, np.nan)), np.float64)
@@ -569,38 +570,33 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
     return out
 
 
-def page_faults_per_step(run: RunSummary) -> dict[int, tuple[float, float]]:
-    """Per rank: (its mean page faults per step, the median of the other ranks' means) from ``steps.page_faults``
-    (ranks without the value are left out; with one rank, the other's median is NaN)."""
+def _rank_means(run: RunSummary, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ranks, each rank's mean of a steps column over its known steps, the median of the other ranks' means; NaN
+    with one rank) — ranks without the value are left out."""
     st = run.steps
-    v = np.asarray(st.get("page_faults", np.zeros(0)), np.float64)
+    v = np.asarray(st.get(column, np.zeros(0)), np.float64)
     ok = np.isfinite(v)
     u, idx = np.unique(np.asarray(st["rank"], np.int64)[ok], return_inverse=True)
-    if u.size == 0:
-        return {}
-    mean = np.bincount(idx, weights=v[ok]) / np.bincount(idx)
+    mean = np.bincount(idx, weights=v[ok]) / np.bincount(idx) if u.size else np.zeros(0)
+    if u.size < 2:
+        return u, mean, np.full(u.size, np.nan)
     o = np.argsort(mean, kind="stable")
     pos = np.empty(u.size, np.int64)
     pos[o] = np.arange(u.size)
-    ref = (_median_of_others(np.zeros(u.size, np.int64), np.full(u.size, u.size), pos, mean[o]) if u.size >= 2
-           else np.full(u.size, np.nan))
+    return u, mean, _median_of_others(np.zeros(u.size, np.int64), np.full(u.size, u.size), pos, mean[o])
+
+
+def page_faults_per_step(run: RunSummary) -> dict[int, tuple[float, float]]:
+    """Per rank: (its mean page faults per step, the median of the other ranks' means) from ``steps.page_faults``
+    (ranks without the value are left out; with one rank, the other's median is NaN)."""
+    u, mean, ref = _rank_means(run, "page_faults")
     return {int(r): (float(m), float(q)) for r, m, q in zip(u.tolist(), mean.tolist(), ref.tolist())}
 
 
 def cpu_time_ratios(run: RunSummary) -> dict[int, float]:
     """Per rank: its mean CPU time per step (``steps.cpu_run_ms``) over the median of the other ranks' means — how
     much slower its CPU ran the same work when the job is balanced (ranks without the value are left out)."""
-    st = run.steps
-    v = np.asarray(st.get("cpu_run_ms", np.zeros(0)), np.float64)
-    ok = np.isfinite(v)
-    u, idx = np.unique(np.asarray(st["rank"], np.int64)[ok], return_inverse=True)
-    if u.size < 2:
-        return {}
-    mean = np.bincount(idx, weights=v[ok]) / np.bincount(idx)
-    o = np.argsort(mean, kind="stable")
-    pos = np.empty(u.size, np.int64)
-    pos[o] = np.arange(u.size)
-    ref = _median_of_others(np.zeros(u.size, np.int64), np.full(u.size, u.size), pos, mean[o])
+    u, mean, ref = _rank_means(run, "cpu_run_ms")
     good = ref > 0
     return {int(r): float(m / q) for r, m, q in zip(u[good].tolist(), mean[good].tolist(), ref[good].tolist())}
 

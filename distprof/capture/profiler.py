@@ -65,7 +65,7 @@ class RankProfiler:
         self._step_end_ns: dict[int, int] = {}  # this window: steps ended by its close -> their iteration's end
         self._cpu: schedstat.ThreadCpu | None = None  # the training thread's scheduler statistics (opened there)
         self._cpu_marks: dict[int, tuple[int, ...] | None] = {}  # this window: step -> sample at its start
-        self._cpu_opt_marks: dict[int, tuple[int, int] | None] = {}  # step -> sample as its optimizer step began
+        self._cpu_opt_marks: dict[int, tuple[int, ...] | None] = {}  # step -> sample as its optimizer step began
         self._sampler: schedstat.WaitSampler | None = None  # the training thread's CPU waits while recording
         self._main_tid = threading.get_native_id()
         self._info: dist_info.RankInfo | None = None
@@ -388,7 +388,7 @@ class RankProfiler:
         """The same sample as the primary optimizer's step begins (the hook runs on the training thread). Taken every
         step: a triggered window learnt one step ahead needs the step before its first."""
         if self._cpu is not None and not self._disabled:  # sample() never raises
-            self._cpu_opt_marks[self.step_num] = self._cpu.sample()
+            self._cpu_opt_marks[self.step_num] = self._cpu.sample(faults=False)  # only its wait is used
 
     def _ensure_info(self) -> None:
         import torch.distributed as dist

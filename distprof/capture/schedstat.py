@@ -7,9 +7,10 @@ is neither the rank's own work nor waiting for a peer (which is sleeping, not ru
 oversubscribed hosts (the ``cpu_contention`` finding) and can replay the steps without that wait (``NoCpuWait``).
 
 The file is opened once, on the thread to be measured (the fd stays bound to that thread), and re-read with one
-``pread`` per step boundary (a few µs); the training thread's page faults (``/proc/thread-self/stat``: minor and
-major, the kernel mapping memory the thread touched) are read beside them, one more ``pread``. Where it does not exist (not Linux, a kernel without ``CONFIG_SCHED_INFO``)
-or a read fails, samples are None and the shard's columns say unknown (-1); a sample never raises.
+``pread`` per step boundary (a few µs); at each step's start the training thread's page faults
+(``/proc/thread-self/stat``: minor and major, the kernel mapping memory the thread touched) are read beside them, one
+more ``pread``. Where a file does not exist (not Linux, a kernel without ``CONFIG_SCHED_INFO``) or a read fails,
+samples are None (faults −1) and the shard's columns say unknown (-1); a sample never raises.
 
 :class:`WaitSampler` reads the same numbers of the training thread from a side thread every ``--cpu-sample-ms``
 while a window records (the shard's ``cpu/samples`` table): the analysis interpolates them to the thread's wait for
@@ -55,13 +56,14 @@ class ThreadCpu:
         if self.sample() is None:
             self.close()
 
-    def sample(self) -> tuple[int, int, int] | None:
+    def sample(self, faults: bool = True) -> tuple[int, int, int] | None:
+        """(run ns, wait ns, page faults); the faults are read only when opened with them and asked for (else −1)."""
         fd = self._fd
         if fd is None:
             return None
         try:
             parts = os.pread(fd, 128, 0).split()
-            return int(parts[0]), int(parts[1]), self._faults()
+            return int(parts[0]), int(parts[1]), self._faults() if faults else -1
         except (OSError, ValueError, IndexError):
             return None
 
