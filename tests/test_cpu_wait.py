@@ -145,6 +145,12 @@ def test_the_rule_fires_from_its_thresholds():
     assert cpu_contention(_steps([np.nan] * 3), rules) == []  # unknown (imports, older shards): silent
 
 
+def _interval_wait(t: np.ndarray, w: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The wait gathered in the sample interval holding each time of `at` (0 on a sample)."""
+    i = np.clip(np.searchsorted(t, at, side="right"), 1, t.size - 1)
+    return np.where(t[i - 1] == at, 0, w[i] - w[i - 1])
+
+
 @pytest.mark.slow
 def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
     """Each rank starts 3 CPU-bound processes (ddp_mlp --busy-procs): 8 runnable processes on this machine's cores
@@ -173,7 +179,10 @@ def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
         assert t[0] <= st["start_ns"].min() and t[-1] >= st["end_ns"].max()
         est = wait_at(cs, st["end_ns"]) - wait_at(cs, st["start_ns"])
         wall = st["end_ns"] - st["start_ns"]
-        assert np.isfinite(est).all() and (est >= 0).all() and (est <= wall + 1e6).all(), (est, wall)
+        # interpolation spreads the wait of the sample interval around each end evenly: a starved sampler's
+        # interval can be long, and the estimate is off by at most the wait gathered in those two intervals
+        slack = sum(_interval_wait(t, w, st[c]) for c in ("start_ns", "end_ns"))
+        assert np.isfinite(est).all() and (est >= 0).all() and (est <= wall + slack + 1e6).all(), (est, wall, slack)
         o = np.argsort(st["start_ns"])[1:]
         total, marks = float(est[o].sum()), float(st["cpu_wait_ns"][o].sum())
         assert abs(total - marks) <= 0.2 * marks + 40e6, (est, st["cpu_wait_ns"])

@@ -272,8 +272,10 @@ def summarize_rank(rd: RankData, *, steps: tuple[int, int] | None = None, rules:
         tab["cpu_wait_at_end_ns"] = wait_at(rd.cpu_samples, tab["end_ns"])
     # a step's wait from the samples where they know it: the step marks are taken just before torch's profiler
     # step, and a window's first mark before its trace starts (up to 250 ms of wait outside the step, under load)
+    # (interpolated across a starved sampler's long interval it can exceed the step: never more than its wall time)
     sampled = (bd["cpu_wait_at_end_ns"] - bd["cpu_wait_at_start_ns"]) / 1e6
-    bd["cpu_wait_ms"] = np.where(np.isfinite(sampled), np.maximum(sampled, 0.0), bd["cpu_wait_ms"])
+    wall = (np.asarray(bd["end_ns"], np.int64) - np.asarray(bd["start_ns"], np.int64)) / 1e6
+    bd["cpu_wait_ms"] = np.where(np.isfinite(sampled), np.clip(sampled, 0.0, wall), bd["cpu_wait_ms"])
     st = np.unique(np.asarray(rd.steps["step"], np.int64))
     ops, op_names, op_kinds = _op_totals(rd, ix, st, top_ops, rs.wait)
     dev = np.asarray(rd.events["device"])
