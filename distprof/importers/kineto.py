@@ -307,30 +307,37 @@ def _cat_kind(cat: Any) -> int:
     return schema.KIND_CODE.get(str("" if cat is None else cat).lower(), 0)
 
 
-def _read(path: Path, rd: _Reader) -> KinetoTrace:
-    header = rd.header()
-    strings = Strings()
-    ids = strings.ids
-    name_id, kind, tid, device = array("I"), array("B"), array("q"), array("h")
-    ts, dur, flops, corr = array("q"), array("q"), array("q"), array("q")
-    a_name, a_kind, a_tid, a_dev = name_id.append, kind.append, tid.append, device.append
-    a_ts, a_dur, a_flops, a_corr = ts.append, dur.append, flops.append, corr.append
-    comm_meta: dict[int, CommArgs] = {}
-    track_names: dict[tuple[int | None, int], str] = {}  # (pid, tid) -> thread_name metadata, first wins
-    dev_pids: set[int] = set()  # pids of device rows (Kineto: pid = device index)
-    # per distinct name: (string id, is a ProfilerStep, comm role off / on a kernel) — classified once
-    name_info: dict[str, tuple[int, bool, int, int]] = {}
-    cat_kinds: dict[str, int] = {}  # cat -> kind code (or _K_TRACE)
-    step_tids: dict[int, int] = {}
-    skipped: dict[str, int] = {}
-    ignored: dict[str, int] = {}
-    empty: dict = {}
-    n_raw = 0
-    n_inexact = 0
+@dataclass
+class _Events:
+    """The events kept so far, as typed arrays (one per column), and what reading them found."""
 
-    def slow_ns(e: dict, key: str) -> int | None:
+    strings: Strings = field(default_factory=Strings)
+    name_id: array = field(default_factory=lambda: array("I"))
+    kind: array = field(default_factory=lambda: array("B"))
+    tid: array = field(default_factory=lambda: array("q"))
+    device: array = field(default_factory=lambda: array("h"))
+    ts: array = field(default_factory=lambda: array("q"))
+    dur: array = field(default_factory=lambda: array("q"))
+    flops: array = field(default_factory=lambda: array("q"))
+    corr: array = field(default_factory=lambda: array("q"))
+    comm_meta: dict[int, CommArgs] = field(default_factory=dict)
+    track_names: dict[tuple[int | None, int], str] = field(default_factory=dict)  # (pid, tid) -> name, first wins
+    dev_pids: set[int] = field(default_factory=set)  # pids of device rows (Kineto: pid = device index)
+    # per distinct name: (string id, is a ProfilerStep, comm role off / on a kernel) — classified once
+    name_info: dict[str, tuple[int, bool, int, int]] = field(default_factory=dict)
+    cat_kinds: dict[str, int] = field(default_factory=dict)  # cat -> kind code (or _K_TRACE)
+    step_tids: dict[int, int] = field(default_factory=dict)  # CPU tid -> its ProfilerStep# events
+    skipped: dict[str, int] = field(default_factory=dict)
+    ignored: dict[str, int] = field(default_factory=dict)
+    n_raw: int = 0
+    n_inexact: int = 0
+
+    def skip(self, why: str) -> None:
+        """Count one event left out, for `why`."""
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+    def slow_ns(self, e: dict, key: str) -> int | None:
         """Any `ts`/`dur` form but the integer ns pass 1 writes: a decimal string, integer µs, a float."""
-        nonlocal n_inexact
         v = e.get(key + "_ns")
         if v.__class__ is int:
             return v
@@ -344,15 +351,51 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
             if not math.isfinite(v):
                 return None
             if abs(v) >= _FLOAT_EXACT_LIMIT:
-                n_inexact += 1
+                self.n_inexact += 1
             return int(round(v * 1000))
         return None
 
-    def skip(why: str) -> None:
-        skipped[why] = skipped.get(why, 0) + 1
+    def new_cat(self, cat: Any) -> int:
+        """Kind code of a ``ph: X`` category not seen yet (remembered when a string)."""
+        k = _cat_kind(cat)
+        if cat.__class__ is str:
+            self.cat_kinds[cat] = k
+        return k
 
-    for batch in rd.batches():
-        n_raw += len(batch)
+    def new_name(self, name: Any) -> tuple[int, bool, int, int]:
+        """name_info of an event name not seen yet (or not a string: its str), _BAD_STEP for a bad step name."""
+        name = name if name.__class__ is str else str(name)
+        info = self.name_info.get(name)
+        if info is None:
+            is_step = name.startswith("ProfilerStep#")
+            if is_step and step_number(name) is None:
+                info = self.name_info[name] = _BAD_STEP
+            else:
+                ids = self.strings.ids
+                nid = ids.get(name)
+                if nid is None:
+                    nid = ids[name] = len(ids)
+                info = self.name_info[name] = (nid, is_step, classify.comm_role(name),
+                                               classify.comm_role(name, _K_KERNEL))
+        return info
+
+    def thread_name(self, e: dict) -> None:
+        """A ``ph: M`` event: keep the name of a ``thread_name`` one."""
+        if e.get("name") == "thread_name":
+            t = _int(e.get("tid"))
+            a = e.get("args")
+            nm = a.get("name") if a.__class__ is dict else None
+            if t is not None and isinstance(nm, str):
+                self.track_names.setdefault((_int(e.get("pid")), t), nm)
+
+    def add(self, batch: list) -> None:
+        """Append the events of one parsed batch that a shard can hold; count the others."""
+        self.n_raw += len(batch)
+        cat_kinds, name_info, skip, empty = self.cat_kinds, self.name_info, self.skip, {}
+        ts, tid, flops, corr = self.ts, self.tid, self.flops, self.corr
+        step_tids, dev_pids = self.step_tids, self.dev_pids
+        a_name, a_kind, a_tid, a_dev = self.name_id.append, self.kind.append, tid.append, self.device.append
+        a_ts, a_dur, a_flops, a_corr = ts.append, self.dur.append, flops.append, corr.append
         for e in batch:
             if e.__class__ is not dict:
                 continue
@@ -361,19 +404,12 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
                 cat = e.get("cat")
                 k = cat_kinds.get(cat) if cat.__class__ is str else None
                 if k is None:
-                    k = _cat_kind(cat)
-                    if cat.__class__ is str:
-                        cat_kinds[cat] = k
+                    k = self.new_cat(cat)
                 if k == _K_TRACE:
                     skip("Trace")
                     continue
             elif ph == "M":
-                if e.get("name") == "thread_name":
-                    t = _int(e.get("tid"))
-                    a = e.get("args")
-                    nm = a.get("name") if a.__class__ is dict else None
-                    if t is not None and isinstance(nm, str):
-                        track_names.setdefault((_int(e.get("pid")), t), nm)
+                self.thread_name(e)
                 continue
             elif ph == "i" or ph == "I":
                 if e.get("s") == "g":  # Kineto's global markers ("Iteration Start", "Record Window End")
@@ -389,12 +425,9 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
                 p = e.get("pid")
                 d = args.get("device", p)
                 t = args.get("stream", e.get("tid"))
-                if d.__class__ is not int:
-                    d = _int(d)
-                if t.__class__ is not int:
-                    t = _int(t)
-                if p.__class__ is not int:
-                    p = _int(p)
+                d = d if d.__class__ is int else _int(d)
+                t = t if t.__class__ is int else _int(t)
+                p = p if p.__class__ is int else _int(p)
                 if p is not None and 0 <= p <= _MAX_DEVICE:
                     dev_pids.add(p)
                 if d is not None and not 0 <= d <= _MAX_DEVICE:
@@ -403,21 +436,20 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
             else:
                 d = -1
                 t = e.get("tid")
-                if t.__class__ is not int:
-                    t = _int(t)
+                t = t if t.__class__ is int else _int(t)
             if t is None or d is None:
                 skip("no thread/stream id")
                 continue
             t0 = e.get("ts_ns")
             if t0.__class__ is not int:
-                t0 = slow_ns(e, "ts")
+                t0 = self.slow_ns(e, "ts")
                 if t0 is None:
                     skip("no ts")
                     continue
             if ph == "X":
                 d0 = e.get("dur_ns")
                 if d0.__class__ is not int:
-                    d0 = slow_ns(e, "dur") or 0
+                    d0 = self.slow_ns(e, "dur") or 0
             else:
                 d0 = 0
             if not (-MAX_NS < t0 < MAX_NS and 0 <= d0 < MAX_NS):  # base time added later, checked again then
@@ -426,18 +458,7 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
             name = e.get("name", "")
             info = name_info.get(name) if name.__class__ is str else None
             if info is None:
-                name = name if name.__class__ is str else str(name)
-                info = name_info.get(name)
-                if info is None:
-                    is_step = name.startswith("ProfilerStep#")
-                    if is_step and step_number(name) is None:
-                        info = name_info[name] = _BAD_STEP
-                    else:
-                        nid = ids.get(name)
-                        if nid is None:
-                            nid = ids[name] = len(ids)
-                        info = name_info[name] = (nid, is_step, classify.comm_role(name),
-                                                  classify.comm_role(name, _K_KERNEL))
+                info = self.new_name(name)
             if info is _BAD_STEP:
                 skip("ProfilerStep# name without a step number 0..2^31-1")
                 continue
@@ -462,29 +483,46 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
             if info[3] if k == _K_KERNEL else info[2]:
                 a = classify.comm_args(args)
                 if a is not None:
-                    comm_meta[i] = _in_range(a, ignored)
-    trailer = rd.trailer()
-    if "traceEvents" in trailer:
-        raise TraceFormatError(f"{path}: a second \"traceEvents\" key after the first list; one trace per file "
-                               "(split the file, or keep the list that holds the events)")
-    meta = {**header, **trailer}
+                    self.comm_meta[i] = _in_range(a, self.ignored)
 
+    def columns(self) -> Columns:
+        """The columns as numpy views of the typed arrays' buffers (no second copy)."""
+
+        def col(a: array, dtype: type) -> np.ndarray:
+            """A view of the array's buffer (an empty column when it holds nothing)."""
+            return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype)
+
+        return Columns(name_id=col(self.name_id, np.uint32), kind=col(self.kind, np.uint8), tid=col(self.tid, np.int64),
+                       device=col(self.device, np.int16), ts=col(self.ts, np.int64), dur=col(self.dur, np.int64),
+                       flops=col(self.flops, np.int64), corr=col(self.corr, np.int64), comm_meta=self.comm_meta)
+
+    def track_name_maps(self) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
+        """Thread names (OS tid -> name) and stream names ((device, stream) -> name): a device pid's tracks are its
+        streams (pid = device, tid = stream); every other pid's are OS threads."""
+        thread_names: dict[int, str] = {}
+        stream_names: dict[tuple[int, int], str] = {}
+        for (p, t), nm in self.track_names.items():
+            if p is not None and p in self.dev_pids:
+                stream_names.setdefault((p, t), nm)
+            else:
+                thread_names.setdefault(t, nm)
+        return thread_names, stream_names
+
+
+def _base_ns(path: Path, meta: dict[str, Any]) -> int:
+    """The trace's ``baseTimeNanoseconds`` (0 when absent); TraceFormatError when it is not a time."""
     base = meta.get("baseTimeNanoseconds")
     if base is None or base == "":
-        base = 0
-    elif _int(base) is None or not 0 <= _int(base) < MAX_NS:
+        return 0
+    if _int(base) is None or not 0 <= _int(base) < MAX_NS:
         raise TraceFormatError(f"{path}: \"baseTimeNanoseconds\" is {shown(base)}, not a time in ns since "
                                "the epoch (0 <= t < 2^62); fix or remove the key")
-    else:
-        base = _int(base)
+    return _int(base)
 
-    def col(a: array, dtype: type) -> np.ndarray:  # a view of the array's buffer: no second copy of the column
-        return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype)
 
-    ts_arr = col(ts, np.int64)
-    cols = Columns(name_id=col(name_id, np.uint32), kind=col(kind, np.uint8), tid=col(tid, np.int64),
-                   device=col(device, np.int16), ts=ts_arr, dur=col(dur, np.int64), flops=col(flops, np.int64),
-                   corr=col(corr, np.int64), comm_meta=comm_meta)
+def _on_epoch(cols: Columns, base: int, skipped: dict[str, int]) -> Columns:
+    """`cols` with `base` added to ts (in place), without the events outside 0 <= t < 2^62 then (counted)."""
+    ts_arr = cols.ts
     if len(ts_arr):
         # events outside 0 <= ts + base and ts + base + dur < 2^62 are skipped (each |value| < 2^62: no overflow)
         lo, hi = int(ts_arr.min()) + base, int((ts_arr + cols.dur).max()) + base
@@ -495,19 +533,29 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
             ts_arr = cols.ts
         if base:
             ts_arr += base
+    return cols
+
+
+def _read(path: Path, rd: _Reader) -> KinetoTrace:
+    """The trace `rd` reads as columns, sorted by ts, with its metadata; TraceFormatError on bad input."""
+    header = rd.header()
+    evs = _Events()
+    for batch in rd.batches():
+        evs.add(batch)
+    trailer = rd.trailer()
+    if "traceEvents" in trailer:
+        raise TraceFormatError(f"{path}: a second \"traceEvents\" key after the first list; one trace per file "
+                               "(split the file, or keep the list that holds the events)")
+    meta = {**header, **trailer}
+    base = _base_ns(path, meta)
+    cols = _on_epoch(evs.columns(), base, evs.skipped)
     _sort_in_place(cols)
+    step_tids = evs.step_tids
     main_tid = max(step_tids, key=step_tids.get) if step_tids else _busiest_cpu_thread(cols)
-    # names: a device pid's tracks are its streams (pid = device, tid = stream); every other pid's are OS threads
-    thread_names: dict[int, str] = {}
-    stream_names: dict[tuple[int, int], str] = {}
-    for (p, t), nm in track_names.items():
-        if p is not None and p in dev_pids:
-            stream_names.setdefault((p, t), nm)
-        else:
-            thread_names.setdefault(t, nm)
-    return KinetoTrace(path=path, meta=meta, strings=strings, columns=cols, thread_names=thread_names,
-                       stream_names=stream_names, main_tid=main_tid, n_events_raw=n_raw, raw_bytes=rd.raw_bytes, n_inexact=n_inexact,
-                       skipped=skipped, ignored=ignored)
+    thread_names, stream_names = evs.track_name_maps()
+    return KinetoTrace(path=path, meta=meta, strings=evs.strings, columns=cols, thread_names=thread_names,
+                       stream_names=stream_names, main_tid=main_tid, n_events_raw=evs.n_raw, raw_bytes=rd.raw_bytes,
+                       n_inexact=evs.n_inexact, skipped=evs.skipped, ignored=evs.ignored)
 
 
 _BAD_STEP = (-1, False, 0, 0)  # name_info of a "ProfilerStep#..." name whose events are skipped
