@@ -28,7 +28,7 @@ ROOT = HERE.parent
 
 _LOAD_CHILD = """
 import sys
-from distprof.analysis.run import load_run
+from distprof.analysis.summarize.merged import load_run
 run = load_run(sys.argv[1], progress=False)
 print(len(run.events["ts_ns"]), len(run.steps["step"]))
 """
@@ -107,7 +107,7 @@ def main() -> None:
         ]
         n_events, n_rank_steps = map(int, timed(jobs[0][1], tmp)[1].split())  # warm-up, untimed: page cache, .pyc
         print(f"  {n_events:,} events, {n_rank_steps:,} rank-steps")
-        startup = min(timed([py, "-c", "import distprof.analysis.run"], tmp)[0] for _ in range(args.repeat))
+        startup = min(timed([py, "-c", "import distprof.analysis.summarize.merged"], tmp)[0] for _ in range(args.repeat))
         base = None
         for name, cmd, product in jobs:
             best = math.inf
@@ -124,7 +124,7 @@ def main() -> None:
             size = f"  -> {human(size_of(product))}" if product is not None else ""
             net = f" ({(best - startup) / (base - startup):.2f}x net of start)" if base - startup > 0.05 else ""
             print(f"  {name:22s} {best:6.2f} s  = {best / base:.2f}x load{net}{size}")
-        print(f"  start = interpreter + importing distprof.analysis.run: {startup:.2f} s, inside every figure")
+        print(f"  start = interpreter + importing distprof.analysis.summarize.merged: {startup:.2f} s, inside every figure")
 
 
 if __name__ == "__main__":

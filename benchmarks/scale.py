@@ -87,7 +87,7 @@ def measure(run_dir: Path, procs: int, out_json: Path) -> tuple[float, int]:
 
 def n_events(run_dir: Path) -> int:
     sys.path.insert(0, str(ROOT))
-    from distprof.analysis.catalog import scan_run
+    from distprof.analysis.load.catalog import scan_run
 
     cat = scan_run(run_dir)
     return sum(int((s.attrs.get("timings") or {}).get("n_events", 0)) for s in cat.shards)

@@ -68,7 +68,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import distprof
-    from distprof.analysis import whatif
+    from distprof.analysis.graph import whatif
 
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dp-whatif-"))
     base.mkdir(parents=True, exist_ok=True)

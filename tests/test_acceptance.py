@@ -12,7 +12,7 @@ import pytest
 
 import distprof
 from conftest import EXAMPLES, job_env, torchrun
-from distprof.analysis.report import build_report
+from distprof.analysis.report.build import build_report
 
 pytestmark = pytest.mark.slow
 

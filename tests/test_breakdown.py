@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distprof.analysis.engine import summarize_merged
-from distprof.analysis.model import HostClock, MergedRun
+from distprof.analysis.summarize.engine import summarize_merged
+from distprof.analysis.types import HostClock, MergedRun
 from distprof.storage import schema
 
 MS = 1_000_000

@@ -255,7 +255,7 @@ def test_groups_made_before_the_profiler_are_adopted(tmp_path):
 # ---- the analysis of these jobs: right answers for each style ------------------------------------------------------
 def report_of(run):
     import distprof
-    from distprof.analysis.report import build_report
+    from distprof.analysis.report.build import build_report
 
     rs = distprof.load(run, progress=False)
     return rs, build_report(rs)
@@ -286,7 +286,7 @@ def test_pipeline_timeline_draws_each_transfer_from_send_to_recv(sendrecv, tmp_p
     """The merged timeline has one p2p arrow per paired transfer, from the send slice on the sender's track to the
     receive slice on the receiver's; no collective arrows (there are no collectives)."""
     from distprof.cli import main
-    from distprof.render.timeline import read_timeline
+    from distprof.export.timeline import read_timeline
 
     run, _, _ = sendrecv
     rs, _ = report_of(run)

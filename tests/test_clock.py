@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from distprof.analysis import load_run
-from distprof.analysis.clock import ClockModel, Segment, fit_segments, phase_offsets, residuals
-from distprof.analysis.matching import match_collectives
-from distprof.analysis.model import HostClock
+from distprof.analysis.align.clock import ClockModel, Segment, fit_segments, phase_offsets, residuals
+from distprof.analysis.align.matching import match_collectives
+from distprof.analysis.types import HostClock
 from synth import make_run
 
 BASE = 1_790_856_000 * 10**9  # epoch ns: too large for a double to hold exactly
@@ -172,7 +172,7 @@ def test_wrong_offset_shows_in_residual(tmp_path):
     run = make_run(tmp_path, hosts=[0, 1], world_size=2, clocks={1: (0.5, 0.0)})
     m = distprof.load(run.run_dir)
     assert m.clock["sim-host1"].residual_max_us == 0.0
-    from distprof.analysis.matching import with_times
+    from distprof.analysis.align.matching import with_times
 
     c = m.collectives
     shift = np.where(c.members["rank"] == 1, 5_000_000, 0)

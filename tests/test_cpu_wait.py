@@ -13,8 +13,8 @@ import pytest
 
 from conftest import EXAMPLES, job_env, only_run_dir, torchrun
 from distprof.analysis.findings.cpu import cpu_contention
-from distprof.analysis.findings.rules import FindingRules
-from distprof.analysis.cpuwait import wait_at
+from distprof.analysis.types import FindingRules
+from distprof.analysis.rank.cpuwait import wait_at
 from distprof.capture import schedstat
 from distprof.storage import find_shards, read_shard
 
@@ -187,8 +187,8 @@ def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
         total, marks = float(est[o].sum()), float(st["cpu_wait_ns"][o].sum())
         assert abs(total - marks) <= 0.2 * marks + 40e6, (est, st["cpu_wait_ns"])
     import distprof
-    from distprof.analysis import whatif
-    from distprof.analysis.report import build_report
+    from distprof.analysis.graph import whatif
+    from distprof.analysis.report.build import build_report
 
     rs = distprof.load(run, progress=False)
     rep = build_report(rs)

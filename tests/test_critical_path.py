@@ -10,9 +10,9 @@ import pytest
 from synth import make_run
 
 import distprof
-from distprof.analysis.critical_path import critical_path_report, critical_paths, replay, step_graph
-from distprof.analysis.matching import match_collectives
-from distprof.analysis.p2p import match_p2p
+from distprof.analysis.graph.critical_path import critical_path_report, critical_paths, replay, step_graph
+from distprof.analysis.align.matching import match_collectives
+from distprof.analysis.align.p2p import match_p2p
 
 MS = 1_000_000
 
@@ -127,7 +127,7 @@ def test_a_step_that_ends_after_its_collective_could_proceed_waited_for_it(end0_
 
 
 def test_report_html_and_terminal_show_the_path_and_the_what_ifs(late):
-    from distprof.analysis.report import build_report
+    from distprof.analysis.report.build import build_report
     from distprof.render import render_console
     from distprof.render.html_whatif import fig_critical_path, whatif_table
 

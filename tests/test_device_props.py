@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import distprof
 import pytest
 
-from distprof.analysis.mfu import device_names, mfu
+from distprof.analysis.cross.mfu import device_names, mfu
 from distprof.capture.dist_info import RankInfo, kineto_device_properties, rank_info
 from distprof.export import export_kineto
 from distprof.importers.kineto import read_header

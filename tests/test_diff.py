@@ -12,7 +12,7 @@ from synth import make_run
 from whatif_jobs import DELAY_MS, job, twins
 
 import distprof
-from distprof.analysis.diff import diff_runs
+from distprof.analysis.report.diff import diff_runs
 from distprof.cli import main
 
 
@@ -95,7 +95,7 @@ def test_different_world_sizes(synth, tmp_path_factory):
 
 # ---- the noise band ------------------------------------------------------------------------------------------------
 def _band(a, b, **rules):
-    from distprof.analysis.diff import DiffRules, _part
+    from distprof.analysis.report.diff import DiffRules, _part
 
     return _part("x", np.asarray(a, float), np.asarray(b, float), 0.0, DiffRules(**rules)).band
 
@@ -103,7 +103,7 @@ def _band(a, b, **rules):
 def test_few_steps_get_students_t_not_three_standard_errors():
     """8 steps a run: the band is Student's t at Welch's degrees of freedom (3-sigma confidence), wider than 3 SE; with
     many steps it tends to 3 SE."""
-    from distprof.analysis.stragglers import t_quantile
+    from distprof.analysis.cross.stragglers import t_quantile
 
     a = np.array([10.0, 12, 11, 13, 9, 12, 10, 11])  # alternating: no positive autocorrelation
     b = a + 1.0

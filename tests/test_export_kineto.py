@@ -18,7 +18,7 @@ import pytest
 import hta_env
 from synth import MS, US, make_run
 
-from distprof.analysis.run import load_run
+from distprof.analysis.summarize.merged import load_run
 from distprof.cli import main
 from distprof.export import export_kineto
 from distprof.storage import schema

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES, only_run_dir, torchrun
-from distprof.analysis.runsummary import RunSummary
-from distprof.analysis.engine import summarize_merged
-from distprof.analysis.annotations import annotations
+from distprof.analysis.types import RunSummary
+from distprof.analysis.summarize.engine import summarize_merged
+from distprof.analysis.cross.annotations import annotations
 from distprof.analysis.findings import FindingRules, findings, is_sync_call
-from distprof.analysis.report import build_report
-from distprof.analysis.rootcause import root_cause
-from distprof.analysis.stragglers import find_stragglers
-from distprof.analysis.verdict import verdict
+from distprof.analysis.report.build import build_report
+from distprof.analysis.cross.rootcause import root_cause
+from distprof.analysis.cross.stragglers import find_stragglers
+from distprof.analysis.findings.verdict import verdict
 from distprof.render.console import render_console
 from distprof.storage import schema
 from test_breakdown import ANNOT, COMM, COMPUTE, COPY, CPU_OP, KERNEL, MEMCPY, OTHER, RunBuilder, ddp_run

@@ -22,7 +22,7 @@ import pytest
 from golden_cases import CASES, EXPECTED
 
 import distprof
-from distprof.analysis.report import build_report
+from distprof.analysis.report.build import build_report
 from distprof.cli import main
 from distprof.render import render_console
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import distprof
 import pytest
 
-from distprof.analysis.gpu_time import gpu_time
-from distprof.analysis.report import build_report
+from distprof.analysis.cross.gpu_time import gpu_time
+from distprof.analysis.report.build import build_report
 from distprof.importers.run import import_traces
 
 DATA = Path(__file__).parent / "data" / "hta"

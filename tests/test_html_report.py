@@ -18,7 +18,7 @@ import pytest
 
 from conftest import ARTIFACTS, job_env, only_run_dir, torchrun
 from distprof.analysis import load_run
-from distprof.analysis.report import build_report
+from distprof.analysis.report.build import build_report
 from distprof.cli import main
 from distprof.errors import ConfigError
 from distprof.render import render_html, write_html

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from test_breakdown import ddp_run
 
-from distprof.analysis.engine import summarize_merged
-from distprof.analysis.imbalance import imbalance, imbalance_stats
-from distprof.analysis.mfu import mfu, peak_tflops_for
+from distprof.analysis.summarize.engine import summarize_merged
+from distprof.analysis.cross.imbalance import imbalance, imbalance_stats
+from distprof.analysis.cross.mfu import mfu, peak_tflops_for
 
 
 def test_worked_example_from_anchors():

@@ -14,8 +14,8 @@ import distprof
 import numpy as np
 import pytest
 
-from distprof.analysis.report import build_report
-from distprof.analysis.run import load_run
+from distprof.analysis.report.build import build_report
+from distprof.analysis.summarize.merged import load_run
 from distprof.cli import main
 from distprof.errors import DistprofError
 from distprof.importers import kineto

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distprof.analysis import intervals as iv
+from distprof.analysis.rank import intervals as iv
 
 
 def _pairs(x: iv.Intervals) -> list[tuple[int, int]]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import distprof
-from distprof.analysis.matching import SYNC_OPS, match_collectives, realign, with_times
+from distprof.analysis.align.matching import SYNC_OPS, match_collectives, realign, with_times
 from synth import make_run
 
 NAMES = np.array(["all_reduce", "broadcast"], dtype=object)

@@ -398,7 +398,7 @@ def test_capture_writes_tables_and_snapshot_and_load_run_merges_them(tmp_path):
     import time
 
     import distprof
-    from distprof.analysis.run import load_run
+    from distprof.analysis.summarize.merged import load_run
 
     fake = LiveFakeCudaMemory()
     p = distprof.profile(out=str(tmp_path), wait=0, warmup=1, active=3, repeat=1, run_id="mh")
@@ -445,9 +445,9 @@ def test_capture_writes_tables_and_snapshot_and_load_run_merges_them(tmp_path):
 def test_imbalance_gains_reserved_peak_with_history():
     from test_breakdown import ddp_run
 
-    from distprof.analysis.imbalance import imbalance
+    from distprof.analysis.cross.imbalance import imbalance
 
-    from distprof.analysis.engine import summarize_merged
+    from distprof.analysis.summarize.engine import summarize_merged
 
     run = ddp_run(3, n_steps=2)
     assert "reserved_peak_bytes" not in imbalance(summarize_merged(run))["metrics"]  # no history: unchanged

@@ -148,7 +148,7 @@ def test_bad_files_fail_as_the_serial_import_does(traces, tmp_path):
 def test_srun_tasks_without_mpi_world_leave_the_import_to_task_0(traces, tmp_path, monkeypatch, caplog):
     """`srun -n 2 distprof import` without an MPI world: task 1 writes nothing and says why (two serial imports
     raced for the same run directory); task 0 imports every file."""
-    from distprof.analysis.engine import MPI_ENV_VARS
+    from distprof.analysis.summarize.engine import MPI_ENV_VARS
     from distprof.cli import main
 
     for k in MPI_ENV_VARS:

@@ -15,13 +15,13 @@ import distprof
 import numpy as np
 import pytest
 
-from distprof.analysis import intervals as iv
-from distprof.analysis.gpu_time import gpu_time
-from distprof.analysis.run import load_run
+from distprof.analysis.rank import intervals as iv
+from distprof.analysis.cross.gpu_time import gpu_time
+from distprof.analysis.summarize.merged import load_run
 from distprof.events.tables import Columns, Strings, build_tables, track_keys
 from distprof.export import export_kineto
 from distprof.importers.run import import_traces
-from distprof.render import timeline as tl
+from distprof.export import timeline as tl
 from distprof.storage import read_shard, schema
 
 BASE_NS = 1_700_000_000_000_000_000

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import distprof
-from distprof.analysis.gpu_time import gpu_time
-from distprof.analysis.report import build_report
+from distprof.analysis.cross.gpu_time import gpu_time
+from distprof.analysis.report.build import build_report
 from distprof.importers.run import import_traces
 from distprof.storage import read_shard, schema
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from test_breakdown import ddp_run, one_rank_cpu_step
 
-from distprof.analysis.engine import summarize_merged
-from distprof.analysis.overlap import overlap_by_rank, overlap_by_step
+from distprof.analysis.summarize.engine import summarize_merged
+from distprof.analysis.cross.overlap import overlap_by_rank, overlap_by_step
 
 
 def test_overlap_hand_computed_cpu():

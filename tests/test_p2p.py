@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distprof.analysis.p2p import match_p2p
+from distprof.analysis.align.p2p import match_p2p
 from distprof.events.p2p import P2PCalls, join
 
 MS = 1_000_000
@@ -66,7 +66,7 @@ def test_four_stage_pipeline_order_bubble_and_holder():
     stage 1 (rank 1) is slow: its receivers wait for its sends."""
     from types import SimpleNamespace
 
-    from distprof.analysis.pipeline import pipelines
+    from distprof.analysis.cross.pipeline import pipelines
 
     chain = [3, 1, 0, 2]
     items = []

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_breakdown import ddp_run
 
-from distprof.analysis.engine import summarize_merged
-from distprof.analysis.report import build_report
+from distprof.analysis.summarize.engine import summarize_merged
+from distprof.analysis.report.build import build_report
 from distprof.cli import main, parse_steps
 from distprof.errors import ConfigError
 from distprof.render import render_console, render_json

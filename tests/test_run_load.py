@@ -234,7 +234,7 @@ def test_multihost_clock_reported(tmp_path):
 
 
 def test_no_torch_import():
-    code = ("import sys, distprof.analysis.run, distprof.analysis.clock, distprof.analysis.matching; "
+    code = ("import sys, distprof.analysis.summarize.merged, distprof.analysis.align.clock, distprof.analysis.align.matching; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
     code = "import sys, distprof.analysis; assert 'h5py' not in sys.modules and 'torch' not in sys.modules"

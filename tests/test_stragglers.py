@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from test_breakdown import ddp_run
 
-from distprof.analysis.engine import summarize_merged
-from distprof.analysis.model import HostClock
-from distprof.analysis.rootcause import IDLE_NAME, root_cause
-from distprof.analysis.stragglers import StragglerRule, collective_instances, find_stragglers
+from distprof.analysis.summarize.engine import summarize_merged
+from distprof.analysis.types import HostClock
+from distprof.analysis.cross.rootcause import IDLE_NAME, root_cause
+from distprof.analysis.cross.stragglers import StragglerRule, collective_instances, find_stragglers
 
 JITTER = (0.0, 0.1, 0.2, 0.3)  # ms: rank r arrives r·0.1 ms after rank 0 when nobody is slowed
 
@@ -176,7 +176,7 @@ def test_synthetic_shards_no_delay(tmp_path):
 
 
 def test_arrival_jitter_hand_computed():
-    from distprof.analysis.stragglers import arrival_jitter_ms
+    from distprof.analysis.cross.stragglers import arrival_jitter_ms
 
     run = summarize_merged(ddp_run(4, n_steps=2, jitter_ms=JITTER))
     # arrivals 0, 0.1, 0.2, 0.3: median 0.15, absolute deviations .15 .05 .05 .15 -> MAD 0.1 -> σ = 1.4826 × 0.1
@@ -251,7 +251,7 @@ def test_a_rank_held_back_by_its_cpu_is_named_and_its_wait_stated(waited_ms, rea
     """Rank 2 arrives 20 ms late every step. It is late whatever held it back, so it is named either way; when its
     scheduler statistics say it waited that long for a CPU more than its peers (``steps.cpu_wait_opt_ns``), its
     finding says so; a small extra wait is not mentioned."""
-    from distprof.analysis.findings.rules import FindingRules
+    from distprof.analysis.types import FindingRules
     from distprof.analysis.findings.stragglers import straggler_findings
 
     run = ddp_run(4, n_steps=6, late_rank=2, late_ms=20, jitter_ms=JITTER)
@@ -300,7 +300,7 @@ def test_a_rank_late_only_by_its_wait_for_a_cpu_is_not_named_and_its_contention_
     collective: its own work is its peer's and its lateness is its host's scheduler — it is not named, its row keeps
     the lateness the trace shows, and the CPU-contention finding says it was held back."""
     from distprof.analysis.findings.cpu import cpu_contention, cpu_contention_text
-    from distprof.analysis.findings.rules import FindingRules
+    from distprof.analysis.types import FindingRules
 
     run = ddp_run(2, n_steps=6, late_rank=1, late_ms=20, jitter_ms=JITTER[:2])
     rs = summarize_merged(run)
@@ -352,7 +352,7 @@ def test_consistent_own_work_is_named_through_noisy_arrivals():
     (its step starts late: the optimizer, the host), so rank 1's arrival lateness swings +6 / −2 ms and the lateness
     test alone does not name it. Its own work before the first collective, measured from its own step start, is 6 ms
     over its peer's in every step: it is named, and its finding says so."""
-    from distprof.analysis.findings.rules import FindingRules
+    from distprof.analysis.types import FindingRules
     from distprof.analysis.findings.stragglers import straggler_findings
 
     n = 10
@@ -387,7 +387,7 @@ def test_a_named_rank_on_a_slower_cpu_is_said_so():
     """The same work on every rank, but rank 2's training thread needed 1.5x the CPU time per step: its finding says
     its CPU ran slower; without the samples it says nothing about CPUs."""
     from distprof.analysis.findings.stragglers import straggler_findings
-    from distprof.analysis.findings.rules import FindingRules
+    from distprof.analysis.types import FindingRules
 
     run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20, jitter_ms=JITTER, late_kind="compute")
     run.steps["cpu_run_ns"] = np.where(run.steps["rank"] == 2, 45_000_000, 30_000_000)
@@ -404,7 +404,7 @@ def test_a_named_rank_that_faults_every_step_is_said_so():
     """Rank 2 took 8,000 page faults per step against its peers' 50: its finding says so; ranks without the count
     (older shards, imports) have None and nothing is said."""
     from distprof.analysis.findings.stragglers import straggler_findings
-    from distprof.analysis.findings.rules import FindingRules
+    from distprof.analysis.types import FindingRules
 
     run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20, jitter_ms=JITTER, late_kind="compute")
     run.steps["page_faults"] = np.where(run.steps["rank"] == 2, 8000, 50)
@@ -421,7 +421,7 @@ def test_a_named_rank_that_faults_every_step_is_said_so():
 
 @pytest.mark.parametrize("k, n, p", [(5, 5, 1 / 32), (0, 3, 1.0), (2, 3, 0.5), (8, 8, 1 / 256), (3, 0, 1.0)])
 def test_the_sign_test_tail(k, n, p):
-    from distprof.analysis.stragglers import _binomial_half_tail
+    from distprof.analysis.cross.stragglers import _binomial_half_tail
 
     assert _binomial_half_tail(k, n) == pytest.approx(p)
     assert _binomial_half_tail(3000, 5000) < 1e-40 and _binomial_half_tail(2500, 5000) == pytest.approx(0.5, abs=0.01)

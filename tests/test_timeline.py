@@ -11,11 +11,11 @@ import distprof
 import numpy as np
 import pytest
 
-from distprof.analysis.run import load_run
-from distprof.analysis.stragglers import find_stragglers
+from distprof.analysis.summarize.merged import load_run
+from distprof.analysis.cross.stragglers import find_stragglers
 from distprof.cli import main
 from distprof.errors import ConfigError
-from distprof.render import timeline as tl
+from distprof.export import timeline as tl
 
 DEMO = Path("/tmp/dp-demo/demo4")
 NCCL_DATA = Path(__file__).parent / "data" / "hta" / "nccl_parser_config" / "nccl_data.json.gz"

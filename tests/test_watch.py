@@ -15,7 +15,8 @@ import torch
 
 from conftest import ROOT, job_env, only_run_dir, python, torchrun
 from test_html_report import browser  # noqa: F401  (the fixture: a headless Chromium)
-from distprof.analysis.watch import DriftRule, DriftTracker, flag_drift, own_ms, peer_median, watch_report
+from distprof.drift import DriftRule, DriftTracker, flag_drift, own_ms, peer_median
+from distprof.analysis.report.watch import watch_report
 from distprof.config import ProfileConfig, config_from_mapping
 from distprof.errors import ConfigError
 from distprof.storage import read_shard, find_shards

@@ -9,9 +9,9 @@ from synth import make_run
 from whatif_jobs import DELAY_MS, job
 
 import distprof
-from distprof.analysis import whatif
-from distprof.analysis.critical_path import replay, step_graph
-from distprof.analysis.report import build_report
+from distprof.analysis.graph import whatif
+from distprof.analysis.graph.critical_path import replay, step_graph
+from distprof.analysis.report.build import build_report
 
 MS = 1_000_000
 
@@ -37,7 +37,7 @@ def test_straggler_at_its_peers_median_predicts_the_run_without_it(runs):
     assert w.gain_ms_per_step == pytest.approx(20, rel=0.1)
     # the others' waiting goes too: in the replay nobody waits at the first all-reduce any more
     g = step_graph(runs["late"])
-    from distprof.analysis.whatif import apply
+    from distprof.analysis.graph.whatif import apply
 
     rp = replay(apply(runs["late"], g, whatif.Straggler(ranks=(2,))))
     first = g.ev_link == 0

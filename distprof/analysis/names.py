@@ -6,6 +6,7 @@ or a table cell shows ``split_embedding_backward_codegen_..._kernel<…>(…)`` 
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 __all__ = ["display_name", "rank_ranges"]
@@ -59,3 +60,45 @@ def rank_ranges(ranks: Iterable[int], sep: str = ", ") -> str:
         parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
     return sep.join(parts)
+
+
+#: Runtime/driver calls that block the host until device work completes: the explicit synchronisations and the
+#: synchronous copies (``cudaMemcpy``, HIP's ``hipMemcpyWithStream`` - what a ``non_blocking=False`` copy calls on
+#: ROCm; on CUDA such a copy is ``cudaMemcpyAsync`` + ``cudaStreamSynchronize``). Suffixes ``_v2``/``_ptsz``/``_ptds``.
+SYNC_CALL_RE = re.compile(
+    r"^(?:(?:cuda|hip|cu)(?:Device|Stream|Event|Ctx)Synchronize"
+    r"|(?:cuda|hip)Memcpy(?:2D|3D|Peer|ToSymbol|FromSymbol|WithStream)?"
+    r"|cuMemcpy(?:DtoH|HtoD|DtoD|Peer)?)(?:_v\d+)?(?:_ptsz|_ptds|_spt)?$")
+
+
+def is_sync_call(name: str) -> bool:
+    """Whether a runtime/driver call name blocks the host (see ``SYNC_CALL_RE``)."""
+    return SYNC_CALL_RE.match(name) is not None
+
+
+STEP_PREFIX = "ProfilerStep#"
+
+
+DATALOADER_PREFIX = "enumerate(DataLoader)#"
+
+
+FRAMEWORK_PREFIXES = (
+    "ProfilerStep#",
+    "Optimizer.step#",
+    "Optimizer.zero_grad#",
+    "enumerate(DataLoader)#",
+    "DistributedDataParallel.",
+    "FullyShardedDataParallel.",
+    "Torch-Compiled Region",
+    "CompiledFunction",
+    "## ",
+    "gloo:",
+    "nccl:",
+    "record_param_comms",
+    "PyTorch Profiler",
+)
+
+
+def is_user_annotation_name(name: str) -> bool:
+    """True unless `name` is a framework-internal region (see ``FRAMEWORK_PREFIXES``)."""
+    return not str(name).startswith(FRAMEWORK_PREFIXES)

@@ -15,7 +15,7 @@ Side thread (:class:`Watch`), every ``--watch-interval`` seconds:
   key of its own (one ``set``, at most :data:`MAX_PUBLISH` floats: O(1) per rank per interval);
 * rank 0 reads the other ranks' keys (``check`` + ``get``, never a blocking wait for a missing key), at most
   :data:`STORE_READS_PER_S` per second for the whole job (a 1,000-rank job: every 10 s), feeds the steps every
-  fresh rank has covered to the drift rule (analysis/watch.py) and, when a rank's drift is confirmed, asks the
+  fresh rank has covered to the drift rule (distprof/drift.py) and, when a rank's drift is confirmed, asks the
   job's trigger (capture/trigger.py) for a window — the same placement, publication and answers as
   ``distprof trigger`` — at most one per ``--watch-cooldown`` seconds, and records why in watch/drifts.json.
 
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..analysis.watch import DriftRule, DriftSpan, DriftTracker
+from ..drift import DriftRule, DriftSpan, DriftTracker, own_ms
 from ..config import ProfileConfig
 from ..storage import watchfile as wf
 from ..storage.writer import remove_orphans
@@ -368,7 +368,6 @@ class Watch:
     # -- publishing own work --------------------------------------------------------------------------------------
     def _remember(self, rows: np.ndarray) -> None:
         """The latest own-work values (at most MAX_PUBLISH steps), for the next publication / rank 0's table."""
-        from ..analysis.watch import own_ms
 
         own = own_ms(rows).astype(np.float32)
         steps = rows["step"]

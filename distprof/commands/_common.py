@@ -54,7 +54,9 @@ class IdRanges:
         for lo, hi in self.spans:
             out.update(have[bisect.bisect_left(have, lo):bisect.bisect_right(have, hi)])
         if not out:
-            from ..analysis.names import rank_ranges  # here: `distprof --help` stays free of numpy
+            from ..analysis.names import (
+                rank_ranges,  # here: `distprof --help` stays free of numpy
+            )
 
             raise ConfigError(f"{self.flag} {self.text}: covers none of this run's {what} "
                               f"{rank_ranges(have, sep=',') or '(none)'}")
@@ -88,7 +90,7 @@ def add_steps_arg(p: argparse.ArgumentParser) -> None:
 def summarize_run(run_dir: str, *, steps=None, progress=None, strict: bool = False):
     """The RunSummary of `run_dir` for a subcommand: split over MPI processes when started by ``mpiexec`` / ``srun``
     (mpi4py), else serial. Returns None on every MPI process but rank 0 (which alone writes output)."""
-    from ..analysis.engine import mpi_world, summarize
+    from ..analysis.summarize.engine import mpi_world, summarize
 
     comm = mpi_world()
     if comm is None and _other_srun_task():

@@ -43,8 +43,8 @@ def _pct(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.diff import DiffRules, diff_runs
-    from ..analysis.report import to_jsonable
+    from ..analysis.report.diff import DiffRules, diff_runs
+    from ..analysis.report.schema import to_jsonable
     from ..render import render_json, write_json
     from ..render.diff_console import render_diff
     from ..render.diff_html import write_diff_html

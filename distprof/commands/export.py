@@ -8,7 +8,13 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
-from ._common import add_steps_arg, add_strict_arg, parse_ranks, parse_steps, summarize_run
+from ._common import (
+    add_steps_arg,
+    add_strict_arg,
+    parse_ranks,
+    parse_steps,
+    summarize_run,
+)
 
 FORMATS = ("kineto",)
 

@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.engine import mpi_world
+    from ..analysis.summarize.engine import mpi_world
     from ..errors import ConfigError
     from ..importers.run import import_traces
     from ._common import _other_srun_task

@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.report import build_report
+    from ..analysis.report.build import build_report
     from ..render import render_console, render_json, write_html, write_json
     from ..render.html import check_html_path
 
@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _add_watch(report: dict, run_dir: str, run_) -> None:
     """The whole run from the --watch series (RUN_DIR/watch/), when there is one: report["watch"]."""
-    from ..analysis.report import to_jsonable
-    from ..analysis.watch import rule_of, watch_report
+    from ..analysis.report.schema import to_jsonable
+    from ..analysis.report.watch import rule_of, watch_report
 
     cfg = next((a.get("config") for a in run_.attrs.values() if isinstance(a.get("config"), dict)), None)
     watch = watch_report(run_dir, rule_of(cfg))
@@ -86,8 +86,8 @@ def _watch_only(run_dir: str) -> dict | None:
     from pathlib import Path
 
     from .. import _version
-    from ..analysis.report import REPORT_FORMAT, REPORT_VERSION, to_jsonable
-    from ..analysis.watch import watch_report
+    from ..analysis.report.schema import REPORT_FORMAT, REPORT_VERSION, to_jsonable
+    from ..analysis.report.watch import watch_report
     from ..storage import find_shards
     from ..storage import watchfile as wf
 

@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
-from ._common import IdRanges, add_steps_arg, add_strict_arg, parse_ranks, parse_steps, summarize_run
+from ._common import (
+    IdRanges,
+    add_steps_arg,
+    add_strict_arg,
+    parse_ranks,
+    parse_steps,
+    summarize_run,
+)
 
 DEFAULT_OUT = "timeline.json.gz"
 
@@ -49,7 +56,12 @@ def parse_windows(text: str) -> IdRanges:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..render.timeline import BYTES_PER_EVENT, DEFAULT_MAX_EVENTS, plan_timeline, write_timeline
+    from ..export.timeline import (
+        BYTES_PER_EVENT,
+        DEFAULT_MAX_EVENTS,
+        plan_timeline,
+        write_timeline,
+    )
 
     if args.max_events is not None and args.max_events < 0:
         raise ConfigError(f"--max-events {args.max_events}: must be >= 0 (0 = no limit)")
@@ -103,7 +115,7 @@ def _window_steps(run_dir: str, spec: IdRanges, steps) -> tuple[list[int] | None
     """The run's windows `spec` picks, and the global step range they cover (read from shard attributes), so that
     only their shards are read."""
     from ..errors import BadShardError
-    from ..render.timeline import format_ranges
+    from ..export.timeline import format_ranges
     from ..storage.reader import find_shards, read_shard
 
     all_spans = {}

@@ -42,10 +42,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from .._version import __version__
-from ..analysis.index import main_thread
-from ..analysis.model import MergedRun, device_properties
 from ..analysis.names import rank_ranges
-from ..analysis.run import rank_merged
+from ..analysis.rank.index import main_thread
+from ..analysis.summarize.merged import rank_merged
+from ..analysis.types import MergedRun, device_properties
 from ..atomic import atomic_write
 from ..errors import ConfigError, IncompleteRunError
 from ..events.launches import LAUNCH_KINDS, launch_rows

@@ -30,8 +30,17 @@ from ..errors import ConfigError
 from . import html_scale, html_watch
 from .html_assets import _BOOT_JS, _CSS, _plotly_element
 from .html_figures import (  # noqa: F401  (_downsample_minmax: re-exported for the tests)
-    MEMORY_POINTS_PER_RANK, _MAX_ANNOTATIONS, _downsample_minmax, _fig_annotations, _fig_blame, _fig_breakdown,
-    _fig_imbalance, _fig_memory, _fig_overlap, _fig_step_heatmap)
+    _MAX_ANNOTATIONS,
+    MEMORY_POINTS_PER_RANK,
+    _downsample_minmax,
+    _fig_annotations,
+    _fig_blame,
+    _fig_breakdown,
+    _fig_imbalance,
+    _fig_memory,
+    _fig_overlap,
+    _fig_step_heatmap,
+)
 from .html_text import _e, _fmt, _mean, _num, _script_json
 from .html_whatif import critical_path_caption, fig_critical_path, whatif_table
 

@@ -11,7 +11,9 @@ import gzip
 
 @functools.lru_cache(maxsize=2)
 def _plotly_js(compressed: bool) -> str:
-    from plotly.offline import get_plotlyjs  # only the bundled JS file is read; no graph_objects
+    from plotly.offline import (
+        get_plotlyjs,  # only the bundled JS file is read; no graph_objects
+    )
 
     js = get_plotlyjs()
     if "</script" in js.lower():  # never seen; keep the inline element intact if a future bundle has one

@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.summary import MEMORY_POINTS
-from ..analysis.summary import downsample_minmax as _downsample_minmax
-
+from ..analysis.rank.summary import MEMORY_POINTS
+from ..analysis.rank.summary import downsample_minmax as _downsample_minmax
 from . import html_scale
 from .html_text import _fmt, _mean, _num, _pl
 

@@ -14,8 +14,7 @@ import json
 import math
 from typing import Any, Iterable
 
-from ..analysis.report import to_jsonable
-
+from ..analysis.report.schema import to_jsonable
 
 # ---------------------------------------------------------------------------------------------------------------
 # escaping

@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import os
-import stat
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -41,6 +40,8 @@ import numpy as np
 
 from ..errors import BadShardError
 from . import schema
+from .h5file import H5_ERRORS, h5_message, open_h5
+from .shard import Shard
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,6 @@ _I64 = (-(1 << 63), (1 << 63) - 1)
 
 #: Groups every shard has (capture and import write them, possibly empty).
 REQUIRED_GROUPS = ("events", "comms", "threads", "steps")
-#: Errors h5py raises on damaged files (it maps HDF5's error stack onto these).
-H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError, SystemError)
 
 _FIX = "the shard is damaged; move it out of the run directory or re-run the capture"
 
@@ -473,35 +472,11 @@ def read_attrs(path: Path, f: h5py.File) -> dict[str, Any]:
     return {k: decode_attr(path, k, v) for k, v in raw.items()}
 
 
-def open_h5(path: Path) -> h5py.File:
-    """Open a shard read-only; BadShardError when it is not a file or not HDF5."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise BadShardError(path, "no such shard file") from None
-    except OSError as e:
-        raise BadShardError(path, f"cannot read ({e.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise BadShardError(path, "not a regular file; move it out of the run directory")
-    try:
-        return h5py.File(path, "r")
-    except H5_ERRORS as e:
-        raise BadShardError(path, f"not a readable HDF5 file ({h5_message(e)}); delete it or re-run the "
-                                  "capture") from None
-
-
-def h5_message(e: BaseException) -> str:
-    msg = str(e) or type(e).__name__
-    return msg.strip("'\"").replace("Unable to synchronously ", "cannot ")
-
-
 def check_shard(path: os.PathLike | str):
     """Open `path` and check its attributes and layout (metadata only: no column is read); return its Shard.
 
     The ids are checked on the columns as they are read (:func:`check_values`). Raises BadShardError.
     """
-    from .reader import Shard
-
     path = Path(path)
     with open_h5(path) as f:
         attrs = read_attrs(path, f)

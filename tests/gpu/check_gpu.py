@@ -75,7 +75,7 @@ def check_run(run_dir: Path, *, world: int, cuda: bool, backend: str, stderr: st
     """Assert what the shards of one run must hold; returns the numbers for the summary line."""
     import numpy as np
 
-    from distprof.analysis.run import load_run
+    from distprof.analysis.summarize.merged import load_run
     from distprof.storage import find_shards, read_shard, schema
 
     shards = [read_shard(p) for p in find_shards(run_dir)]

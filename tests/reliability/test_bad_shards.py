@@ -12,7 +12,7 @@ import pytest
 from reliability_helpers import one_error_line, run_cli
 from shard_factory import BAD_NAME, BAD_SHARDS, TOLERATED, WORLD_SIZE, copy_run, good_run, skipped_path
 
-from distprof.analysis.run import load_run
+from distprof.analysis.summarize.merged import load_run
 
 PER_SHARD = sorted(k for k, b in BAD_SHARDS.items() if not b.whole_run)
 WHOLE_RUN = sorted(k for k, b in BAD_SHARDS.items() if b.whole_run)

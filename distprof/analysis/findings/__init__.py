@@ -29,22 +29,30 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..cross.pipeline import Pipeline
+from ..cross.pipeline import pipelines as find_pipelines
+from ..names import DATALOADER_PREFIX, SYNC_CALL_RE, is_sync_call
+from ..rank.measures import rank_measures
+from ..types import FindingRules
 from .communication import exposed_comm, exposed_comm_text
 from .cpu import cpu_contention, cpu_contention_text
-from .device import (IDLE_CAUSES, SYNC_CALL_RE, device_idle, device_idle_text, dominant_idle_cause, host_sync,
-                     host_sync_text, is_sync_call)
+from .device import (
+    IDLE_CAUSES,
+    device_idle,
+    device_idle_text,
+    dominant_idle_cause,
+    host_sync,
+    host_sync_text,
+)
 from .input_wait import input_wait, input_wait_text
-from .measures import DATALOADER_PREFIX, rank_measures
 from .memory import memory_churn, memory_churn_text
-from ..pipeline import Pipeline
-from ..pipeline import pipelines as find_pipelines
 from .ops import tiny_ops, tiny_ops_text
-from .pipeline import pipeline_findings, pipeline_comm
-from .rules import SEVERITY_ORDER, FindingRules, group
+from .pipeline import pipeline_comm, pipeline_findings
+from .rules import SEVERITY_ORDER, group
 from .stragglers import straggler_findings
 
 if TYPE_CHECKING:
-    from ..runsummary import RunSummary
+    from ..types import RunSummary
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@
 
 from __future__ import annotations
 
-from .rules import FindingRules, Hit, pct
+from ..types import FindingRules
+from .rules import Hit, pct
 
 
 def exposed_comm(ms: list[dict], rules: FindingRules, named: dict[int, float],
@@ -49,7 +50,7 @@ def exposed_comm_text(m, where, worst, advice: str | None = None):
            f"Rule: exposed communication net of straggler and pipeline waits >= {m['threshold_step_pct']:.0f} % of "
            "step time.")
     if advice is None:
-        from ..parallelism import advice_for_exposed
+        from ..cross.parallelism import advice_for_exposed
 
         advice = advice_for_exposed(None, [])
     return title, ev, advice

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .rules import FindingRules, Hit, pct
+from ..types import FindingRules
+from .rules import Hit, pct
 
 if TYPE_CHECKING:
-    from ..runsummary import RunSummary
+    from ..types import RunSummary
 
 
 def held_back(stragglers: dict[str, Any] | None) -> dict[int, tuple[float, float]]:

@@ -10,7 +10,8 @@ start with ``DATALOADER_PREFIX``).
 
 from __future__ import annotations
 
-from .rules import FindingRules, Hit, pct
+from ..types import FindingRules
+from .rules import Hit, pct
 
 
 def input_wait(ms: list[dict], rules: FindingRules) -> list[Hit]:

@@ -17,7 +17,8 @@ per step and OOMs; ``metrics["memory_history"]`` is 1. Ranks without history are
 
 from __future__ import annotations
 
-from .rules import FindingRules, Hit, on_rank
+from ..types import FindingRules
+from .rules import Hit, on_rank
 
 
 def memory_churn(ms: list[dict], rules: FindingRules) -> list[Hit]:

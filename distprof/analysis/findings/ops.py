@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from .rules import FindingRules, Hit, pct
+from ..types import FindingRules
+from .rules import Hit, pct
 
 
 def tiny_ops(ms: list[dict], rules: FindingRules) -> list[Hit]:

@@ -1,4 +1,4 @@
-"""Pipeline rule, from the pipeline analysis (:mod:`distprof.analysis.pipeline`).
+"""Pipeline rule, from the pipeline analysis (:mod:`distprof.analysis.cross.pipeline`).
 
 * ``pipeline_bubble`` — one finding per pipeline whose stages wait for each other (the bubble: receives waiting
   for a peer that has not sent yet) at least ``pipeline_min_pct`` (10 %) of step time on average. Impact: that mean
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..cross.pipeline import Pipeline
 from ..names import rank_ranges
-from ..pipeline import Pipeline
-from .rules import FindingRules
+from ..types import FindingRules
 
 
 def pipeline_findings(pipes: list[Pipeline], rules: FindingRules) -> list[dict[str, Any]]:

@@ -16,45 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..names import rank_ranges
-
+from ..types import FindingRules
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
-
-
-@dataclass(frozen=True)
-class FindingRules:
-    """Thresholds of the rules (each documented in its rule's module, see ``distprof.analysis.findings``)."""
-
-    high_pct: float = 25.0
-    medium_pct: float = 10.0
-    tiny_op_us: float = 100.0
-    tiny_min_share_pct: float = 50.0
-    tiny_min_per_step: float = 100.0
-    tiny_min_step_pct: float = 10.0
-    input_min_step_pct: float = 10.0
-    input_min_ms: float = 0.5
-    cpu_wait_min_step_pct: float = 10.0
-    cpu_wait_min_ms: float = 1.0
-    churn_min_allocs_per_ms: float = 20.0
-    churn_min_allocs_per_step: float = 500.0
-    churn_min_turnover: float = 8.0
-    churn_min_alloc_mib: float = 64.0
-    swing_min_pct: float = 50.0
-    swing_min_mib: float = 64.0
-    frag_min_ratio: float = 1.5  # memory_churn with --memory-history: reserved peak / allocated peak
-    frag_min_mib: float = 1024.0  # ... and reserved - allocated
-    exposed_min_pct: float = 10.0
-    idle_min_step_pct: float = 10.0
-    idle_min_ms: float = 0.5
-    sync_min_per_step: float = 1.0
-    sync_min_step_pct: float = 5.0
-    host_min_fraction: float = 0.75
-    pipeline_min_pct: float = 10.0
-    pipeline_imbalance_pct: float = 15.0
-    max_per_rule: int = 8
-
-    def severity(self, impact_pct: float) -> str:
-        return "high" if impact_pct >= self.high_pct else "medium" if impact_pct >= self.medium_pct else "low"
 
 
 @dataclass

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from ..cross.rootcause import IDLE_NAME
 from ..names import display_name, rank_ranges
-from ..rootcause import IDLE_NAME
-from .rules import FindingRules, pct
+from ..types import FindingRules
+from .rules import pct
 
 
 def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts: dict[int, str],

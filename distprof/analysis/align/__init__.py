@@ -1,0 +1,4 @@
+"""The cross-rank reduce: the summaries' collectives matched per process group and window (``matching``), point-to-
+point transfers paired (``p2p``), the hosts' clocks modelled (``clock``), and everything joined on one clock into the
+``RunSummary`` (``reduce.reduce_run``).
+"""

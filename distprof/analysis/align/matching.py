@@ -1,0 +1,345 @@
+"""Collective matching: which per-rank communication events are one collective instance.
+
+Per process group and window, the k-th exec collective (``/comms`` role 1, ``seq`` k) on every rank is one instance.
+:func:`match_collectives` takes one row per executed collective (every rank's ``summary.collective_rows``, with
+``rank`` added) and needs only clock-independent fields plus the rows' times, so the clock alignment can use it on
+raw times; :func:`realign` / :func:`with_times` then recompute the per-instance aggregates on aligned times.
+
+Layout of the result (:class:`Collectives`), all numpy columns:
+
+``members`` — long table, one row per (instance, rank), sorted by (inst, rank):
+    inst i8, rank i4, window i4, pg i4, seq i4, op_id u4, bytes i8, row i8 (index into the input rows),
+    start_ns i8, end_ns i8.
+``instances`` — one row per instance, ``inst`` = row number, sorted by (pg, window, seq):
+    inst i8, pg i4, window i4, seq i4, op_id u4 (of the lowest rank), bytes i8 (of the lowest rank, −1 unknown),
+    n_ranks i4 (ranks seen), n_expected i4 (group members with data in that window), complete bool,
+    consistent bool (op and known sizes agree, no duplicates), first i8 / count i8 (slice of ``members``),
+    start_min, start_max, end_min, end_max i8, last_rank i4 (rank that entered last), first_rank i4 (entered first),
+    skew_ns i8 (start_max − start_min), violation_ns i8 (max(0, start_max − end_min): must be 0 on aligned clocks
+    for synchronising ops).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+Table = dict[str, np.ndarray]
+
+#: Ops whose instance cannot end on any rank before every rank entered (all ranks send and receive).
+SYNC_OPS = frozenset(
+    {
+        "all_reduce",
+        "allreduce",
+        "all_gather",
+        "allgather",
+        "all_gather_into_tensor",
+        "allgather_into_tensor_coalesced",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "all_to_all",
+        "alltoall",
+        "alltoall_base",
+        "all_to_all_single",
+        "barrier",
+    }
+)
+
+#: Ops whose message size legitimately differs across the ranks of one instance (uneven splits, root vs the others,
+#: the two ends of a point-to-point pair): their sizes are not compared.
+VARIABLE_SIZE_OPS = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_single", "gather", "scatter",
+                               "send", "recv", "send_recv"})
+
+_MEMBER_COLS = ("inst", "rank", "window", "pg", "seq", "op_id", "bytes", "row", "start_ns", "end_ns")
+
+
+@dataclass
+class Collectives:
+    """Matched collective instances (see the module docstring for the columns)."""
+
+    instances: Table
+    members: Table
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    incomplete: list[dict[str, Any]] = field(default_factory=list)
+    n_mismatched: int = 0
+    n_incomplete: int = 0
+
+    def __len__(self) -> int:
+        return len(self.instances["inst"])
+
+    def per_rank(self, column: str, ranks: Sequence[int] | None = None, fill: int = -1) -> np.ndarray:
+        """Dense (n_instances, n_ranks) array of a member column; `fill` where a rank has no row."""
+        ranks = np.asarray(sorted(set(self.members["rank"].tolist())) if ranks is None else ranks, dtype=np.int64)
+        out = np.full((len(self), len(ranks)), fill, dtype=self.members[column].dtype)
+        col = np.searchsorted(ranks, self.members["rank"])
+        ok = (col < len(ranks)) & (ranks[np.clip(col, 0, len(ranks) - 1)] == self.members["rank"])
+        out[self.members["inst"][ok], col[ok]] = self.members[column][ok]
+        return out
+
+    def sync_mask(self, names: np.ndarray) -> np.ndarray:
+        """Instances of synchronising ops (see SYNC_OPS) — the ones the causality check applies to."""
+        if len(self) == 0:
+            return np.zeros(0, dtype=bool)
+        op_names = np.asarray(names, dtype=object)
+        is_sync = np.array([str(n) in SYNC_OPS for n in op_names], dtype=bool)
+        ids = self.instances["op_id"].astype(np.int64)
+        ok = ids < len(is_sync)
+        out = np.zeros(len(ids), dtype=bool)
+        out[ok] = is_sync[ids[ok]]
+        return out
+
+
+def _empty(n: int = 0) -> tuple[Table, Table]:
+    members = {
+        "inst": np.zeros(n, np.int64), "rank": np.zeros(n, np.int32), "window": np.zeros(n, np.int32),
+        "pg": np.zeros(n, np.int32), "seq": np.zeros(n, np.int32), "op_id": np.zeros(n, np.uint32),
+        "bytes": np.zeros(n, np.int64), "row": np.zeros(n, np.int64),
+        "start_ns": np.zeros(n, np.int64), "end_ns": np.zeros(n, np.int64),
+    }
+    inst = {
+        "inst": np.zeros(0, np.int64), "pg": np.zeros(0, np.int32), "window": np.zeros(0, np.int32),
+        "seq": np.zeros(0, np.int32), "op_id": np.zeros(0, np.uint32), "bytes": np.zeros(0, np.int64),
+        "n_ranks": np.zeros(0, np.int32), "n_expected": np.zeros(0, np.int32), "complete": np.zeros(0, bool),
+        "consistent": np.zeros(0, bool), "first": np.zeros(0, np.int64), "count": np.zeros(0, np.int64),
+    }
+    inst.update(_time_aggregates(members, np.zeros(0, np.int64)))
+    return inst, members
+
+
+def match_collectives(
+    rows: Table,
+    *,
+    names: np.ndarray | None = None,
+    group_ranks: Mapping[int, Sequence[int]] | None = None,
+    ranks_by_window: Mapping[int, Sequence[int]] | None = None,
+    max_reports: int = 200,
+) -> Collectives:
+    """Match collectives across ranks.
+
+    rows: one row per executed collective: rank, window, pg, seq (rows with seq < 0 are not numbered and skipped),
+    op_id (into `names`), bytes, start_ns, end_ns (times as they are: raw or aligned).
+    names: string table of op_id, for readable reports.
+    group_ranks: pg index -> member ranks (from ``process_groups``); default: ranks seen in that pg.
+    ranks_by_window: window -> ranks that have data for it (shards present); default: ranks seen in `rows`.
+    max_reports: at most this many dicts in ``mismatches`` and in ``incomplete`` (the counts are always exact).
+    """
+    sel = np.flatnonzero(np.asarray(rows["seq"]) >= 0)
+    if len(sel) == 0:
+        inst, members = _empty()
+        return Collectives(inst, members)
+    rank = np.asarray(rows["rank"])[sel].astype(np.int32)
+    window = np.asarray(rows["window"])[sel].astype(np.int32)
+    pg = np.asarray(rows["pg"])[sel].astype(np.int32)
+    seq = np.asarray(rows["seq"])[sel].astype(np.int32)
+    order = np.lexsort((rank, seq, window, pg))
+    sel, rank, window, pg, seq = sel[order], rank[order], window[order], pg[order], seq[order]
+    start = np.asarray(rows["start_ns"])[sel].astype(np.int64)
+    end = np.asarray(rows["end_ns"])[sel].astype(np.int64)
+    n = len(sel)
+
+    new = np.ones(n, dtype=bool)
+    new[1:] = (pg[1:] != pg[:-1]) | (window[1:] != window[:-1]) | (seq[1:] != seq[:-1])
+    first = np.flatnonzero(new)
+    inst_id = np.cumsum(new) - 1
+    count = np.diff(np.append(first, n))
+    members = {
+        "inst": inst_id.astype(np.int64),
+        "rank": rank,
+        "window": window,
+        "pg": pg,
+        "seq": seq,
+        "op_id": np.asarray(rows["op_id"])[sel].astype(np.uint32),
+        "bytes": np.asarray(rows["bytes"])[sel].astype(np.int64),
+        "row": sel.astype(np.int64),
+        "start_ns": start,
+        "end_ns": end,
+    }
+
+    # Consistency: op, known sizes, duplicate ranks.
+    op = members["op_id"].astype(np.int64)
+    op_bad = np.maximum.reduceat(op, first) != np.minimum.reduceat(op, first)
+    b = members["bytes"]
+    known = b >= 0
+    big = np.iinfo(np.int64).max
+    bmax = np.maximum.reduceat(np.where(known, b, -1), first)
+    bmin = np.minimum.reduceat(np.where(known, b, big), first)
+    bytes_bad = (bmax >= 0) & (bmax != bmin)
+    if names is not None and bytes_bad.any():  # uneven splits, roots and pairs differ by design
+        variable = np.array([str(x) in VARIABLE_SIZE_OPS for x in np.asarray(names, dtype=object)], dtype=bool)
+        i_op = op[first]
+        bytes_bad &= ~np.where(i_op < len(variable), variable[np.minimum(i_op, len(variable) - 1)], False)
+    dup = np.zeros(n, dtype=bool)
+    dup[1:] = ~new[1:] & (rank[1:] == rank[:-1])
+    dup_bad = np.maximum.reduceat(dup.astype(np.int8), first) > 0
+    # Distinct ranks per instance (duplicates do not count twice).
+    n_ranks = np.add.reduceat((~dup).astype(np.int64), first)
+
+    i_pg, i_win = pg[first], window[first]
+    n_expected = _expected_counts(i_pg, i_win, rank, pg, window, rows, group_ranks, ranks_by_window)
+    complete = n_ranks >= n_expected
+
+    instances: Table = {
+        "inst": np.arange(len(first), dtype=np.int64),
+        "pg": i_pg,
+        "window": i_win,
+        "seq": seq[first],
+        "op_id": members["op_id"][first],
+        "bytes": b[first],
+        "n_ranks": n_ranks.astype(np.int32),
+        "n_expected": n_expected.astype(np.int32),
+        "complete": complete,
+        "consistent": ~(op_bad | bytes_bad | dup_bad),
+        "first": first.astype(np.int64),
+        "count": count.astype(np.int64),
+    }
+    instances.update(_time_aggregates(members, first))
+
+    out = Collectives(instances, members)
+    out.n_mismatched = int((op_bad | bytes_bad | dup_bad).sum())
+    out.n_incomplete = int((~complete).sum())
+    out.mismatches = _mismatch_reports(out, op_bad, bytes_bad, dup_bad, names, max_reports)
+    out.incomplete = _incomplete_reports(out, group_ranks, ranks_by_window, rows, names, max_reports)
+    if out.n_mismatched:
+        log.debug("%d collective instance(s) disagree across ranks", out.n_mismatched)
+    return out
+
+
+def _time_aggregates(members: Table, first: np.ndarray) -> Table:
+    """Per-instance min/max of start and end, first/last arrival, skew, causality violation."""
+    if len(first) == 0:
+        z = np.zeros(0, np.int64)
+        return {"start_min": z, "start_max": z.copy(), "end_min": z.copy(), "end_max": z.copy(),
+                "last_rank": np.zeros(0, np.int32), "first_rank": np.zeros(0, np.int32), "skew_ns": z.copy(),
+                "violation_ns": z.copy()}
+    s, e, inst, rank = members["start_ns"], members["end_ns"], members["inst"], members["rank"]
+    smin = np.minimum.reduceat(s, first)
+    smax = np.maximum.reduceat(s, first)
+    emin = np.minimum.reduceat(e, first)
+    emax = np.maximum.reduceat(e, first)
+    idx = np.arange(len(s), dtype=np.int64)
+    big = np.iinfo(np.int64).max
+    last_pos = np.minimum.reduceat(np.where(s == smax[inst], idx, big), first)
+    first_pos = np.minimum.reduceat(np.where(s == smin[inst], idx, big), first)
+    return {
+        "start_min": smin,
+        "start_max": smax,
+        "end_min": emin,
+        "end_max": emax,
+        "last_rank": rank[last_pos].astype(np.int32),
+        "first_rank": rank[first_pos].astype(np.int32),
+        "skew_ns": smax - smin,
+        "violation_ns": np.maximum(smax - emin, 0),
+    }
+
+
+def _ranks_by_window(rows: Table, ranks_by_window) -> dict[int, np.ndarray]:
+    if ranks_by_window is not None:
+        return {int(w): np.unique(np.asarray(list(r), dtype=np.int64)) for w, r in ranks_by_window.items()}
+    r = np.asarray(rows["rank"], dtype=np.int64)
+    w = np.asarray(rows["window"], dtype=np.int64)
+    if len(r) == 0:
+        return {}
+    key = np.unique(w * (1 << 32) + r)
+    ws, rs = key >> 32, key & 0xFFFFFFFF
+    bounds = np.flatnonzero(np.diff(ws)) + 1
+    return {int(ws[g[0]]): rs[g] for g in np.split(np.arange(len(key)), bounds) if len(g)}
+
+
+def _group_members(pg: int, rank, pgs, group_ranks) -> np.ndarray:
+    if group_ranks is not None and pg in group_ranks and len(group_ranks[pg]):
+        return np.unique(np.asarray(list(group_ranks[pg]), dtype=np.int64))
+    return np.unique(rank[pgs == pg]).astype(np.int64)
+
+
+def _expected_counts(i_pg, i_win, rank, pg, window, rows, group_ranks, ranks_by_window) -> np.ndarray:
+    """Ranks expected in each instance: group members that have data for the instance's window (loop per pg×window)."""
+    rbw = _ranks_by_window(rows, ranks_by_window)
+    out = np.zeros(len(i_pg), dtype=np.int64)
+    pw = i_pg.astype(np.int64) * (1 << 32) + i_win.astype(np.int64)
+    for key in np.unique(pw):
+        p, w = int(key >> 32), int(key & 0xFFFFFFFF)
+        if w >= 1 << 31:
+            w -= 1 << 32
+        mem = _group_members(p, rank, pg, group_ranks)
+        have = rbw.get(w)
+        exp = np.intersect1d(mem, have) if have is not None else mem
+        out[pw == key] = len(exp)
+    return out
+
+
+def _name(names, op_id) -> str:
+    if names is None or op_id >= len(names):
+        return f"op#{op_id}"
+    return str(names[op_id])
+
+
+def _mismatch_reports(c: Collectives, op_bad, bytes_bad, dup_bad, names, max_reports) -> list[dict[str, Any]]:
+    bad = np.flatnonzero(op_bad | bytes_bad | dup_bad)[:max_reports]
+    out = []
+    m, ins = c.members, c.instances
+    for i in bad:  # loop over problem instances only, capped
+        sl = slice(int(ins["first"][i]), int(ins["first"][i] + ins["count"][i]))
+        ranks = m["rank"][sl].tolist()
+        ops = [_name(names, int(o)) for o in m["op_id"][sl]]
+        sizes = m["bytes"][sl].tolist()
+        kinds = [k for k, flag in (("op", op_bad[i]), ("bytes", bytes_bad[i]), ("duplicate", dup_bad[i])) if flag]
+        where = f"pg {int(ins['pg'][i])} window {int(ins['window'][i])} seq {int(ins['seq'][i])}"
+        groups: dict[tuple, list[int]] = {}
+        for r, o, s in zip(ranks, ops, sizes):
+            groups.setdefault((o, s), []).append(r)
+        parts = [f"{o} of {s} B on rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}"
+                 for (o, s), rs in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+        msg = f"collective {where}: ranks disagree ({', '.join(kinds)}): " + "; ".join(parts)
+        if "duplicate" in kinds:
+            msg += " (a rank has two events with this seq)"
+        out.append({
+            "kind": "+".join(kinds), "inst": int(i), "pg": int(ins["pg"][i]), "window": int(ins["window"][i]),
+            "seq": int(ins["seq"][i]), "ranks": ranks, "ops": ops, "bytes": sizes, "message": msg,
+        })
+    return out
+
+
+def _incomplete_reports(c: Collectives, group_ranks, ranks_by_window, rows, names, max_reports):
+    ins, m = c.instances, c.members
+    bad = np.flatnonzero(~ins["complete"])[:max_reports]
+    if len(bad) == 0:
+        return []
+    rbw = _ranks_by_window(rows, ranks_by_window)
+    out = []
+    for i in bad:  # problem instances only, capped
+        sl = slice(int(ins["first"][i]), int(ins["first"][i] + ins["count"][i]))
+        seen = np.unique(m["rank"][sl]).astype(np.int64)
+        p, w = int(ins["pg"][i]), int(ins["window"][i])
+        mem = _group_members(p, m["rank"], m["pg"], group_ranks)
+        have = rbw.get(w)
+        exp = np.intersect1d(mem, have) if have is not None else mem
+        missing = np.setdiff1d(exp, seen).tolist()
+        op = _name(names, int(ins["op_id"][i]))
+        out.append({
+            "inst": int(i), "pg": p, "window": w, "seq": int(ins["seq"][i]), "op": op,
+            "ranks_seen": seen.tolist(), "ranks_missing": missing,
+            "message": f"collective pg {p} window {w} seq {int(ins['seq'][i])} ({op}) seen on ranks "
+                       f"{','.join(map(str, seen.tolist()))} but not on {','.join(map(str, missing))}",
+        })
+    return out
+
+
+def with_times(c: Collectives, start_ns: np.ndarray, end_ns: np.ndarray) -> Collectives:
+    """A copy of `c` whose member times are `start_ns`/`end_ns` (aligned to members' rows), aggregates recomputed."""
+    members = dict(c.members)
+    members["start_ns"] = np.asarray(start_ns, dtype=np.int64)
+    members["end_ns"] = np.asarray(end_ns, dtype=np.int64)
+    instances = dict(c.instances)
+    instances.update(_time_aggregates(members, c.instances["first"]))
+    return replace(c, instances=instances, members=members)
+
+
+def realign(c: Collectives, align: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> Collectives:
+    """Apply a clock alignment ``align(rank, window, t) -> aligned t`` to the member times (see clock.ClockModel)."""
+    m = c.members
+    return with_times(c, align(m["rank"], m["window"], m["start_ns"]), align(m["rank"], m["window"], m["end_ns"]))

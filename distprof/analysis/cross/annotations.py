@@ -1,0 +1,81 @@
+"""User annotations: time per ``record_function`` region, per rank and step, to compare marked code across ranks.
+
+Which events count: CPU ``user_annotation`` events (``with torch.profiler.record_function("forward"):``) whose name
+is not a framework-internal region. Framework names (``FRAMEWORK_PREFIXES``) are excluded: the profiler's
+``ProfilerStep#N``, the optimizer's ``Optimizer.step#…``/``Optimizer.zero_grad#…``, the DataLoader's
+``enumerate(DataLoader)#…`` (the ``input_wait`` finding reports those), DDP/FSDP wrappers
+(``DistributedDataParallel.*``, ``FullyShardedDataParallel.*``), torch.compile regions (``Torch-Compiled Region*``,
+``CompiledFunction*``, ``## … ##``), and communication (``gloo:*``, ``nccl:*``, ``record_param_comms`` and every
+event of category communication). Device-side copies of annotations (``gpu_user_annotation``) are not counted: the
+CPU region is the one the user wrote.
+
+Per (name, rank): ``ms_per_step`` = Σ durations of the name's events that start in one of the rank's recorded steps,
+divided by the number of steps the rank recorded (a rank that never ran the region counts 0); ``count_per_step`` the
+same for the number of events. Times are inclusive (children included). ``spread_pct`` = 100 · (max − min) / mean of
+``ms_per_step`` over the ranks (``None`` with fewer than two ranks or a zero mean). Names are ranked by their mean
+``ms_per_step`` over ranks, largest first.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..types import RunSummary
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["annotations", "combine"]
+
+
+def annotations(run: "RunSummary", *, max_names: int = 50) -> list[dict[str, Any]]:
+    """Per user annotation: ``{name, ranks: {"<rank>": {ms_per_step, count_per_step}}, spread_pct}``, largest first.
+
+    At most `max_names` names are returned (the largest); see the module docstring for what counts.
+    """
+    return combine({r: s.annotations for r, s in run.ranks.items()},
+                   {r: int(s.steps["step"].size) for r, s in run.ranks.items() if s.steps["step"].size},
+                   max_names=max_names)
+
+
+def combine(per_rank: Mapping[int, Mapping[str, tuple[float, float]]], n_steps: Mapping[int, int], *,
+            max_names: int = 50) -> list[dict[str, Any]]:
+    """:func:`annotations` from `per_rank` (rank -> ``rank_annotations``) and `n_steps` (rank -> steps recorded)."""
+    ranks = np.array(sorted(n_steps), dtype=np.int64)
+    all_names = sorted({n for a in per_rank.values() for n in a})
+    if not all_names or ranks.size == 0:
+        return []
+    nn, nr = len(all_names), ranks.size
+    pos = {n: i for i, n in enumerate(all_names)}
+    tot = np.zeros((nn, nr))
+    cnt = np.zeros((nn, nr))
+    for j, r in enumerate(ranks.tolist()):
+        for name, (t, c) in (per_rank.get(r) or {}).items():
+            tot[pos[name], j] = t
+            cnt[pos[name], j] = c
+    steps = np.array([n_steps[r] for r in ranks.tolist()], dtype=np.float64)
+    per_step = tot / np.maximum(steps, 1)[None, :]
+    calls = cnt / np.maximum(steps, 1)[None, :]
+    mean = per_step.mean(axis=1)
+    order = np.argsort(-mean, kind="stable")
+    if order.size > max_names:
+        logger.info("%d user annotations; keeping the %d largest", order.size, max_names)
+        order = order[:max_names]
+    out = []
+    for k in order:
+        m = float(mean[k])
+        spread = 100.0 * float(per_step[k].max() - per_step[k].min()) / m if nr >= 2 and m > 0 else None
+        out.append(
+            {
+                "name": all_names[k],
+                "ranks": {
+                    str(int(r)): {"ms_per_step": float(per_step[k, j]), "count_per_step": float(calls[k, j])}
+                    for j, r in enumerate(ranks)
+                },
+                "spread_pct": spread,
+            }
+        )
+    return out

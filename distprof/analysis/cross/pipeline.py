@@ -1,0 +1,199 @@
+"""Pipeline parallelism: the stages, how long each waits for the others per step, and which stage holds them.
+
+From the matched point-to-point transfers (``RunSummary.p2p``, inside the steps selection):
+
+* **Pipelines** are the connected groups of ranks that send to each other. A pipeline's **stage order** starts at
+  the rank whose first transfer in a step is a send most often (stage 0 sends the first micro-batch's activations)
+  and follows, from each stage, the not yet ordered peer it sends to first; it holds for straight pipelines and
+  for the ring of an interleaved schedule.
+* Per stage and step: ``busy_ms`` — its compute (the step breakdown's ``compute_ms``); ``wait_ms`` — the **bubble**:
+  the time it waited on receives for a peer that had not sent yet (``P2PPairs.recv_wait_ns`` summed over the step's
+  transfers it received); ``caused_ms`` — the waiting its own sends caused its receivers; ``p2p_ms`` — its time in
+  transfers (sends and receives, waits included). Stages are reported with medians over steps.
+* ``micro_batches`` — transfers per step from stage 0 to stage 1 (median over steps); with S stages and M
+  micro-batches the fill-and-drain bubble of GPipe and 1F1B is ``(S − 1) / (M + S − 1)`` of the step
+  (``ideal_bubble_pct``, for comparison).
+* ``bottleneck_rank`` — the stage with the most compute per step; ``imbalance_pct`` — its compute over the median
+  stage's, minus 1.
+
+The ``pipeline_bubble`` finding reads this (``findings.pipeline``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..types import RunSummary
+
+__all__ = ["PipelineStage", "Pipeline", "pipelines"]
+
+NS_PER_MS = 1e6
+
+
+@dataclass
+class PipelineStage:
+    stage: int
+    rank: int
+    host: str
+    n_steps: int
+    step_ms: float  # medians over its steps
+    busy_ms: float
+    wait_ms: float
+    wait_pct: float
+    caused_ms: float
+    p2p_ms: float  # time in its point-to-point transfers (sends and receives, waits included)
+    sends_per_step: float
+    recvs_per_step: float
+
+
+@dataclass
+class Pipeline:
+    ranks: list[int]  # in stage order
+    stages: list[PipelineStage]
+    micro_batches: float
+    ideal_bubble_pct: float | None
+    bubble_pct: float  # mean over stages of wait_pct
+    bottleneck_rank: int
+    imbalance_pct: float
+    median_busy_ms: float
+    holds_rank: int  # the stage whose sends the others waited for most
+    n_transfers: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _components(src: np.ndarray, dst: np.ndarray) -> list[list[int]]:
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b in zip(src.tolist(), dst.tolist()):
+        parent[find(a)] = find(b)
+    groups: dict[int, list[int]] = {}
+    for r in list(parent):
+        groups.setdefault(find(r), []).append(r)
+    return [sorted(g) for g in groups.values() if len(g) >= 2]
+
+
+def _stage_order(ranks: list[int], src, dst, t_send, t_recv, step_s, step_r) -> list[int]:
+    """Stage 0: the rank whose first transfer of a step is a send most often; then each stage's first target."""
+    who = np.r_[src, dst]
+    step = np.r_[step_s, step_r]
+    t = np.r_[t_send, t_recv]
+    is_send = np.r_[np.ones(src.size, bool), np.zeros(dst.size, bool)]
+    o = np.lexsort((t, step, who))
+    who, step, is_send = who[o], step[o], is_send[o]
+    first = np.r_[True, (who[1:] != who[:-1]) | (step[1:] != step[:-1])]
+    counts = dict(zip(*np.unique(who[first & is_send], return_counts=True)))
+    order = [max(ranks, key=lambda r: (int(counts.get(r, 0)), -r))]
+    # per sender, its targets by their first send
+    o = np.lexsort((t_send, src))
+    targets: dict[int, list[int]] = {}
+    for a_, d_ in zip(src[o].tolist(), dst[o].tolist()):
+        lst = targets.setdefault(a_, [])
+        if d_ not in lst:
+            lst.append(d_)
+    placed = set(order)
+    while len(order) < len(ranks):
+        nxt = next((d_ for d_ in targets.get(order[-1], []) if d_ not in placed), None)
+        if nxt is None:  # a dead end: the rest by rank
+            order += [r for r in ranks if r not in placed]
+            break
+        order.append(nxt)
+        placed.add(nxt)
+    return order
+
+
+class _RankSteps:
+    """Sums over (rank, step) cells of the steps table, for values given per transfer."""
+
+    def __init__(self, st) -> None:
+        self.rank = np.asarray(st["rank"], np.int64)
+        self.step = np.asarray(st["step"], np.int64)
+        code = (self.rank << 32) + (self.step & 0xFFFFFFFF)
+        self.order = np.argsort(code, kind="stable")
+        self.code = code[self.order]
+
+    def sum(self, rank: np.ndarray, step: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+        code = (np.asarray(rank, np.int64) << 32) + (np.asarray(step, np.int64) & 0xFFFFFFFF)
+        pos = np.searchsorted(self.code, code)
+        ok = (pos < self.code.size) & (step >= 0)
+        ok[ok] = self.code[pos[ok]] == code[ok]
+        out = np.zeros(self.code.size)
+        w = np.ones(code.size) if values is None else np.asarray(values, np.float64)
+        np.add.at(out, pos[ok], w[ok])
+        res = np.empty_like(out)
+        res[self.order] = out
+        return res
+
+
+def pipelines(run: RunSummary) -> list[Pipeline]:
+    """The run's pipelines (see the module docstring); [] when no ranks send to each other."""
+    p = run.p2p
+    if not len(p):
+        return []
+    sel = np.ones(len(p), bool)
+    if run.steps_selection is not None:
+        lo, hi = run.steps_selection
+        sel = (p.send_step >= lo) & (p.send_step <= hi)
+    sel &= (p.send_step >= 0) | (p.recv_step >= 0)
+    if not sel.any():
+        return []
+    src, dst = p.src[sel], p.dst[sel]
+    ts, tr = p.send_start_ns[sel], p.recv_start_ns[sel]
+    ss, sr = p.send_step[sel], p.recv_step[sel]
+    wait = p.recv_wait_ns[sel] / NS_PER_MS
+    d_send = (p.send_end_ns[sel] - ts) / NS_PER_MS
+    d_recv = (p.recv_end_ns[sel] - tr) / NS_PER_MS
+    st = run.steps
+    cells = _RankSteps(st)
+    c_wait = cells.sum(dst, sr, wait)
+    c_caused = cells.sum(src, ss, wait)
+    c_p2p = cells.sum(src, ss, d_send) + cells.sum(dst, sr, d_recv)
+    c_send = cells.sum(src, ss)
+    c_recv = cells.sum(dst, sr)
+    st_rank = cells.rank
+    step_all = np.asarray(st["step_ms"], np.float64)
+    busy_all = np.asarray(st["compute_ms"], np.float64)
+    out = []
+    for ranks in _components(src, dst):
+        order = _stage_order(ranks, src, dst, ts, tr, ss, sr)
+        stages = []
+        for k, r in enumerate(order):
+            m = st_rank == r
+            if not m.any():
+                continue
+            step_ms, w = step_all[m], c_wait[m]
+            stages.append(PipelineStage(
+                stage=k, rank=int(r), host=str(run.hosts.get(int(r), "?")), n_steps=int(m.sum()),
+                step_ms=float(np.median(step_ms)), busy_ms=float(np.median(busy_all[m])),
+                wait_ms=float(np.median(w)), wait_pct=100.0 * float(np.median(w / np.maximum(step_ms, 1e-9))),
+                caused_ms=float(np.median(c_caused[m])), p2p_ms=float(np.median(c_p2p[m])),
+                sends_per_step=float(np.median(c_send[m])), recvs_per_step=float(np.median(c_recv[m]))))
+        if len(stages) < 2:
+            continue
+        s0, s1 = order[0], order[1]
+        first_hop = ss[(src == s0) & (dst == s1) & (ss >= 0)]
+        mb = float(np.median(np.unique(first_hop, return_counts=True)[1])) if first_hop.size else 0.0
+        n_st = len(stages)
+        ideal = 100.0 * (n_st - 1) / (mb + n_st - 1) if mb > 0 else None
+        busy = np.array([s.busy_ms for s in stages])
+        bott = stages[int(np.argmax(busy))]
+        med_busy = float(np.median(busy))
+        holds = max(stages, key=lambda s: (s.caused_ms, -s.stage))
+        out.append(Pipeline(
+            ranks=[s.rank for s in stages], stages=stages, micro_batches=mb, ideal_bubble_pct=ideal,
+            bubble_pct=float(np.mean([s.wait_pct for s in stages])), bottleneck_rank=bott.rank,
+            imbalance_pct=100.0 * (bott.busy_ms / med_busy - 1) if med_busy > 0 else 0.0, median_busy_ms=med_busy,
+            holds_rank=holds.rank,
+            n_transfers=int(np.count_nonzero(np.isin(src, ranks)))))
+    return out

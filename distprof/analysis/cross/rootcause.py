@@ -1,0 +1,165 @@
+"""Root cause of a straggler: the ops that took longer on it than on the other ranks in the same steps.
+
+For straggler rank r, every op name n (``cpu_op``, ``user_annotation``, ``kernel``, ``gpu_memcpy``/``gpu_memset``;
+not communication — waiting is an effect, not a cause — and not ``ProfilerStep#N``) and every step s that r and at
+least one other rank recorded: ``t(r, s, n)`` = total duration of n on r in s (0 when r ran no n in a step it
+recorded). ``excess(n) = Σ_s [t(r, s, n) − median_{r' ≠ r} t(r', s, n)]``. Ops with a positive excess are listed,
+ranked by it. Times are inclusive: a parent op and its children are listed separately.
+
+Time with no event at all (a ``time.sleep`` or data loading outside the profiler) shows as the pseudo-op ``[idle]``:
+the step breakdown's ``idle_ms`` (main thread, or device, in no event and not waiting for communication).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..types import RunSummary
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["root_cause", "IDLE_NAME"]
+
+NS_PER_MS = 1e6
+IDLE_NAME = "[idle]"
+_MAX_CELLS = 20_000_000  # (name, step, rank) cells compared, at most (names beyond: the stragglers' lightest)
+_CHUNK_CELLS = 250_000  # cells per array at once (2 MB; the median over ranks holds about six such arrays)
+
+
+def _candidates(run: RunSummary, ranks: list[int], max_names: int) -> tuple[list[str], dict[str, str]]:
+    """Names the stragglers ran (sorted), at most `max_names` (those they spent most time in), and each one's kind."""
+    tot: dict[str, float] = {}
+    kinds: dict[str, str] = {}
+    for r in ranks:
+        s = run.ranks.get(r)
+        if s is None:
+            continue
+        d = np.bincount(s.op_totals["name"], weights=s.op_totals["dur_ms"], minlength=len(s.op_names))
+        for i, name in enumerate(s.op_names.tolist()):
+            tot[name] = tot.get(name, 0.0) + float(d[i])
+            kinds.setdefault(name, s.op_kinds[i])
+    cand = sorted(tot)
+    if len(cand) > max_names:  # bound memory: keep the names the stragglers spent most time in
+        order = np.argsort(-np.array([tot[n] for n in cand]), kind="stable")[:max_names]
+        cand = sorted(cand[i] for i in order)
+    return cand, kinds
+
+
+def _per_rank_cells(run: RunSummary, all_ranks: np.ndarray, pos: dict[str, int]) -> list:
+    """Per rank with op totals: (rank column, its summary, each of its op names' candidate index or −1). Small
+    (a few hundred ints per rank): the cells are built from the summaries a chunk of names at a time."""
+    parts = []
+    for j, r in enumerate(all_ranks.tolist()):
+        s = run.ranks.get(int(r))
+        if s is None or not s.op_totals["name"].size:
+            continue
+        parts.append((j, s, np.array([pos.get(x, -1) for x in s.op_names.tolist()], np.int32)))
+    return parts
+
+
+def _fill(parts: list, idle: tuple, steps: np.ndarray, a: int, b: int, n_names: int, nr: int
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(ms, calls) per (name, step, rank) for names a..b-1 (index n_names is the [idle] pseudo-op)."""
+    ns = steps.size
+    dur = np.zeros((b - a, ns, nr))
+    calls = np.zeros((b - a, ns, nr))
+    for j, s, name_map in parts:
+        ot = s.op_totals
+        ni = name_map[ot["name"]]
+        m = (ni >= a) & (ni < b) & np.isin(ot["step"], steps)
+        si = np.searchsorted(steps, ot["step"][m])
+        dur[ni[m] - a, si, j] = ot["dur_ms"][m]
+        calls[ni[m] - a, si, j] = ot["calls"][m]
+    if a <= n_names < b and idle[0].size:
+        dur[n_names - a, idle[0], idle[1]] = idle[2]
+    return dur, calls
+
+
+def _target_cells(present: np.ndarray, j: int) -> np.ndarray:
+    """Steps rank column `j` and at least one other rank recorded."""
+    return present[:, j] & np.delete(present, j, axis=1).any(axis=1)
+
+
+def root_cause(
+    run: RunSummary,
+    ranks: Sequence[int],
+    *,
+    top_ops: int = 10,
+) -> list[dict[str, Any]]:
+    """For each rank in `ranks`: its ops with the largest excess over the other ranks' median, same steps.
+
+    Returns one dict per rank: ``rank``, ``host``, ``n_steps`` (steps compared), ``ops`` — a list of
+    ``{name, kind, excess_ms, excess_ms_per_step, rank_ms_per_step, others_median_ms_per_step, calls_per_step}``.
+    Op times come from each rank's summary (``summary.TOP_OPS`` heaviest names per rank; a name outside a rank's
+    list counts as 0 there).
+    """
+    ranks = [int(r) for r in ranks]
+    if not ranks:
+        return []
+    bd = run.steps
+    all_ranks = np.unique(np.asarray(bd["rank"]))
+    steps = np.unique(np.asarray(bd["step"]))
+    nr, ns = all_ranks.size, steps.size
+    if nr < 2 or ns == 0:
+        return [{"rank": r, "host": run.hosts.get(r, "?"), "n_steps": 0, "ops": []} for r in ranks]
+    # which (step, rank) exist
+    present = np.zeros((ns, nr), bool)
+    present[np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"])] = True
+
+    cand, kind_of = _candidates(run, ranks, max(1, _MAX_CELLS // (ns * nr)))
+    labels = cand + [IDLE_NAME]
+    kinds = [kind_of.get(n, "none") for n in cand] + ["none"]
+    parts = _per_rank_cells(run, all_ranks, {n: i for i, n in enumerate(cand)})
+    idle = (np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"]), np.asarray(bd["idle_ms"]))
+    targets = {r: int(np.searchsorted(all_ranks, r)) for r in ranks if r in all_ranks}
+    cells = {r: _target_cells(present, j) for r, j in targets.items()}
+    got: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {r: [] for r in targets}
+    # names in chunks: at most _CHUNK_CELLS (name, step, rank) cells at once, whatever the rank count
+    chunk = max(1, _CHUNK_CELLS // (ns * nr))
+    for a in range(0, len(labels), chunk):
+        b = min(a + chunk, len(labels))
+        dur, calls = _fill(parts, idle, steps, a, b, len(cand), nr)
+        dur = np.where(present[None], dur, np.nan)
+        for r, j in targets.items():
+            steps_ok = cells[r]
+            if not steps_ok.any():
+                continue
+            with np.errstate(all="ignore"):
+                med = np.nanmedian(np.delete(dur[:, steps_ok, :], j, axis=2), axis=2)
+            got[r].append((dur[:, steps_ok, j], med, calls[:, steps_ok, j]))
+
+    out = []
+    for r in ranks:
+        if r not in all_ranks:
+            out.append({"rank": r, "host": run.hosts.get(r, "?"), "n_steps": 0, "ops": []})
+            continue
+        n_ok = int(cells[r].sum())
+        if n_ok == 0:
+            out.append({"rank": r, "host": run.hosts.get(r, "?"), "n_steps": 0, "ops": []})
+            continue
+        mine = np.concatenate([g[0] for g in got[r]])  # (names, steps)
+        med = np.concatenate([g[1] for g in got[r]])
+        calls = np.concatenate([g[2] for g in got[r]])
+        excess = np.nansum(mine - med, axis=1)
+        order = np.argsort(-excess, kind="stable")
+        ops = []
+        for k in order[:top_ops]:
+            if not excess[k] > 0:
+                break
+            ops.append(
+                {
+                    "name": labels[k],
+                    "kind": kinds[k],
+                    "excess_ms": float(excess[k]),
+                    "excess_ms_per_step": float(excess[k] / n_ok),
+                    "rank_ms_per_step": float(np.nanmean(mine[k])),
+                    "others_median_ms_per_step": float(np.nanmean(med[k])),
+                    "calls_per_step": float(calls[k].mean()),
+                }
+            )
+        out.append({"rank": r, "host": run.hosts.get(r, "?"), "n_steps": n_ok, "ops": ops})
+    return out

@@ -1,0 +1,2 @@
+"""The cross-rank step graph (own work, waits, critical path) and the what-if replays on it.
+"""

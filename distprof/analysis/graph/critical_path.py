@@ -1,0 +1,464 @@
+"""The cross-rank dependency graph of each step, its replay, and its critical path.
+
+    g = step_graph(run)                  # StepGraph: every rank's step as work segments joined at sync events
+    rp = replay(g)                       # Replay: arrivals / ends / step ends, recomputed from the segments
+    cp = critical_paths(g, rp)           # CriticalPaths: per step, which ranks' segments the path runs through
+
+**Events.** The sync events of a rank's step, on the aligned clock: its member rows of the matched collectives
+(``RunSummary.collectives``, every member of an instance) and its ends of the matched point-to-point pairs
+(``RunSummary.p2p``). Each event has an arrival ``a`` (the rank entered it) and an end ``z``. Its **start** ``S`` is
+when it could proceed: a collective member's is the latest arrival of all the instance's members; a receive's the
+later of its own arrival and its sender's; a send's its own arrival (a send does not wait for its receiver). Its
+**transfer** ``x = max(z − S, 0)`` is its time after it could proceed: the data moving. ``S − a`` is **waiting**.
+
+**Segments.** Per (rank, step) the events in arrival order, each preceded by a **work** segment, and a tail after the
+last: the rank's own time between sync points. A segment hangs off the previous event's end when it began after it
+(``a ≥ z_prev``: the rank — or its communication thread — had to finish the previous event first), else off its
+arrival (the previous event ran concurrently: an asynchronous bucket all-reduce under backward); the first off the
+rank's step start. Gap ``g = a − anchor``; the tail likewise from the last event to the step's end, off its end
+also when the step ended after the event could proceed (``≥ S``) but before its exec event ended: the rank waited
+for it (gloo's worker thread closes the event after the main thread went on), so the wait is not counted as work.
+
+**Replay.** ``a = anchor + g``, ``S`` from the arrivals as above, ``z = S + x``, step end = anchor of the tail + tail.
+The graph is acyclic in time, so repeated relaxation over all events at once (numpy, no per-event loop) reaches the
+fixed point in at most its depth passes. With the measured segments the replay reproduces the measured step ends
+(up to clock error: an event that ends before its last member arrived has ``x`` clipped to 0); a what-if
+(:mod:`.whatif`) changes the segments and replays. Each rank's step start is kept (the previous step's exit).
+
+**Critical path** of a step: from the rank whose step ends last, back through its tail, the event it hangs off —
+through its transfer to the member that arrived last (the one whose arrival set ``S``) — and that member's work
+segment, and so on, to a rank's step start. It runs through work segments (of a rank) and transfers (of a
+collective or pair); never through waiting. ``CriticalPaths`` holds per step the path's length and its time per rank
+and kind, and one step's segments in order (for the report's view).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..groupstats import group_median
+
+if TYPE_CHECKING:
+    from ..types import RunSummary
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StepGraph", "Replay", "CriticalPaths", "step_graph", "replay", "critical_paths", "critical_path_report",
+           "LINK_START", "LINK_ARRIVAL", "LINK_END", "KIND_COLL", "KIND_SEND", "KIND_RECV", "group_median"]
+
+NS_PER_MS = 1e6
+#: How a segment hangs off what precedes it.
+LINK_START, LINK_ARRIVAL, LINK_END = 0, 1, 2
+#: Event kinds.
+KIND_COLL, KIND_SEND, KIND_RECV = 0, 1, 2
+#: An arrival this little before the previous event's end still counts as after it (timestamp grain, clock error).
+END_SLACK_NS = 50_000
+#: Segments of at most this many steps are listed in the report's view (one step: the median one).
+MAX_PATH_SEGMENTS = 400
+
+
+@dataclass
+class StepGraph:
+    """Events (one row each, sorted by rank-step then arrival) and the per rank-step chains (times: float ns,
+    relative to ``t0`` so differences stay exact)."""
+
+    t0: int
+    # rank-steps (sorted by rank, step): the run.steps rows that have a step
+    rs_rank: np.ndarray
+    rs_step: np.ndarray
+    rs_start: np.ndarray
+    rs_end: np.ndarray
+    rs_tail: np.ndarray  # tail segment length (ns)
+    rs_tail_link: np.ndarray  # LINK_* of the tail
+    rs_last: np.ndarray  # index of the last event of the rank-step, −1 without events
+    # events
+    ev_rs: np.ndarray  # rank-step row
+    ev_rank: np.ndarray
+    ev_step: np.ndarray
+    ev_kind: np.ndarray  # KIND_*
+    ev_group: np.ndarray  # collective instance (coll), −1 for p2p
+    ev_op: np.ndarray  # collective op name id (into names), −1 for p2p
+    ev_pg: np.ndarray
+    ev_partner: np.ndarray  # receive: its send's event (−1: sender not in the graph); else −1
+    ev_arrival: np.ndarray
+    ev_end: np.ndarray
+    ev_gap: np.ndarray  # work segment before the event (ns)
+    ev_link: np.ndarray  # LINK_* of that segment
+    ev_prev: np.ndarray  # previous event of the rank-step, −1 for the first
+    ev_transfer: np.ndarray  # x (ns)
+    names: np.ndarray  # collective op names
+    n_groups: int
+    # the rank's wait for a CPU within each work segment and tail (ns, NaN unknown: no cpu/samples, p2p events)
+    ev_cpu_wait: np.ndarray | None = None
+    rs_tail_cpu_wait: np.ndarray | None = None
+
+    @property
+    def n_events(self) -> int:
+        return int(self.ev_rank.size)
+
+    def with_segments(self, *, gap: np.ndarray | None = None, tail: np.ndarray | None = None,
+                      transfer: np.ndarray | None = None) -> "StepGraph":
+        """The same graph with other segment lengths (what-ifs)."""
+        return replace(self, ev_gap=self.ev_gap if gap is None else gap,
+                       rs_tail=self.rs_tail if tail is None else tail,
+                       ev_transfer=self.ev_transfer if transfer is None else transfer)
+
+
+@dataclass
+class Replay:
+    arrival: np.ndarray
+    start: np.ndarray  # S
+    end: np.ndarray  # z
+    last_arriver: np.ndarray  # per event: the event whose arrival set its S
+    rs_end: np.ndarray
+    converged: bool
+    passes: int
+
+    def step_ms(self, g: StepGraph) -> np.ndarray:
+        """Replayed duration of each rank-step (ms)."""
+        return (self.rs_end - g.rs_start) / NS_PER_MS
+
+
+def _rank_steps(run: RunSummary) -> dict[str, np.ndarray]:
+    st = run.steps
+    o = np.lexsort((np.asarray(st["start_ns"]), np.asarray(st["step"]), np.asarray(st["rank"])))
+    rank = np.asarray(st["rank"], np.int64)[o]
+    step = np.asarray(st["step"], np.int64)[o]
+    keep = np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])][:rank.size]  # a (rank, step) once
+    nan = np.full(o.size, np.nan)
+    return {"rank": rank[keep], "step": step[keep], "start": np.asarray(st["start_ns"], np.int64)[o][keep],
+            "end": np.asarray(st["end_ns"], np.int64)[o][keep],
+            "cw_start": np.asarray(st.get("cpu_wait_at_start_ns", nan), np.float64)[o][keep],
+            "cw_end": np.asarray(st.get("cpu_wait_at_end_ns", nan), np.float64)[o][keep]}
+
+
+def _rs_index(rs: dict[str, np.ndarray], rank: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Row of (rank, step) among the rank-steps, −1 where the rank has no such step."""
+    if rs["rank"].size == 0 or rank.size == 0:
+        return np.full(rank.size, -1, np.int64)
+    span = int(max(rs["step"].max(), step.max(), 0)) + 2
+    key = rs["rank"] * span + rs["step"] + 1
+    q = rank.astype(np.int64) * span + np.clip(step, -1, span - 2) + 1
+    i = np.clip(np.searchsorted(key, q), 0, key.size - 1)
+    return np.where(key[i] == q, i, -1)
+
+
+def step_graph(run: RunSummary) -> StepGraph:
+    """The dependency graph of every recorded step of `run` (see the module docstring)."""
+    rs = _rank_steps(run)
+    m = run.collectives.members
+    c_step = np.asarray(run.collective_rows["step"], np.int64)[np.asarray(m["row"], np.int64)] if m["row"].size \
+        else np.zeros(0, np.int64)
+    c_rank = np.asarray(m["rank"], np.int64)
+    p = run.p2p
+    ranks = np.r_[c_rank, np.asarray(p.src, np.int64), np.asarray(p.dst, np.int64)]
+    steps = np.r_[c_step, np.asarray(p.send_step, np.int64), np.asarray(p.recv_step, np.int64)]
+    arrival = np.r_[np.asarray(m["start_ns"], np.int64), np.asarray(p.send_start_ns, np.int64),
+                    np.asarray(p.recv_start_ns, np.int64)]
+    end = np.r_[np.asarray(m["end_ns"], np.int64), np.asarray(p.send_end_ns, np.int64),
+                np.asarray(p.recv_end_ns, np.int64)]
+    nc, npp = c_rank.size, len(p)
+    kind = np.r_[np.full(nc, KIND_COLL), np.full(npp, KIND_SEND), np.full(npp, KIND_RECV)].astype(np.int8)
+    group = np.r_[np.asarray(m["inst"], np.int64), np.full(2 * npp, -1, np.int64)]
+    op = np.r_[np.asarray(m["op_id"], np.int64), np.full(2 * npp, -1, np.int64)]
+    pg = np.r_[np.asarray(m["pg"], np.int64), np.asarray(p.pg, np.int64), np.asarray(p.pg, np.int64)]
+    pair = np.r_[np.full(nc, -1, np.int64), np.arange(npp), np.arange(npp)]  # the p2p pair of sends / receives
+    rows = np.asarray(m["row"], np.int64)
+    cr = run.collective_rows
+    cw_a = np.r_[np.asarray(cr.get("cpu_wait_at_start_ns", np.full(len(cr["step"]), np.nan)), np.float64)[rows],
+                 np.full(2 * npp, np.nan)]
+    cw_z = np.r_[np.asarray(cr.get("cpu_wait_at_end_ns", np.full(len(cr["step"]), np.nan)), np.float64)[rows],
+                 np.full(2 * npp, np.nan)]
+    rsi = _rs_index(rs, ranks, steps)
+    keep = rsi >= 0
+    # a collective instance is a node of the graph only where all its members are in recorded steps
+    if nc:
+        n_inst = len(run.collectives)
+        bad = np.bincount(group[:nc][~keep[:nc]], minlength=n_inst) > 0
+        keep[:nc] &= ~bad[group[:nc]]
+    t0 = int(rs["start"].min()) if rs["start"].size else 0
+    sel = np.flatnonzero(keep)
+    o = sel[np.lexsort((arrival[sel], rsi[sel]))]
+    ev_rs = rsi[o]
+    a = (arrival[o] - t0).astype(np.float64)
+    z = np.maximum(end[o] - t0, arrival[o] - t0).astype(np.float64)
+    n = o.size
+    new_rs = np.r_[True, ev_rs[1:] != ev_rs[:-1]] if n else np.zeros(0, bool)
+    prev = np.where(new_rs, -1, np.arange(n) - 1)
+    # receive -> its send (both kept), by pair id
+    k_o, pair_o = kind[o], pair[o]
+    partner = np.full(n, -1, np.int64)
+    if npp:
+        send_at = np.full(npp, -1, np.int64)
+        is_s = k_o == KIND_SEND
+        send_at[pair_o[is_s]] = np.flatnonzero(is_s)
+        is_r = k_o == KIND_RECV
+        partner[is_r] = send_at[pair_o[is_r]]
+    grp = group[o]
+    # dense group ids for collectives (instances kept)
+    ug, gi = np.unique(grp[grp >= 0], return_inverse=True)
+    gid = np.full(n, -1, np.int64)
+    gid[grp >= 0] = gi.reshape(-1)
+    n_groups = int(ug.size)
+    start_rs = (rs["start"] - t0).astype(np.float64)
+    end_rs = (rs["end"] - t0).astype(np.float64)
+    pz = np.where(prev >= 0, z[np.maximum(prev, 0)], 0.0)
+    pa = np.where(prev >= 0, a[np.maximum(prev, 0)], 0.0)
+    link = np.where(prev < 0, LINK_START, np.where(a >= pz - END_SLACK_NS, LINK_END, LINK_ARRIVAL)).astype(np.int8)
+    anchor = np.where(link == LINK_START, start_rs[ev_rs] if n else 0.0, np.where(link == LINK_END, pz, pa))
+    gap = np.maximum(a - anchor, 0.0) if n else np.zeros(0)
+    cw_a, cw_z = cw_a[o], cw_z[o]
+    pcz = np.where(prev >= 0, cw_z[np.maximum(prev, 0)], np.nan) if n else np.zeros(0)
+    pca = np.where(prev >= 0, cw_a[np.maximum(prev, 0)], np.nan) if n else np.zeros(0)
+    cw_anchor = np.where(link == LINK_START, rs["cw_start"][ev_rs] if n else 0.0,
+                         np.where(link == LINK_END, pcz, pca))
+    ev_cpu_wait = np.clip(cw_a - cw_anchor, 0.0, gap) if n else np.zeros(0)
+    g = StepGraph(
+        t0=t0, rs_rank=rs["rank"], rs_step=rs["step"], rs_start=start_rs, rs_end=end_rs,
+        rs_tail=np.zeros(rs["rank"].size), rs_tail_link=np.zeros(rs["rank"].size, np.int8),
+        rs_last=np.full(rs["rank"].size, -1, np.int64),
+        ev_rs=ev_rs, ev_rank=ranks[o], ev_step=steps[o], ev_kind=k_o, ev_group=gid, ev_op=op[o], ev_pg=pg[o],
+        ev_partner=partner, ev_arrival=a, ev_end=z, ev_gap=gap, ev_link=link, ev_prev=prev,
+        ev_transfer=np.zeros(n), names=np.asarray(run.names, dtype=object), n_groups=n_groups,
+        ev_cpu_wait=ev_cpu_wait)
+    s, _ = _starts(g, a, who=False)
+    g.ev_transfer = np.maximum(z - s, 0.0)
+    if n:
+        is_last = np.r_[ev_rs[1:] != ev_rs[:-1], True]
+        g.rs_last[ev_rs[is_last]] = np.flatnonzero(is_last)
+    L = g.rs_last
+    has = L >= 0
+    lz = np.where(has, z[np.maximum(L, 0)] if n else 0.0, 0.0)
+    la = np.where(has, a[np.maximum(L, 0)] if n else 0.0, 0.0)
+    # the tail hangs off the last event's end when the step ended after it, or after the event could proceed (its
+    # last member arrived): the rank had waited for it, and the exec event on the communication thread (gloo's
+    # worker) ends a little after the main thread went on, so the tail is then 0, never the wait counted as work
+    ls = np.where(has, s[np.maximum(L, 0)] if n else 0.0, 0.0)
+    waited = (end_rs >= lz - END_SLACK_NS) | (has & (end_rs >= ls) & (g.ev_kind[np.maximum(L, 0)] == KIND_COLL)
+                                              if n else False)
+    g.rs_tail_link = np.where(~has, LINK_START, np.where(waited, LINK_END, LINK_ARRIVAL)).astype(np.int8)
+    tail_anchor = np.where(g.rs_tail_link == LINK_START, start_rs, np.where(g.rs_tail_link == LINK_END, lz, la))
+    g.rs_tail = np.maximum(end_rs - tail_anchor, 0.0)
+    lcz = np.where(has, cw_z[np.maximum(L, 0)] if n else np.nan, np.nan)
+    lca = np.where(has, cw_a[np.maximum(L, 0)] if n else np.nan, np.nan)
+    tail_cw = np.where(g.rs_tail_link == LINK_START, rs["cw_start"], np.where(g.rs_tail_link == LINK_END, lcz, lca))
+    g.rs_tail_cpu_wait = np.clip(rs["cw_end"] - tail_cw, 0.0, g.rs_tail)
+    return g
+
+
+def _group_order(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
+    """Collective events sorted by group, and where each group begins (computed once per graph)."""
+    cached = getattr(g, "_order", None)
+    if cached is None:
+        idx = np.flatnonzero(g.ev_group >= 0)
+        idx = idx[np.argsort(g.ev_group[idx], kind="stable")]
+        gg = g.ev_group[idx]
+        bounds = np.flatnonzero(np.r_[True, gg[1:] != gg[:-1]]) if idx.size else np.zeros(0, np.int64)
+        cached = (idx, bounds)
+        g._order = cached
+    return cached
+
+
+def _starts(g: StepGraph, a: np.ndarray, *, who: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """S of every event from the arrivals `a`, and (`who`) the event whose arrival set it."""
+    n = a.size
+    s = a.copy()
+    last = np.arange(n) if who else None
+    idx, bounds = _group_order(g)
+    if idx.size:
+        av = a[idx]
+        latest = np.maximum.reduceat(av, bounds)
+        counts = np.diff(np.r_[bounds, idx.size])
+        s[idx] = np.repeat(latest, counts)
+        if who:
+            gpos = np.repeat(np.arange(bounds.size), counts)
+            hit = av == latest[gpos]
+            first_hit = np.full(bounds.size, -1, np.int64)
+            rev = np.flatnonzero(hit)[::-1]  # the first member (by group order) arriving at the latest time wins
+            first_hit[gpos[rev]] = idx[rev]
+            last[idx] = first_hit[gpos]
+    rv = np.flatnonzero((g.ev_kind == KIND_RECV) & (g.ev_partner >= 0))
+    if rv.size:
+        snd = g.ev_partner[rv]
+        if who:
+            later = a[snd] > a[rv]
+            last[rv[later]] = snd[later]
+        s[rv] = np.maximum(a[rv], a[snd])
+    return s, last
+
+
+def replay(g: StepGraph, *, max_passes: int | None = None) -> Replay:
+    """Arrivals, starts, ends and step ends from the segments (see the module docstring)."""
+    n = g.n_events
+    a = g.ev_arrival.copy()
+    limit = max_passes if max_passes is not None else n + 2
+    start_of = g.rs_start[g.ev_rs] if n else np.zeros(0)
+    prev = np.maximum(g.ev_prev, 0)
+    converged, passes = n == 0, 0
+    while passes < limit:
+        passes += 1
+        s, _ = _starts(g, a, who=False)
+        z = s + g.ev_transfer
+        anchor = np.where(g.ev_link == LINK_START, start_of, np.where(g.ev_link == LINK_END, z[prev], a[prev]))
+        a_new = anchor + g.ev_gap
+        if np.array_equal(a_new, a):
+            converged = True
+            break
+        a = a_new
+    if not converged:
+        log.warning("critical path: the step graph did not settle in %d passes (collectives in a different order "
+                    "on different ranks?); the replay uses the last pass", passes)
+    s, who = _starts(g, a)
+    z = s + g.ev_transfer
+    L = np.maximum(g.rs_last, 0)
+    tl = g.rs_tail_link
+    if n:
+        tail_anchor = np.where(tl == LINK_START, g.rs_start, np.where(tl == LINK_END, z[L], a[L]))
+    else:
+        tail_anchor = g.rs_start
+    return Replay(arrival=a, start=s, end=z, last_arriver=who, rs_end=tail_anchor + g.rs_tail,
+                  converged=converged, passes=passes)
+
+
+@dataclass
+class CriticalPaths:
+    """Per step (``steps``): the path's length and, per (step, rank), the time it runs through the rank's work
+    segments (``work_ms``, dense steps × ranks); per step the transfer time on it per collective op (``comm``)."""
+
+    steps: np.ndarray
+    ranks: np.ndarray
+    length_ms: np.ndarray
+    work_ms: np.ndarray  # (n_steps, n_ranks)
+    transfer_ms: np.ndarray  # (n_steps,) transfers of collectives and pairs on the path
+    comm: dict[tuple[int, str], np.ndarray]  # (pg, op) -> per step transfer ms on the path ("p2p" for pairs)
+    end_rank: np.ndarray  # per step: the rank whose step ended last (where the path ends)
+    segments: list[dict[str, Any]]  # one step's path, in time order: rank, kind, name, start_ms, ms
+    segments_step: int | None
+
+
+def critical_paths(g: StepGraph, rp: Replay, *, view_step: int | None = None) -> CriticalPaths:
+    """The critical path of every step (see the module docstring), walked back for all steps at once."""
+    steps, rs_si = np.unique(g.rs_step, return_inverse=True)
+    rs_si = rs_si.reshape(-1)
+    ranks, rs_ri = np.unique(g.rs_rank, return_inverse=True)
+    rs_ri = rs_ri.reshape(-1)
+    ns, nr = steps.size, ranks.size
+    work = np.zeros((ns, nr))
+    transfer = np.zeros(ns)
+    comm: dict[tuple[int, str], np.ndarray] = {}
+    if ns == 0:
+        return CriticalPaths(steps, ranks, np.zeros(0), work, transfer, comm, np.zeros(0, np.int64), [], None)
+    # the rank-step ending last in each step
+    o = np.lexsort((rp.rs_end, rs_si))
+    last = o[np.r_[rs_si[o][1:] != rs_si[o][:-1], True]]
+    end_t = rp.rs_end[last]
+    # walk: state per step = (event, at) where at 0 = at the event's arrival, 1 = at its end; start from the tails
+    segs: list[tuple[np.ndarray, ...]] = []
+
+    def add(si, rsrow, kind, ev, t_from, t_to):
+        d = t_to - t_from
+        segs.append((si, rsrow, np.full(si.size, kind), ev, t_from, d))
+
+    si_all = np.arange(ns)
+    tl = g.rs_tail_link[last]
+    ev = np.where(tl == LINK_START, -1, g.rs_last[last])
+    at_end = tl == LINK_END
+    L = np.maximum(ev, 0)
+    t_anchor = np.where(tl == LINK_START, g.rs_start[last],
+                        np.where(at_end, rp.end[L] if g.n_events else 0.0, rp.arrival[L] if g.n_events else 0.0))
+    add(si_all, last, 0, ev, t_anchor, end_t)
+    cur_si, cur_ev, cur_end = si_all[ev >= 0], ev[ev >= 0], at_end[ev >= 0]
+    hops = 0
+    while cur_si.size and hops < 4 * g.n_events + 4:
+        hops += 1
+        # at an event's end: its transfer, then jump to the member that arrived last (at its arrival)
+        e = cur_ev[cur_end]
+        if e.size:
+            add(cur_si[cur_end], g.ev_rs[e], 1, e, rp.start[e], rp.end[e])
+        nxt_ev = np.where(cur_end, rp.last_arriver[cur_ev], cur_ev)
+        # at an arrival: the work segment before it, then to what it hangs off
+        e = nxt_ev
+        link = g.ev_link[e]
+        pv = g.ev_prev[e]
+        anchor_t = np.where(link == LINK_START, g.rs_start[g.ev_rs[e]],
+                            np.where(link == LINK_END, rp.end[np.maximum(pv, 0)], rp.arrival[np.maximum(pv, 0)]))
+        add(cur_si, g.ev_rs[e], 0, e, anchor_t, rp.arrival[e])
+        go = link != LINK_START
+        cur_si, cur_ev, cur_end = cur_si[go], pv[go], (link == LINK_END)[go]
+    si, rsrow, kinds, evs, t_from, d = (np.concatenate(x) for x in zip(*segs))
+    d = np.maximum(d, 0.0) / NS_PER_MS
+    w = kinds == 0
+    np.add.at(work, (si[w], rs_ri[rsrow[w]]), d[w])
+    tr = ~w
+    np.add.at(transfer, si[tr], d[tr])
+    if tr.any():
+        e = evs[tr]
+        is_coll = g.ev_op[e] >= 0
+        keys = np.where(is_coll, g.ev_pg[e] * (len(g.names) + 1) + g.ev_op[e], -1)
+        for k in np.unique(keys).tolist():
+            sel = keys == k
+            key = (-1, "p2p") if k < 0 else (int(k // (len(g.names) + 1)),
+                                             str(g.names[int(k % (len(g.names) + 1))]))
+            comm[key] = np.bincount(si[tr][sel], weights=d[tr][sel], minlength=ns)
+    start_t = np.full(ns, np.inf)
+    np.minimum.at(start_t, si, t_from)
+    length = (end_t - start_t) / NS_PER_MS
+    # one step's path for the view: the step of median length
+    vi = (int(np.searchsorted(steps, view_step)) if view_step is not None and view_step in steps
+          else int(np.argsort(length, kind="stable")[(ns - 1) // 2]))
+    sel = np.flatnonzero(si == vi)
+    sel = sel[np.argsort(t_from[sel], kind="stable")][:MAX_PATH_SEGMENTS]
+    view = []
+    for i in sel.tolist():
+        e = int(evs[i])
+        if kinds[i] == 0:
+            name = "work"
+        elif g.ev_op[e] >= 0:
+            name = str(g.names[int(g.ev_op[e])])
+        else:
+            name = "send/recv"
+        view.append({"rank": int(g.rs_rank[rsrow[i]]), "kind": "work" if kinds[i] == 0 else "transfer",
+                     "name": name, "pg": None if kinds[i] == 0 else int(g.ev_pg[e]),
+                     "start_ms": float((t_from[i] - start_t[vi]) / NS_PER_MS), "ms": float(d[i])})
+    return CriticalPaths(steps, ranks, length, work, transfer, comm, g.rs_rank[last], view, int(steps[vi]))
+
+
+#: Ranks listed per critical-path summary (the report stays small at 1,024 ranks; the rest are counted).
+TOP_RANKS = 8
+
+
+def critical_path_report(run: RunSummary, *, graph: StepGraph | None = None) -> dict[str, Any]:
+    """The report.json ``critical_path`` section (docs/report-format.md)."""
+    g = graph if graph is not None else step_graph(run)
+    rp = replay(g)
+    cp = critical_paths(g, rp)
+    if cp.steps.size == 0:
+        return {"n_steps": 0, "length_ms_median": None, "ranks": [], "comm": [], "per_step": [], "view": None,
+                "converged": rp.converged}
+    per_rank = cp.work_ms.mean(axis=0)
+    mean_len = float(cp.length_ms.mean())
+    order = np.argsort(-per_rank, kind="stable")
+    on_path = int(np.count_nonzero(per_rank > 0))
+    ranks = [{"rank": int(cp.ranks[i]), "ms_per_step": float(per_rank[i]),
+              "share_pct": 100.0 * float(per_rank[i]) / mean_len if mean_len > 0 else None,
+              "steps_on_path": int(np.count_nonzero(cp.work_ms[:, i] > 0))}
+             for i in order[:TOP_RANKS] if per_rank[i] > 0]
+    comm = sorted(({"pg": k[0], "op": k[1], "ms_per_step": float(v.mean()),
+                    "share_pct": 100.0 * float(v.mean()) / mean_len if mean_len > 0 else None}
+                   for k, v in cp.comm.items()), key=lambda d: -d["ms_per_step"])
+    per_step = []
+    for j in range(cp.steps.size):
+        top = np.argsort(-cp.work_ms[j], kind="stable")[:3]
+        per_step.append({"step": int(cp.steps[j]), "length_ms": float(cp.length_ms[j]),
+                         "transfer_ms": float(cp.transfer_ms[j]), "end_rank": int(cp.end_rank[j]),
+                         "ranks": [{"rank": int(cp.ranks[i]), "ms": float(cp.work_ms[j, i])} for i in top
+                                   if cp.work_ms[j, i] > 0]})
+    return {"n_steps": int(cp.steps.size), "length_ms_median": float(np.median(cp.length_ms)),
+            "length_ms_mean": mean_len, "transfer_ms_per_step": float(cp.transfer_ms.mean()),
+            "n_ranks_on_path": on_path, "ranks": ranks, "comm": comm, "per_step": per_step,
+            "view": {"step": cp.segments_step, "segments": cp.segments}, "converged": rp.converged,
+            "passes": rp.passes}

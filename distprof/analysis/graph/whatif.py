@@ -1,0 +1,426 @@
+"""What-if estimates: replay the cross-rank step graph (:mod:`.critical_path`) with one change, and say how much
+faster the step would be.
+
+    from distprof.analysis import whatif
+    r = whatif.estimate(run, whatif.Straggler(ranks=(3,)))     # WhatIf: measured / predicted step ms, gain
+    r = whatif.estimate(run, whatif.FasterCollective("all_reduce", 2.0))
+    table = whatif.standard(run, stragglers=find_stragglers(run))  # the report's what-if table
+
+Changes (each optionally limited to some ``ranks``):
+
+* :class:`Straggler` — the ranks' work at their peers' median: each work segment before a collective is compared
+  with the median of the same segment (before the same instance) on the instance's other members, the tail after
+  the last sync with the median of the other ranks' tails in that step; the rank's systematic excess (per segment
+  position in the step, the median over steps of own − peers', where positive) is taken off each step's segment, so
+  its step-to-step noise stays, as it would in a run without the delay (taking the peers' median itself would
+  replace two noisy ranks by one, and the step, a maximum over ranks, would come out too short). A peer's segment
+  that is only a hand-over from the previous event's end, shorter than ``HANDOFF_NS``, is not counted: its
+  communication thread was still busy, the work it did meanwhile is hidden in that wait. Segments before
+  point-to-point events (pipeline stages do different work) are scaled by the ratio of the rank-step's new
+  collective-and-tail work to its old one (in a pure pipeline: the peers' median work per step to its own).
+  The replay then starts every
+  collective at its new latest arrival: the waiting the straggler caused on the others goes too.
+* :class:`OverlapComm` — exposed communication fully overlapped: every transfer (an event's time after its last
+  member arrived) takes no step time; the collective still waits for its latest member.
+* :class:`FasterCollective` — transfers of one collective op (and process group) N× faster.
+* :class:`NoIdle` — each rank-step's idle time (``steps.idle_ms``: device idle on GPU ranks, the main thread in no
+  op on CPU ranks) removed from its work segments.
+* :class:`NoInputWait` — the rank's input wait (``measures.input_ms_per_step``: DataLoader fetches on the main
+  thread) removed from its work segments.
+* :class:`NoCpuWait` — the rank-step's wait for a CPU (``steps.cpu_wait_ms``: the stepping thread runnable but
+  not running, from the capture's scheduler statistics) removed from its work segments.
+* :class:`FasterOp` — one op name (``aten::mm``) N× faster: per rank-step its own time (``op_totals``) shrinks by
+  (1 − 1/N), taken from the rank-step's work segments.
+
+Time removed from a rank-step's work is taken from its segments in proportion to their length (the summaries keep
+per-step totals, not where in the step the time fell); the replay decides what of it the step gains. The prediction
+is anchored on the measurement: per step, predicted = measured − (replayed with the measured segments − replayed
+with the change), the mean over ranks; over steps, the median. Step time of a run: per step the mean over ranks of
+``step_ms``, the median over steps (:func:`step_time_ms`).
+
+What the replay cannot see: ranks sharing CPU cores (on a 2-core machine a rank that stops sleeping takes CPU time
+from its peers), and a changed op changing others (caches, clocks). docs/whatif.md has the measured accuracy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+from ..groupstats import rank_step_values
+from .critical_path import (
+    KIND_COLL,
+    KIND_RECV,
+    KIND_SEND,
+    LINK_END,
+    NS_PER_MS,
+    StepGraph,
+    group_median,
+    replay,
+    step_graph,
+)
+
+if TYPE_CHECKING:
+    from ..types import RunSummary
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Change", "Straggler", "OverlapComm", "FasterCollective", "NoIdle", "NoInputWait", "NoCpuWait", "FasterOp",
+           "WhatIf",
+           "estimate", "standard", "step_time_ms", "per_step_time_ms", "annotate_findings"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """A change to replay; ``ranks`` limits it (None: every rank)."""
+
+    ranks: tuple[int, ...] | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.ranks is not None:
+            object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
+        f = getattr(self, "factor", None)
+        if f is not None and not (isinstance(f, (int, float)) and f > 0 and np.isfinite(f)):
+            raise ValueError(f"{type(self).__name__}: factor {f!r} must be a positive finite number")
+
+    def describe(self) -> str:  # pragma: no cover - every change overrides it
+        raise NotImplementedError
+
+    def _mask(self, ranks: np.ndarray) -> np.ndarray:
+        return np.ones(ranks.size, bool) if self.ranks is None else np.isin(ranks, list(self.ranks))
+
+    def _where(self) -> str:
+        from ..names import rank_ranges
+
+        return "" if self.ranks is None else f" on rank(s) {rank_ranges(sorted(self.ranks), sep=',')}"
+
+
+@dataclass(frozen=True)
+class Straggler(Change):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.ranks:
+            raise ValueError("Straggler: name the straggling rank(s), e.g. Straggler(ranks=(3,))")
+
+    def describe(self) -> str:
+        from ..names import rank_ranges
+
+        return f"rank(s) {rank_ranges(sorted(self.ranks or ()), sep=',')} at their peers' median"
+
+
+@dataclass(frozen=True)
+class OverlapComm(Change):
+    def describe(self) -> str:
+        return "exposed communication fully overlapped" + self._where()
+
+
+@dataclass(frozen=True)
+class FasterCollective(Change):
+    op: str = "all_reduce"
+    factor: float = 2.0
+    pg: int | None = None
+
+    def describe(self) -> str:
+        return f"{self.op}{'' if self.pg is None else f' (group {self.pg})'} {self.factor:g}x faster" + self._where()
+
+
+@dataclass(frozen=True)
+class NoIdle(Change):
+    def describe(self) -> str:
+        return "idle time removed (an upper bound: nothing keeps the rank idle)" + self._where()
+
+
+@dataclass(frozen=True)
+class NoInputWait(Change):
+    def describe(self) -> str:
+        return "input waits removed" + self._where()
+
+
+@dataclass(frozen=True)
+class NoCpuWait(Change):
+    def describe(self) -> str:
+        return "waits for a CPU removed" + self._where()
+
+
+@dataclass(frozen=True)
+class FasterOp(Change):
+    name: str = ""
+    factor: float = 2.0
+
+    def describe(self) -> str:
+        return f"{self.name} {self.factor:g}x faster" + self._where()
+
+
+@dataclass
+class WhatIf:
+    """One change's estimate (ms; per step)."""
+
+    change: str  # the change's kind
+    description: str
+    measured_step_ms: float | None
+    predicted_step_ms: float | None
+    gain_ms_per_step: float
+    gain_pct: float | None
+    per_step_gain_ms: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"change": self.change, "description": self.description, "measured_step_ms": self.measured_step_ms,
+                "predicted_step_ms": self.predicted_step_ms, "gain_ms_per_step": self.gain_ms_per_step,
+                "gain_pct": self.gain_pct}
+
+
+def per_step_time_ms(run: RunSummary) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, step time of each: the mean over ranks of ``step_ms``)."""
+    st = run.steps
+    steps, si = np.unique(np.asarray(st["step"], np.int64), return_inverse=True)
+    si = si.reshape(-1)
+    tot = np.bincount(si, weights=np.asarray(st["step_ms"], np.float64), minlength=steps.size)
+    return steps, tot / np.maximum(np.bincount(si, minlength=steps.size), 1)
+
+
+def step_time_ms(run: RunSummary) -> float | None:
+    """The run's step time: the median over steps of the mean over ranks of ``step_ms`` (None without steps)."""
+    _, t = per_step_time_ms(run)
+    return float(np.median(t)) if t.size else None
+
+
+# ---- applying changes to the graph ---------------------------------------------------------------------------------
+def _remove_work(g: StepGraph, remove_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Take `remove_ms` (per rank-step) from each rank-step's work segments, in proportion to their length."""
+    work = g.rs_tail + np.bincount(g.ev_rs, weights=g.ev_gap, minlength=g.rs_rank.size)
+    cut = np.clip(np.asarray(remove_ms, np.float64) * NS_PER_MS, 0.0, work)
+    keep = np.where(work > 0, 1.0 - cut / np.where(work > 0, work, 1.0), 1.0)
+    return g.ev_gap * (keep[g.ev_rs] if g.n_events else 1.0), g.rs_tail * keep
+
+
+#: A segment this short after the previous event's end is a hand-over (the event queued behind the previous one on
+#: the communication thread or stream), not work.
+HANDOFF_NS = 200_000
+
+
+def _less_excess(own: np.ndarray, ref: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """`own` less its systematic excess over `ref` (NaN: no reference): per `key`, the median over its rows of
+    own − ref, where positive."""
+    ok = np.isfinite(ref)
+    if not ok.any():
+        return own
+    _, k = np.unique(key, return_inverse=True)
+    k = k.reshape(-1)
+    e = group_median(k[ok], (own - ref)[ok], int(k.max()) + 1)
+    e = np.where(np.isfinite(e), np.maximum(e, 0.0), 0.0)
+    return np.maximum(own - e[k], 0.0)
+
+
+def _straggler(g: StepGraph, c: Change) -> StepGraph:
+    who_ev = c._mask(g.ev_rank)
+    who_rs = c._mask(g.rs_rank)
+    gap, tail = g.ev_gap.copy(), g.rs_tail.copy()
+    coll = g.ev_kind == KIND_COLL
+    # a peer's segment that only hands its arrival over from the previous event's end (its communication thread or
+    # stream was busy: the work it did meanwhile is hidden there) says nothing about how long the work takes
+    handoff = (g.ev_link == LINK_END) & (g.ev_gap < HANDOFF_NS)
+    peers = coll & ~who_ev & ~handoff
+    med = group_median(g.ev_group[peers], g.ev_gap[peers], g.n_groups) if g.n_groups else np.zeros(0)
+    mine = np.flatnonzero(coll & who_ev)
+    m = med[g.ev_group[mine]] if mine.size else np.zeros(0)
+    # the rank's systematic excess per segment (its position in the rank-step), the median over steps of
+    # (own − peers' median), is taken off every step's segment: its step-to-step noise stays, as it would
+    first = np.r_[0, np.flatnonzero(g.ev_rs[1:] != g.ev_rs[:-1]) + 1] if g.n_events else np.zeros(0, np.int64)
+    pos = np.arange(g.n_events) - np.repeat(first, np.diff(np.r_[first, g.n_events]))
+    gap[mine] = _less_excess(g.ev_gap[mine], m, g.ev_rank[mine] * (int(pos.max(initial=0)) + 1) + pos[mine])
+    steps, si = np.unique(g.rs_step, return_inverse=True)
+    si = si.reshape(-1)
+    tmed = group_median(si[~who_rs], g.rs_tail[~who_rs], steps.size) if (~who_rs).any() else \
+        np.full(steps.size, np.nan)
+    tail[who_rs] = _less_excess(g.rs_tail[who_rs], tmed[si[who_rs]], g.rs_rank[who_rs])
+    # point-to-point segments: scaled by the rank-step's ratio of new to old (collective and tail) work
+    p2p = who_ev & ((g.ev_kind == KIND_SEND) | (g.ev_kind == KIND_RECV))
+    if p2p.any():
+        old = g.rs_tail + np.bincount(g.ev_rs[coll], weights=g.ev_gap[coll], minlength=g.rs_rank.size)
+        new = tail + np.bincount(g.ev_rs[coll], weights=gap[coll], minlength=g.rs_rank.size)
+        ratio = np.where(old > 0, np.minimum(new / np.where(old > 0, old, 1.0), 1.0), 1.0)
+        if not coll.any():  # a pure pipeline: the peers' median work per step against the rank's own
+            w = np.bincount(g.ev_rs, weights=g.ev_gap, minlength=g.rs_rank.size) + g.rs_tail
+            wmed = group_median(si[~who_rs], w[~who_rs], steps.size) if (~who_rs).any() else \
+                np.full(steps.size, np.nan)
+            r = wmed[si] / np.where(w > 0, w, 1.0)
+            ratio = np.where(who_rs & np.isfinite(r), np.minimum(r, 1.0), 1.0)
+            tail = np.where(who_rs, g.rs_tail * ratio, tail)
+        gap[p2p] = g.ev_gap[p2p] * ratio[g.ev_rs[p2p]]
+    return g.with_segments(gap=gap, tail=tail)
+
+
+def _rank_step_values(run: RunSummary, g: StepGraph, column: str) -> np.ndarray:
+    """A breakdown column of each rank-step of the graph (aligned steps table; 0 where absent or unknown)."""
+    return np.nan_to_num(rank_step_values(run.steps, column, g.rs_rank, g.rs_step, missing=0.0), nan=0.0)
+
+
+def _op_ms(run: RunSummary, g: StepGraph, name: str) -> np.ndarray:
+    """Per rank-step of the graph: the own time of op `name` (op_totals), ms."""
+    out = np.zeros(g.rs_rank.size)
+    rows = {(int(r), int(s)): i for i, (r, s) in enumerate(zip(g.rs_rank.tolist(), g.rs_step.tolist()))}
+    for r, s in run.ranks.items():
+        hit = np.flatnonzero(np.asarray(s.op_names, dtype=object) == name)
+        if not hit.size:
+            continue
+        sel = np.isin(s.op_totals["name"], hit)
+        for step, ms in zip(s.op_totals["step"][sel].tolist(), s.op_totals["dur_ms"][sel].tolist()):
+            i = rows.get((int(r), int(step)))
+            if i is not None:
+                out[i] += ms
+    return out
+
+
+def apply(run: RunSummary, g: StepGraph, c: Change) -> StepGraph:
+    """The graph with change `c` applied to its segments."""
+    if isinstance(c, Straggler):
+        return _straggler(g, c)
+    if isinstance(c, (OverlapComm, FasterCollective)):
+        sel = c._mask(g.ev_rank)
+        if isinstance(c, FasterCollective):
+            ok_op = np.array([str(n) == c.op for n in g.names], bool)
+            sel &= (g.ev_op >= 0) & ok_op[np.maximum(g.ev_op, 0)] if ok_op.size else np.zeros(g.n_events, bool)
+            if c.pg is not None:
+                sel &= g.ev_pg == c.pg
+        x = g.ev_transfer.copy()
+        x[sel] = 0.0 if isinstance(c, OverlapComm) else x[sel] / c.factor
+        return g.with_segments(transfer=x)
+    if isinstance(c, NoIdle):
+        rm = _rank_step_values(run, g, "idle_ms")
+    elif isinstance(c, NoCpuWait):
+        rm = _rank_step_values(run, g, "cpu_wait_ms")
+    elif isinstance(c, NoInputWait):
+        per_rank = {r: float((s.measures or {}).get("input_ms_per_step") or 0.0) for r, s in run.ranks.items()}
+        rm = np.array([per_rank.get(int(r), 0.0) for r in g.rs_rank.tolist()], np.float64) if per_rank else \
+            np.zeros(g.rs_rank.size)
+    elif isinstance(c, FasterOp):
+        rm = _op_ms(run, g, c.name) * (1.0 - 1.0 / c.factor)
+    else:
+        raise TypeError(f"unknown what-if change {type(c).__name__}")
+    gap, tail = _remove_work(g, np.where(c._mask(g.rs_rank), rm, 0.0))
+    return g.with_segments(gap=gap, tail=tail)
+
+
+def _kind(c: Change) -> str:
+    return {Straggler: "straggler", OverlapComm: "overlap_comm", FasterCollective: "faster_collective",
+            NoIdle: "no_idle", NoInputWait: "no_input_wait", NoCpuWait: "no_cpu_wait", FasterOp: "faster_op"}[type(c)]
+
+
+class _Base:
+    """The measured graph and its replay, computed once for many changes."""
+
+    def __init__(self, run: RunSummary, graph: StepGraph | None = None):
+        self.run = run
+        self.g = graph if graph is not None else step_graph(run)
+        self.base = replay(self.g).step_ms(self.g)
+        self.steps, self.si = np.unique(self.g.rs_step, return_inverse=True)
+        self.si = self.si.reshape(-1)
+        st, t = per_step_time_ms(run)
+        self.measured = t[np.searchsorted(st, self.steps)] if st.size else np.zeros(0)
+        self.n = np.maximum(np.bincount(self.si, minlength=self.steps.size), 1)
+
+    def estimate(self, c: Change) -> WhatIf:
+        changed = replay(apply(self.run, self.g, c)).step_ms(self.g)
+        gain = np.bincount(self.si, weights=self.base - changed, minlength=self.steps.size) / self.n
+        measured = float(np.median(self.measured)) if self.measured.size else None
+        if measured is None:
+            return WhatIf(_kind(c), c.describe(), None, None, 0.0, None, gain)
+        predicted = float(np.median(self.measured - gain))
+        g = measured - predicted
+        return WhatIf(_kind(c), c.describe(), measured, predicted, g, 100.0 * g / measured if measured > 0 else None,
+                      gain)
+
+
+def estimate(run: RunSummary, change: Change, *, graph: StepGraph | None = None) -> WhatIf:
+    """Predicted step time of `run` with `change` (see the module docstring)."""
+    return _Base(run, graph).estimate(change)
+
+
+def estimate_many(run: RunSummary, changes: Iterable[Change], *, graph: StepGraph | None = None) -> list[WhatIf]:
+    b = _Base(run, graph)
+    return [b.estimate(c) for c in changes]
+
+
+#: Collectives given an "N x faster" row in the standard table (the heaviest on the critical path).
+STANDARD_FACTOR = 2.0
+
+
+def standard(run: RunSummary, *, stragglers: dict[str, Any] | None = None, graph: StepGraph | None = None,
+             top_ops: int = 1) -> list[dict[str, Any]]:
+    """The report's what-if table: named stragglers at their peers' median, communication overlapped, the heaviest
+    collective op 2x faster, idle and input waits removed, the heaviest op 2x faster — largest gain first."""
+    b = _Base(run, graph)
+    changes: list[Change] = []
+    named = [int(d["rank"]) for d in (stragglers or {}).get("ranks", []) if d.get("named")]
+    if named:
+        changes.append(Straggler(ranks=tuple(named)))
+    if b.g.n_events:
+        changes.append(OverlapComm())
+        coll = b.g.ev_op >= 0
+        if coll.any():
+            w = np.bincount(b.g.ev_op[coll], weights=b.g.ev_transfer[coll], minlength=len(b.g.names))
+            changes.append(FasterCollective(op=str(b.g.names[int(np.argmax(w))]), factor=STANDARD_FACTOR))
+    changes += [NoIdle(), NoInputWait()]
+    for name in _heaviest_ops(run, top_ops):
+        changes.append(FasterOp(name=name, factor=STANDARD_FACTOR))
+    rows = [b.estimate(c).to_dict() for c in changes]
+    rows.sort(key=lambda d: -(d["gain_ms_per_step"] or 0.0))
+    return rows
+
+
+def _heaviest_ops(run: RunSummary, k: int) -> list[str]:
+    """The op names with the most own time summed over ranks and steps, leaves preferred: ``aten::`` ops and
+    kernels (a module's or an annotation's time includes its ops')."""
+    tot: dict[str, float] = {}
+    for s in run.ranks.values():
+        if not s.op_totals["name"].size:
+            continue
+        w = np.bincount(s.op_totals["name"], weights=s.op_totals["dur_ms"], minlength=len(s.op_names))
+        for i in np.flatnonzero(w).tolist():
+            kind = s.op_kinds[i] if i < len(s.op_kinds) else ""
+            nm = str(s.op_names[i])
+            if kind == "kernel" or nm.startswith("aten::"):
+                tot[nm] = tot.get(nm, 0.0) + float(w[i])
+    return [n for n, _ in sorted(tot.items(), key=lambda x: -x[1])[:k]]
+
+
+#: Finding id -> the change it proposes (finding's rank, or its ranks, where it has them).
+def _change_for(f: dict[str, Any], run: RunSummary) -> Change | None:
+    rank = f.get("rank")
+    ranks = (int(rank),) if rank is not None else None
+    fid = f.get("id")
+    if fid == "straggler_rank" and rank is not None:
+        return Straggler(ranks=(int(rank),))
+    if fid == "straggler_host":
+        host = f.get("host")
+        members = tuple(sorted(r for r, h in run.hosts.items() if h == host))
+        return Straggler(ranks=members) if members else None
+    if fid == "exposed_comm":
+        return OverlapComm(ranks=ranks)
+    if fid == "input_wait":
+        return NoInputWait(ranks=ranks)
+    if fid == "cpu_contention":
+        return NoCpuWait(ranks=ranks)
+    if fid == "device_idle":
+        return NoIdle(ranks=ranks)
+    return None
+
+
+def annotate_findings(run: RunSummary, found: list[dict[str, Any]], *, graph: StepGraph | None = None) -> None:
+    """Give each finding ``estimated_gain_ms_per_step`` and ``predicted_step_ms`` (None where no change models it),
+    in place."""
+    b: _Base | None = None
+    for f in found:
+        c = _change_for(f, run)
+        if c is None:
+            f["estimated_gain_ms_per_step"] = None
+            f["predicted_step_ms"] = None
+            continue
+        if b is None:
+            b = _Base(run, graph)
+        w = b.estimate(c)
+        f["estimated_gain_ms_per_step"] = w.gain_ms_per_step
+        f["predicted_step_ms"] = w.predicted_step_ms

@@ -1,0 +1,277 @@
+"""What a run directory holds, from the shards' attributes only: which shards, ranks, windows and process groups,
+and what is missing. No event is read here. Every reader of a run starts from this (``scan_run``).
+
+    cat = scan_run("distprof/<run-id>", steps=(10, 19))
+    cat.ranks, cat.shards_of(3), cat.process_groups, cat.warnings
+
+Steps: find, open and check every shard (attributes and layout; ``storage.selection``: bad shards, shards of
+another run or job, and second copies of a rank's window are left out and listed in ``skipped``) → name missing ranks, cut or failed windows → with ``steps``, keep the shards whose
+windows overlap them → name missing windows → merge the process-group lists (one global index per group name).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ...errors import IncompleteRunError
+from ...progress import progress_enabled
+from ...storage.reader import Shard, find_shards, read_status
+from ...storage.selection import SkippedShard, select_shards
+from ..names import rank_ranges
+from ..types import RankClockInfo
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunCatalog", "scan_run", "with_read_skips", "PROGRESS_MIN_SHARDS", "bar"]
+
+#: Shards from this many on get a progress bar (when stderr is a terminal).
+PROGRESS_MIN_SHARDS = 16
+
+
+@dataclass
+class RunCatalog:
+    """The shards of one run and what their attributes say (see the module docstring)."""
+
+    run_dir: Path | None  # None: a run held in memory (engine.summarize_merged)
+    run_id: str
+    world_size: int
+    shards: list[Shard]  # kept shards, sorted by (rank, window)
+    ranks: list[int]  # ranks with at least one shard (whatever the steps selection)
+    ranks_missing: list[int]
+    first_attrs: dict[int, dict[str, Any]]  # rank -> attributes of its first shard in the selection
+    process_groups: list[dict[str, Any]]  # global list: index, name, desc, backend, ranks
+    pg_luts: dict[Path, np.ndarray | None]  # shard path -> local pg index -> global index
+    steps: tuple[int, int] | None = None
+    warnings: list[str] = field(default_factory=list)
+    windows_by_rank: dict[int, list[int]] | None = None  # window -> ranks, when there are no shards (in memory)
+    skipped: list[SkippedShard] = field(default_factory=list)  # shards left out (bad, another run, a copy), and why
+    strict: bool = False  # any bad shard is an error (read_rank raises instead of skipping)
+
+    @property
+    def hosts(self) -> dict[int, str]:
+        return {r: str(a["host"]) for r, a in sorted(self.first_attrs.items())}
+
+    def shards_of(self, rank: int) -> list[Shard]:
+        by_rank = self.__dict__.get("_by_rank")
+        if by_rank is None:
+            by_rank = {}
+            for s in self.shards:
+                by_rank.setdefault(s.rank, []).append(s)
+            self.__dict__["_by_rank"] = by_rank
+        return list(by_rank.get(rank, ()))
+
+    @property
+    def ranks_read(self) -> list[int]:
+        """Ranks with a shard in the selection (the ones whose events are read)."""
+        if not self.shards and self.windows_by_rank is not None:
+            return sorted({r for rs in self.windows_by_rank.values() for r in rs})
+        return sorted({s.rank for s in self.shards})
+
+    def ranks_by_window(self) -> dict[int, list[int]]:
+        if self.windows_by_rank is not None:
+            return {w: list(r) for w, r in self.windows_by_rank.items()}
+        out: dict[int, list[int]] = {}
+        for s in self.shards:
+            out.setdefault(s.window, []).append(s.rank)
+        return out
+
+    def group_ranks(self) -> dict[int, list[int]]:
+        return {int(g["index"]): g["ranks"] for g in self.process_groups if g.get("ranks")}
+
+    def clock_infos(self) -> dict[int, RankClockInfo]:
+        return {r: clock_info(r, a) for r, a in self.first_attrs.items()}
+
+
+def bar(items: Sequence, show: bool, desc: str, unit: str = "shard"):
+    if not show:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, leave=False)
+
+
+def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None,
+             progress: bool | None = None, strict: bool = False,
+             check: Callable[[os.PathLike | str], Shard] | None = None) -> RunCatalog:
+    """Open and check every shard of `run_dir` (attributes and layout, ``storage.selection``) and keep one run's.
+
+    A bad shard, one of another run (run_id / job / world_size / schedule differ from the majority's) or a second copy
+    of a rank's window is left out, listed in ``skipped`` and named in ``warnings``; missing ranks or windows are
+    named in ``warnings``. `strict`: each of those is an error instead (BadShardError / IncompleteRunError). Raises
+    IncompleteRunError when there is nothing to load. `check`: what checks one shard (default
+    ``storage.validate.check_shard``; the MPI engine passes the answers its processes found in parallel).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise IncompleteRunError(f"{run_dir}: no such run directory; pass the <out>/<run-id> folder the capture wrote")
+    paths = find_shards(run_dir)
+    if not paths:
+        raise IncompleteRunError(
+            f"{run_dir}: no shard files (rank*.w*.h5); pass the <out>/<run-id> folder, or check the capture's "
+            "status files for errors")
+    if steps is not None:
+        lo, hi = int(steps[0]), int(steps[1])
+        if lo > hi:
+            raise ValueError(f"steps=({lo}, {hi}): the first step must not be after the last")
+        steps = (lo, hi)
+
+    show = progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
+    sel = select_shards(bar(paths, show and check is None, "checking shards"), strict=strict,
+                        **({"check": check} if check is not None else {}))  # ShardFormatError: nothing usable
+    shards, world_size = sel.shards, sel.world_size
+    warnings: list[str] = list(sel.warnings)
+
+    all_ranks = sorted({s.rank for s in shards})
+    ranks_missing = sorted(set(range(world_size)) - set(all_ranks))
+    if ranks_missing:
+        warnings.append(_missing_ranks_message(run_dir, ranks_missing, world_size))
+        if strict:
+            raise IncompleteRunError(f"{run_dir}: {warnings[-1]} (--strict: every rank needs a shard)")
+    _note_shard_problems(shards, warnings)
+
+    if steps is not None:
+        kept = [s for s in shards if _overlaps(s, *steps)]
+        if not kept:
+            spans = sorted({(int(s.attrs["first_step"]), int(s.attrs["last_step"])) for s in shards})
+            raise IncompleteRunError(
+                f"{run_dir}: no window covers steps {steps[0]}..{steps[1]} (recorded: "
+                + ", ".join(f"{a}..{b}" for a, b in spans) + "); pick steps inside a recorded window")
+        shards = kept
+    if _note_missing_windows(shards, warnings) and strict:
+        raise IncompleteRunError(f"{run_dir}: {warnings[-1]} (--strict: every rank needs every window)")
+    first_attrs: dict[int, dict[str, Any]] = {}
+    for s in shards:
+        first_attrs.setdefault(s.rank, s.attrs)
+    process_groups, luts = _merge_process_groups(shards)
+    return RunCatalog(run_dir=run_dir, run_id=str(shards[0].attrs["run_id"]), world_size=world_size, shards=shards,
+                      ranks=all_ranks, ranks_missing=ranks_missing, first_attrs=first_attrs,
+                      process_groups=process_groups, pg_luts={s.path: lut for s, lut in zip(shards, luts)},
+                      steps=steps, warnings=warnings, skipped=list(sel.skipped), strict=strict)
+
+
+def with_read_skips(cat: RunCatalog, skipped: list[SkippedShard], ranks_read: set[int]) -> RunCatalog:
+    """`cat` without the shards that failed when their data was read (``rankdata.read_ranks``): they are listed in
+    ``skipped`` and named in ``warnings``; a rank that lost every shard becomes a missing rank."""
+    if not skipped:
+        return cat
+    lost = {sk.path for sk in skipped}
+    shards = [s for s in cat.shards if s.path not in lost]
+    gone = sorted({s.rank for s in cat.shards if s.path in lost} - set(ranks_read))
+    warnings = list(cat.warnings) + [f"skipped {sk.path}: {sk.reason}" for sk in skipped]
+    if gone:
+        warnings.append(f"rank(s) {rank_ranges(gone, sep=',')}: every shard was skipped; their data is absent from "
+                        "every analysis")
+    ranks = [r for r in cat.ranks if r not in gone]
+    return replace(cat, shards=shards, ranks=ranks, ranks_missing=sorted(set(cat.ranks_missing) | set(gone)),
+                   first_attrs={r: a for r, a in cat.first_attrs.items() if r not in gone},
+                   pg_luts={p: lut for p, lut in cat.pg_luts.items() if p not in lost},
+                   warnings=warnings, skipped=list(cat.skipped) + list(skipped))
+
+
+# ---- consistency and gaps --------------------------------------------------------------------------------------------
+
+
+def _missing_ranks_message(run_dir: Path, missing: list[int], world_size: int) -> str:
+    msg = (f"rank(s) {rank_ranges(missing, sep=',')} of 0..{world_size - 1} have no shard: their data is absent "
+           "from every analysis")
+    status = read_status(run_dir)
+    notes = []
+    for r in missing:
+        errs = (status.get(r) or {}).get("errors") or []
+        if errs:
+            e = errs[-1]
+            notes.append(f"rank {r}: {e.get('stage', '?')}: {e.get('message', e)}" if isinstance(e, dict)
+                         else f"rank {r}: {e}")
+    if notes:
+        msg += " (" + "; ".join(notes[:3]) + ")"
+    return msg
+
+
+def _note_shard_problems(shards: list[Shard], warnings: list[str]) -> None:
+    cut = [s for s in shards if s.attrs.get("complete") is False]
+    if cut:
+        warnings.append("window(s) cut short (the script ended mid-window): "
+                        + ", ".join(f"rank {s.rank} window {s.window}" for s in cut[:8])
+                        + (f" and {len(cut) - 8} more" if len(cut) > 8 else ""))
+    errs = {}
+    for s in shards:
+        e = s.attrs.get("errors") or []
+        if e:
+            errs[s.rank] = e[-1]
+    if errs:
+        items = list(errs.items())[:3]
+        warnings.append("capture errors recorded on rank(s) " + rank_ranges(errs, sep=',') + ": " + "; ".join(
+            f"rank {r}: {e.get('stage', '?')}: {e.get('message', '')}" if isinstance(e, dict) else f"rank {r}: {e}"
+            for r, e in items))
+
+
+def _note_missing_windows(shards: list[Shard], warnings: list[str]) -> int:
+    """Name each window some ranks lack; returns how many windows do."""
+    ranks = sorted({s.rank for s in shards})
+    have: dict[int, set[int]] = {}
+    for s in shards:
+        have.setdefault(s.window, set()).add(s.rank)
+    n = 0
+    for w in sorted(have):
+        lack = [r for r in ranks if r not in have[w]]
+        if lack:
+            n += 1
+            warnings.append(f"window {w}: rank(s) {rank_ranges(lack, sep=',')} have no shard for it "
+                            "(lost or still being written)")
+    return n
+
+
+def _overlaps(s: Shard, lo: int, hi: int) -> bool:
+    return int(s.attrs["first_step"]) <= hi and int(s.attrs["last_step"]) >= lo
+
+
+# ---- process groups and clock roles ---------------------------------------------------------------------------------
+
+
+def _merge_process_groups(shards: list[Shard]) -> tuple[list[dict[str, Any]], list[np.ndarray | None]]:
+    """Union of the shards' process-group lists, keyed by pg name; per shard the local→global index map."""
+    glob: list[dict[str, Any]] = []
+    by_key: dict[str, int] = {}
+    maps: list[np.ndarray | None] = []
+    for s in shards:
+        pgs = s.attrs.get("process_groups")
+        if not isinstance(pgs, list) or not pgs:
+            maps.append(None)
+            continue
+        lut = np.full(max(int(g.get("index", i)) for i, g in enumerate(pgs)) + 1, -1, dtype=np.int32)
+        for i, g in enumerate(pgs):
+            key = str(g.get("name", g.get("index", i)))
+            if key not in by_key:
+                by_key[key] = len(glob)
+                glob.append({"index": len(glob), "name": g.get("name", key), "desc": g.get("desc", ""),
+                             "backend": g.get("backend", ""), "ranks": list(g.get("ranks") or [])})
+            lut[int(g.get("index", i))] = by_key[key]
+        maps.append(lut)
+    return glob, maps
+
+
+def remap_pg(pg: np.ndarray, lut: np.ndarray | None) -> np.ndarray:
+    """Shard-local process-group indices -> the run's global ones (unknown stay as they are)."""
+    if lut is None or len(pg) == 0:
+        return pg
+    ok = (pg >= 0) & (pg < len(lut))
+    out = pg.copy()
+    out[ok] = lut[pg[ok]]
+    return out
+
+
+def clock_info(rank: int, a: Mapping[str, Any]) -> RankClockInfo:
+    def opt_int(key):
+        v = a.get(key)
+        return int(v) if v is not None and v != "" else None
+
+    role = a.get("clock_role")
+    return RankClockInfo(rank=rank, host=str(a["host"]), role=str(role) if role else None,
+                         leader=opt_int("clock_leader"), reference=opt_int("clock_reference"))

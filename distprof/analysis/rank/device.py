@@ -1,0 +1,107 @@
+"""Device rules (GPU ranks): where the device sits idle and what the host did meanwhile, and the host's
+synchronising calls; with their per-rank measures (:func:`device_measures`).
+
+* ``device_idle`` — GPU ranks: step time in which no kernel, memcpy or memset runs on any stream of the rank (the
+  breakdown's device idle). Fires when it reaches ``idle_min_step_pct`` (10 %) of step time and ``idle_min_ms``
+  (0.5 ms) per step; impact = that share. Evidence: where it sits (before the step's first GPU work, between, after
+  the last) and what the host did meanwhile, each idle ns counted once, in this order: the main thread waited for
+  input (``input_wait``'s time), the idle stretch began inside a synchronising call (the sync drained the queue), a
+  CPU thread of the rank (not a communication worker) was inside a ``cpu_op`` (dispatch/launch-bound; the leaf ops
+  with most such time are named), else the host ran code outside any recorded op. Advice follows the largest part.
+* ``host_sync`` — GPU ranks: synchronising calls (runtime/driver calls matching ``SYNC_CALL_RE`` on the rank's CPU
+  threads, and Kineto ``cuda_sync`` records; overlapping ones count once). Fires when there are ≥
+  ``sync_min_per_step`` (1) per step and the host's blocked time or the device idle that starts inside them reaches
+  ``sync_min_step_pct`` (5 %) of step time. Impact = that device idle (the sync's cost: the host blocked while the
+  device was busy costs nothing by itself); it is the part of ``device_idle`` the evidence calls "followed a
+  synchronising call". Call sites: the outermost ``cpu_op`` enclosing each call (e.g. ``aten::item``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...storage.schema import KIND_CODE
+from ..load.rankdata import RankData
+from ..rank import intervals as iv
+from ..rank.events import (
+    K_CPU_OP,
+    K_CUDA_SYNC,
+    NS_PER_MS,
+    edge_gaps,
+    in_windows,
+    leaf_ops,
+    op_label,
+    outermost_op,
+    starts_inside,
+    top_ids,
+)
+from ..rank.gpu_time import GPU_KINDS
+from ..rank.index import RankIndex
+
+_RUNTIME_KINDS = tuple(KIND_CODE[k] for k in ("cuda_runtime", "cuda_driver", "privateuse1_runtime",
+                                                "privateuse1_driver"))
+
+
+def device_measures(rd: RankData, ix: RankIndex, e: dict[str, np.ndarray], ws: np.ndarray, we: np.ndarray,
+                     input_set: iv.Intervals, is_sync_name: np.ndarray) -> dict[str, Any]:
+    """Device idle (where it sits, what the host did meanwhile) and host synchronisation, per step of the rank."""
+    ts, end, kind, tid, dev, nid = e["ts"], e["end"], e["kind"], e["tid"], e["dev"], e["nid"]
+    n = ws.size
+
+    def per_step(x: iv.Intervals) -> float:
+        return float(iv.measure_in_windows(x, ws, we).sum()) / NS_PER_MS / n
+
+    win = iv.union(ws, we)
+    g = (dev >= 0) & np.isin(kind, GPU_KINDS)
+    busy = iv.union(ts[g], end[g])
+    idle = iv.subtract(win, busy)
+    head, tail = edge_gaps(busy, ws, we)
+    head = iv.intersect(head, idle)
+    tail = iv.intersect(tail, idle)
+    # host synchronisation: blocking runtime calls on the rank's CPU threads, and Kineto's cuda_sync records
+    scall = (dev < 0) & np.isin(kind, _RUNTIME_KINDS) & is_sync_name[nid]
+    sk = scall | (kind == K_CUDA_SYNC)
+    sync = iv.union(ts[sk], end[sk])
+    # an idle stretch that starts while the host waits in a sync: the sync drained the device's queue
+    drained_m = starts_inside(idle.s, sync)
+    drained = iv.Intervals(idle.s[drained_m], idle.e[drained_m])
+    hop = (dev < 0) & (kind == K_CPU_OP) & ~np.isin(tid, ix.comm_tids)
+    host_ops = iv.union(ts[hop], end[hop])
+    # each idle ns goes to the first of: input wait, drained by a sync, host inside an op, host outside any op
+    p_input = iv.intersect(idle, input_set)
+    rest = iv.subtract(idle, input_set)
+    p_sync = iv.intersect(rest, drained)
+    rest = iv.subtract(rest, drained)
+    p_ops = iv.intersect(rest, host_ops)
+    p_other = iv.subtract(rest, host_ops)
+    hi = np.flatnonzero(hop)
+    li = hi[leaf_ops(ts[hi], end[hi], tid[hi])]
+    ov = iv.measure_in_windows(p_ops, ts[li], end[li])
+    top_ops = [(op_label(rd.names, k), t / NS_PER_MS / n) for k, t in top_ids(nid[li], ov)]
+
+    sync_in = in_windows(sync.s, ws, we)
+    si = np.flatnonzero(scall)
+    si = si[in_windows(ts[si], ws, we)]
+    ci = np.flatnonzero((dev < 0) & (kind == K_CPU_OP))
+    site = outermost_op(ts[ci], end[ci], tid[ci], nid[ci], ts[si], end[si], tid[si])
+    sites = [(op_label(rd.names, k), t / NS_PER_MS / n, float(np.count_nonzero(site == k)) / n)
+             for k, t in top_ids(site, end[si] - ts[si])]
+    return {
+        "device_idle_ms_per_step": per_step(idle),
+        "idle_head_ms_per_step": per_step(head),
+        "idle_tail_ms_per_step": per_step(tail),
+        "idle_between_ms_per_step": per_step(iv.subtract(idle, iv.union_all(head, tail))),
+        "idle_input_ms_per_step": per_step(p_input),
+        "idle_after_sync_ms_per_step": per_step(p_sync),
+        "idle_host_ops_ms_per_step": per_step(p_ops),
+        "idle_host_other_ms_per_step": per_step(p_other),
+        "idle_top_host_ops": top_ops,
+        "sync_ms_per_step": per_step(sync),
+        "syncs_per_step": float(np.count_nonzero(sync_in)) / n,
+        "sync_calls_per_step": float(si.size) / n,
+        "sync_sites": sites,
+    }
+
+

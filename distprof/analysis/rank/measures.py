@@ -1,0 +1,218 @@
+"""The per-rank numbers every rule reads (:func:`rank_measures`): op sizes (tiny ops), input wait, device idle and
+host synchronisation (from :mod:`.device`), allocator churn (from the profiler's memory events, and from the CUDA
+allocator history when the run has it: :func:`memory_history_measures`) and exposed communication, per step of each
+rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...storage.schema import CAT_COMM, CAT_COMPUTE
+from ..load.rankdata import RankData
+from ..types import FindingRules
+from . import intervals as iv
+from . import nameflags as nf
+from .device import device_measures
+from .events import K_ANNOT, K_CPU_OP, K_KERNEL, NS_PER_MS, boundary_gaps, top_level
+from .index import RankIndex
+
+Table = dict[str, np.ndarray]
+MIB = 2**20
+
+
+def rank_measures(rd: RankData, ix: RankIndex, bd: Table, rules: FindingRules | None = None) -> dict[str, Any] | None:
+    """The numbers every rule reads for one rank (means are per step of that rank); None without steps.
+
+    `bd` is the rank's step breakdown (``breakdown.rank_breakdown``).
+    """
+    rules = rules or FindingRules()
+    if bd["step"].size == 0:
+        return None
+    ev = rd.events
+    names = rd.names
+    rank = rd.rank
+    is_dl_name = nf.has(ix.name_flags, nf.DATALOADER)
+    is_sync_name = nf.has(ix.name_flags, nf.SYNC_CALL)
+    tiny_ns = rules.tiny_op_us * 1e3
+    n = int(bd["step"].size)
+    ws = np.asarray(bd["start_ns"], np.int64)
+    we = np.asarray(bd["end_ns"], np.int64)
+    step_ms = float(bd["step_ms"].sum()) / n
+    steps_of = np.asarray(bd["step"], np.int64)
+    ts = np.asarray(ev["ts_ns"], np.int64)
+    dur = np.asarray(ev["dur_ns"], np.int64)
+    end = ts + dur
+    kind = np.asarray(ev["kind"])
+    cat = np.asarray(ev["category"])
+    tid = np.asarray(ev["tid"], np.int64)
+    dev = np.asarray(ev["device"])
+    nid = np.asarray(ev["name_id"], np.int64)
+    step = np.asarray(ev["step"], np.int64)
+    in_steps = step >= 0  # an event's step is one its rank recorded, or -1 (outside every step)
+    is_step = ix.is_step
+    device_rank = ix.device_rank
+    main = ix.main_tid
+    on_main = (tid == main) & (dev < 0) if main is not None else np.zeros(ts.size, bool)
+    m: dict[str, Any] = {"rank": int(rank), "host": rd.host, "n_steps": n,
+                         "step_ms": step_ms, "device_rank": device_rank}
+
+    # tiny ops
+    if device_rank:
+        ops = (kind == K_KERNEL) & (dev >= 0) & (cat == CAT_COMPUTE) & in_steps
+    else:
+        cand = on_main & (kind == K_CPU_OP) & (cat != CAT_COMM)
+        ci = np.flatnonzero(cand)
+        ci = ci[np.argsort(ts[ci], kind="stable")]
+        top = np.zeros(ts.size, bool)
+        top[ci[top_level(ts[ci], end[ci])]] = True
+        ops = top & in_steps
+    d = dur[ops].astype(np.float64)
+    tiny = d < tiny_ns
+    m["op_ms_per_step"] = float(d.sum()) / NS_PER_MS / n
+    m["ops_per_step"] = float(d.size) / n
+    m["tiny_ops_per_step"] = float(tiny.sum()) / n
+    m["tiny_ms_per_step"] = float(d[tiny].sum()) / NS_PER_MS / n
+    m["tiny_share_pct"] = 100.0 * float(d[tiny].sum()) / float(d.sum()) if d.sum() > 0 else 0.0
+    m["tiny_median_us"] = float(np.median(d[tiny])) / 1e3 if tiny.any() else 0.0
+    m["idle_ms_per_step"] = float(bd["idle_ms"].sum()) / n
+
+    # input wait
+    dl = on_main & is_dl_name[nid]
+    busy_m = on_main & ((kind == K_CPU_OP) | (kind == K_ANNOT)) & ~is_step
+    busy = iv.union(ts[busy_m], end[busy_m])
+    comm = iv.union(ts[ix.is_exec], end[ix.is_exec])
+    dl_set = iv.union(ts[dl], end[dl])
+    gaps = iv.subtract(boundary_gaps(busy, ws, we), comm) if main is not None else iv.empty()
+    dl_ms = float(iv.measure_in_windows(dl_set, ws, we).sum()) / NS_PER_MS / n
+    gap_ms = float(iv.measure_in_windows(gaps, ws, we).sum()) / NS_PER_MS / n
+    m["dataloader_ms_per_step"] = dl_ms
+    m["boundary_gap_ms_per_step"] = gap_ms
+    m["input_ms_per_step"] = dl_ms + gap_ms
+    m["dataloader_names"] = sorted({str(names[k]) for k in np.unique(nid[dl])})
+
+    # device idle and host synchronisation
+    if device_rank:
+        m.update(device_measures(rd, ix, {"ts": ts, "end": end, "kind": kind, "tid": tid, "dev": dev, "nid": nid},
+                                 ws, we, iv.union_all(dl_set, gaps), is_sync_name))
+
+    # memory
+    mem = rd.memory
+    if np.asarray(mem["ts_ns"]).size:
+        mstep = np.asarray(mem["step"], np.int64)
+        mb = np.asarray(mem["bytes"], np.int64)
+        mt = np.asarray(mem["total_bytes"], np.int64)
+        ok = np.isin(mstep, steps_of)
+        si = np.searchsorted(np.unique(steps_of), mstep[ok])
+        ns_ = np.unique(steps_of).size
+        alloc = mb[ok] > 0
+        n_alloc = np.bincount(si[alloc], minlength=ns_).astype(float)
+        b_alloc = np.bincount(si[alloc], weights=mb[ok][alloc].astype(float), minlength=ns_)
+        hi = np.full(ns_, -np.inf)
+        lo = np.full(ns_, np.inf)
+        np.maximum.at(hi, si, mt[ok].astype(float))
+        np.minimum.at(lo, si, mt[ok].astype(float))
+        has = np.isfinite(hi)
+        swing = np.where(has, hi - lo, 0.0)
+        m["allocs_per_step"] = float(n_alloc.sum()) / n
+        m["allocs_per_ms"] = float(n_alloc.sum()) / max(step_ms * n, 1e-9)
+        m["alloc_mib_per_step"] = float(b_alloc.sum()) / MIB / n
+        m["swing_mib_per_step"] = float(swing[has].mean()) / MIB if has.any() else 0.0
+        m["turnover"] = float(b_alloc.sum() / swing.sum()) if swing.sum() > 0 else 0.0
+        peaks = hi[has]
+        m["peak_mib_mean"] = float(peaks.mean()) / MIB if peaks.size else 0.0
+        m["peak_swing_mib"] = float(peaks.max() - peaks.min()) / MIB if peaks.size >= 2 else 0.0
+        m["memory_events"] = True
+    else:
+        m["memory_events"] = False
+    hist = memory_history_measures(rd, steps_of, np.asarray(bd["step_ms"], np.float64))
+    if hist is not None:  # only with --memory-history: ranks without it keep exactly the keys above
+        m["memory_history"] = hist
+
+    # exposed communication
+    m["exposed_comm_ms_per_step"] = float(bd["exposed_comm_ms"].sum()) / n
+    m["comm_ms_per_step"] = float(bd["comm_ms"].sum()) / n
+    comm_tot = float(bd["comm_ms"].sum())
+    m["overlap_pct"] = 100.0 * float(bd["overlapped_ms"].sum()) / comm_tot if comm_tot > 0 else None
+    return m
+
+
+def _frame_label(names: np.ndarray, user_id: int, frame_id: int) -> str:
+    for i in (user_id, frame_id):
+        if 0 <= i < len(names) and str(names[i]):
+            return str(names[i])
+    return "(no stack)"
+
+
+def memory_history_measures(rd: RankData, steps: np.ndarray, step_ms: np.ndarray,
+                            top_sites: int = 3) -> dict[str, Any] | None:
+    """The churn measures of one rank from its ``cuda_memory`` / ``cuda_memory_blocks`` (``--memory-history``).
+
+    `steps` / `step_ms` are the rank's steps and their times (from the breakdown). None when the rank has no history
+    row in those steps. Per step, devices are summed. Counts and bytes are means over the steps whose history is
+    complete (all steps when none is); levels are exact on every step. ``swing_mib_per_step``: the step's allocated
+    peak minus the lower of its end level and the previous step's (same device and window), a stand-in for
+    max - min, which the table does not keep. ``sites``: the allocation sites (the user's frame, else the innermost)
+    with the most bytes among each step's largest allocations, as (label, MiB per step, allocations per step,
+    share of them alive at the step's peak).
+    """
+    cm = rd.cuda_memory
+    if not len(cm.get("step", ())):
+        return None
+    sel = np.isin(np.asarray(cm["step"], np.int64), steps)
+    if not sel.any():
+        return None
+    r = {c: np.asarray(v)[sel] for c, v in cm.items()}
+    o = np.lexsort((r["step"], r["device"], r["window"]))
+    r = {c: v[o] for c, v in r.items()}
+    step = r["step"].astype(np.int64)
+    peak = r["alloc_peak_bytes"].astype(np.float64)
+    end = r["alloc_end_bytes"].astype(np.float64)
+    prev_ok = np.r_[False, (r["window"][1:] == r["window"][:-1]) & (r["device"][1:] == r["device"][:-1])
+                    & (step[1:] == step[:-1] + 1)]
+    low = np.where(prev_ok, np.minimum(end, np.r_[0.0, end[:-1]]), end)
+    us, si = np.unique(step, return_inverse=True)
+
+    def per_step(x) -> np.ndarray:
+        return np.bincount(si, weights=np.asarray(x, np.float64), minlength=us.size)
+
+    complete = per_step(r["complete"] == 0) == 0
+    cs = complete if complete.any() else np.ones(us.size, bool)
+    ms_of = dict(zip(np.asarray(steps, np.int64).tolist(), np.asarray(step_ms, np.float64).tolist()))
+    nc = int(cs.sum())
+    c_ms = float(sum(ms_of.get(s, 0.0) for s in us[cs].tolist()))
+    n_alloc = float(per_step(r["n_alloc"])[cs].sum())
+    b_alloc = float(per_step(r["alloc_bytes"])[cs].sum())
+    swing = per_step(np.maximum(peak - low, 0.0))
+    peaks = per_step(peak)
+    reserved = per_step(r["reserved_peak_bytes"])
+    alloc_max, res_max = float(peaks.max()), float(reserved.max())
+    h: dict[str, Any] = {
+        "n_steps": int(us.size), "complete_steps": int(complete.sum()),
+        "allocs_per_step": n_alloc / nc, "allocs_per_ms": n_alloc / max(c_ms, 1e-9),
+        "alloc_mib_per_step": b_alloc / MIB / nc, "frees_per_step": float(per_step(r["n_free"])[cs].sum()) / nc,
+        "swing_mib_per_step": float(swing[cs].mean()) / MIB,
+        "turnover": b_alloc / float(swing[cs].sum()) if swing[cs].sum() > 0 else 0.0,
+        "peak_mib_mean": float(peaks.mean()) / MIB,
+        "peak_swing_mib": float(peaks.max() - peaks.min()) / MIB if us.size >= 2 else 0.0,
+        "alloc_peak_mib": alloc_max / MIB, "reserved_peak_mib": res_max / MIB,
+        "reserved_ratio": res_max / alloc_max if alloc_max > 0 else 0.0,
+        "reserved_gap_mib": max(res_max - alloc_max, 0.0) / MIB,
+        "segment_allocs_per_step": float(per_step(r["n_segment_alloc"])[cs].sum()) / nc,
+        "segment_frees_per_step": float(per_step(r["n_segment_free"])[cs].sum()) / nc,
+        "n_oom": float(np.asarray(r["n_oom"], np.int64).sum()),
+    }
+    blk = rd.cuda_memory_blocks
+    bsel = np.isin(np.asarray(blk.get("step", np.zeros(0, np.int32)), np.int64), us)
+    sites: dict[str, list[float]] = {}
+    cols = [np.asarray(blk[c])[bsel].tolist() for c in ("user_frame_id", "frame_id", "bytes", "live_at_peak")]
+    for uf, fr, nb, live in zip(*cols):
+        acc = sites.setdefault(_frame_label(rd.names, int(uf), int(fr)), [0.0, 0.0, 0.0])
+        acc[0] += nb
+        acc[1] += 1
+        acc[2] += bool(live)
+    top = sorted(sites.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top_sites]
+    h["sites"] = [(label, b / MIB / us.size, k / us.size, live / k) for label, (b, k, live) in top]
+    return h

@@ -1,0 +1,165 @@
+"""The report: every analysis of a summarised run in one JSON-serialisable dict (docs/report-format.md).
+
+    run = distprof.load("out/my-run")            # RunSummary
+    report = build_report(run, peak_tflops=None, top=3)
+
+Pure: no I/O, no torch; renderers (``distprof.render``) turn the dict into text or a file.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ... import _version
+from ..cross.annotations import annotations
+from ..cross.comm_table import comm_table
+from ..cross.gpu_time import gpu_time
+from ..cross.imbalance import imbalance
+from ..cross.mfu import mfu
+from ..cross.overlap import overlap_by_rank, overlap_by_step
+from ..cross.parallelism import advice_for_exposed, detect_parallelism
+from ..cross.pipeline import pipelines
+from ..cross.rootcause import root_cause
+from ..cross.stragglers import StragglerRule, find_stragglers
+from ..findings import FindingRules, findings
+from ..findings.verdict import verdict
+from ..graph.critical_path import critical_path_report, step_graph
+from ..graph.whatif import annotate_findings
+from ..graph.whatif import standard as whatif_table
+from ..rank.breakdown import BREAKDOWN_COLUMNS
+from .schema import REPORT_FORMAT, REPORT_VERSION, to_jsonable
+
+if TYPE_CHECKING:
+    from ..types import RunSummary
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_report"]
+
+
+def _summary(bd: dict[str, np.ndarray]) -> dict[str, Any]:
+    total = float(bd["step_ms"].sum())
+    n = int(bd["step"].size)
+
+    def pct(col: str) -> float | None:
+        return 100.0 * float(bd[col].sum()) / total if total > 0 else None
+
+    comm = float(bd["comm_ms"].sum())
+    return {
+        "n_rank_steps": n,
+        "n_steps": int(np.unique(bd["step"]).size),
+        "step_ms_mean": total / n if n else None,
+        "step_ms_max": float(bd["step_ms"].max()) if n else None,
+        "compute_pct": pct("compute_ms"),
+        "comm_pct": pct("comm_ms"),
+        "exposed_comm_pct": pct("exposed_comm_ms"),
+        "memcpy_pct": pct("memcpy_ms"),
+        "idle_pct": pct("idle_ms"),
+        "other_pct": pct("other_ms"),
+        "overlap_pct": 100.0 * float(bd["overlapped_ms"].sum()) / comm if comm > 0 else None,
+    }
+
+
+def build_report(
+    run: RunSummary,
+    *,
+    peak_tflops: float | None = None,
+    top: int = 3,
+    rule: StragglerRule | None = None,
+    finding_rules: FindingRules | None = None,
+) -> dict[str, Any]:
+    """Run every analysis on `run` and return the report dict (JSON-serialisable; keys in docs/report-format.md).
+
+    `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
+    `finding_rules` overrides the thresholds of the findings (``analysis/findings/``).
+    """
+    warnings = list(run.warnings)
+    bd = run.steps
+    if bd["step"].size == 0:
+        warnings.append("no recorded steps: the per-step analyses are empty")
+    ov_step = overlap_by_step(bd)
+    steps_records = []
+    cols = [c for c in BREAKDOWN_COLUMNS] + ["overlap_pct"]
+    table = {**bd, "overlap_pct": ov_step["overlap_pct"]}
+    for i in range(bd["step"].size):
+        steps_records.append({c: table[c][i] for c in cols})
+
+    graph = step_graph(run)  # the cross-rank step graph: own work, critical path, what-ifs, each finding's gain
+    strag = find_stragglers(run, rule=rule, graph=graph)
+    pipes = pipelines(run)
+    if strag["n_instances"] == 0 and not pipes:
+        warnings.append("no collective was matched across ranks: no straggler analysis")
+    named = [d["rank"] for d in strag["ranks"] if d["named"]][: max(top, 0)]
+    rc = root_cause(run, named) if named else []
+
+    table = comm_table(run)
+    par = detect_parallelism(run, table, pipes)
+    found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules, pipelines=pipes,
+                     exposed_advice=advice_for_exposed(par, table))
+    annotate_findings(run, found, graph=graph)
+    summary = _summary(bd)
+    mfu_rows = mfu(run, peak_tflops=peak_tflops)
+    dev = run.device_rank_set
+    hosts_present = sorted({run.hosts.get(r, "?") for r in run.ranks_present})
+    st = bd
+    report: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "report_version": REPORT_VERSION,
+        "distprof_version": _version.__version__,
+        "verdict": verdict(summary, strag, rc, found),
+        "findings": found,
+        "run": {
+            "id": run.run_id,
+            "world_size": run.world_size,
+            "ranks_present": sorted(int(r) for r in run.ranks_present),
+            "ranks_missing": sorted(int(r) for r in run.ranks_missing),
+            "hosts": {str(r): run.hosts[r] for r in sorted(run.hosts)},
+            "n_hosts": len(hosts_present),
+            "devices": sorted({str(a.get("device", "?")) for a in run.attrs.values()}),
+            "backend": sorted({str(a.get("backend", "?")) for a in run.attrs.values()}),
+            "device_ranks": sorted(dev),
+            "windows": sorted({int(w) for w in np.unique(st["window"])}) if "window" in st else [],
+            "first_step": int(st["step"].min()) if st["step"].size else None,
+            "last_step": int(st["step"].max()) if st["step"].size else None,
+            "n_steps": int(np.unique(st["step"]).size),
+        },
+        "clock": {
+            host: {
+                "offset_ns": hc.offset_ns,
+                "drift_ppm": hc.drift_ppm,
+                "residual_us": hc.residual_us,
+                "residual_max_us": hc.residual_max_us,
+                "method": hc.method,
+                "n_samples": hc.n_samples,
+                "ranks": list(hc.ranks),
+            }
+            for host, hc in sorted(run.clock.items())
+        },
+        "summary": summary,
+        "steps": steps_records,
+        "stragglers": strag["ranks"],
+        "straggler_info": {k: v for k, v in strag.items() if k != "ranks"},
+        "root_cause": rc,
+        "parallelism": par.to_dict(),
+        "collectives": [r.to_dict() for r in table],
+        "pipelines": [p.to_dict() for p in pipes],
+        "p2p": {"n_pairs": len(run.p2p), "n_sends": run.p2p.n_sends, "n_recvs": run.p2p.n_recvs,
+                "n_unmatched": run.p2p.n_unmatched, "n_edge": run.p2p.n_edge,
+                "n_unknown_peer": run.p2p.n_unknown_peer},
+        "overlap": overlap_by_rank(run),
+        "critical_path": critical_path_report(run, graph=graph),
+        "whatif": whatif_table(run, stragglers=strag, graph=graph),
+        "imbalance": imbalance(run),
+        "mfu": mfu_rows,
+        # per device rank: idle/compute/non-compute %, comm overlap (HTA definitions)
+        "gpu_time": gpu_time(run),
+        "annotations": annotations(run),
+        "warnings": warnings,
+        "skipped_shards": [sk.to_dict() for sk in run.skipped_shards],
+    }
+    if not mfu_rows:
+        report["mfu_note"] = "device peak unknown (CPU or unlisted device): pass --peak-tflops to compute MFU"
+    return to_jsonable(report)

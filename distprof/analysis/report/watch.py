@@ -1,0 +1,270 @@
+"""The whole-run watch section of the report (numpy only, no torch): the saved ``--watch`` series of every rank
+(RUN_DIR/watch/) read one segment at a time, the drift rule (``distprof.drift``) run over them, and the windows the
+drifts triggered.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...drift import DriftRule, DriftSpan, DriftTracker, own_ms
+from ...storage import watchfile as wf
+
+__all__ = ["summarize_watch", "watch_section", "MAX_HEATMAP_COLS", "MAX_HEATMAP_ROWS", "MAX_LINES"]
+
+#: The report's heatmap has at most this many step columns (steps are binned) and rows (ranks in blocks).
+MAX_HEATMAP_COLS = 600
+MAX_HEATMAP_ROWS = 128
+#: A line is drawn for at most this many drifting ranks (the largest drifts).
+MAX_LINES = 8
+#: Drift records kept in the report (the largest first).
+MAX_SPANS = 200
+
+
+# ---- the report's watch section ---------------------------------------------------------------------------------
+@dataclass
+class WatchSummary:
+    """The watch series of a run, bounded: per rank a few numbers, per (rank block, step bin) one, the drifts."""
+
+    ranks: list[int]
+    first_step: int
+    last_step: int
+    bin_steps: int  # steps per heatmap column
+    per_rank: dict[int, dict[str, Any]]  # rank -> steps, step_ms median, own_ms median, comm_ms median, data_ms ...
+    bin_mean: dict[str, np.ndarray]  # "step_ms"/"own_ms" -> [ranks, bins] mean per rank and bin (NaN: no step)
+    peers_own_bin: np.ndarray  # [bins] median over ranks of own work, mean per bin
+    spans: list[DriftSpan]
+    skipped: list[str]  # files that could not be read (one line each)
+    rule: DriftRule
+
+
+def summarize_watch(run_dir: str | Path, rule: DriftRule | None = None) -> WatchSummary | None:
+    """Read RUN_DIR/watch/ one segment (of SEGMENT_STEPS steps) at a time for every rank, run the drift rule over
+    every step, and bin for the heatmap. None when the run has no watch series. Memory: ranks x SEGMENT_STEPS
+    values at a time, plus ranks x MAX_HEATMAP_COLS."""
+    rule = rule or DriftRule()
+    segs = wf.list_segments(Path(run_dir))
+    if not segs:
+        return None
+    ranks = sorted(segs)
+    skipped: list[str] = []
+    lo, hi = _step_range(segs, skipped)
+    if lo is None:
+        return WatchSummary(ranks, 0, -1, 1, {}, {}, np.zeros(0), [], skipped, rule)
+    n_bins_max = MAX_HEATMAP_COLS
+    bin_steps = max(1, math.ceil((hi - lo + 1) / n_bins_max))
+    n_bins = (hi - lo) // bin_steps + 1
+    ri = {r: i for i, r in enumerate(ranks)}
+    sums = {k: np.zeros((len(ranks), n_bins)) for k in ("step_ms", "own_ms")}
+    counts = np.zeros((len(ranks), n_bins))
+    peer_sum, peer_n = np.zeros(n_bins), np.zeros(n_bins)
+    stats: dict[int, dict[str, list]] = {r: {"step_ms": [], "own_ms": [], "comm_ms": [], "data_ms": [], "opt_ms": [],
+                                             "mem_peak": []} for r in ranks}
+    n_steps = dict.fromkeys(ranks, 0)
+    tracker = DriftTracker(rule, max_spans=MAX_SPANS * 5)
+    by_seg: dict[int, list[tuple[int, Path]]] = {}
+    for r, lst in segs.items():
+        for seg, p in lst:
+            by_seg.setdefault(seg, []).append((r, p))
+    bad = {s.split(":")[0] for s in skipped}
+    for seg in sorted(by_seg):
+        s0 = seg * wf.SEGMENT_STEPS
+        own = np.full((len(ranks), wf.SEGMENT_STEPS), np.nan)
+        for r, p in by_seg[seg]:
+            if str(p) in bad:
+                continue
+            try:
+                rows = wf.read_segment(p)
+            except wf.WatchFileError as e:
+                skipped.append(str(e))
+                continue
+            rows = rows[(rows["step"] >= s0) & (rows["step"] < s0 + wf.SEGMENT_STEPS)]
+            if rows.size == 0:
+                continue
+            i = ri[r]
+            o = own_ms(rows)
+            own[i, rows["step"] - s0] = o
+            b = (rows["step"] - lo) // bin_steps
+            np.add.at(sums["step_ms"][i], b, rows["step_ms"])
+            np.add.at(sums["own_ms"][i], b, o)
+            np.add.at(counts[i], b, 1)
+            n_steps[r] += rows.size
+            st = stats[r]
+            for k in ("step_ms", "comm_ms", "data_ms", "opt_ms"):
+                st[k].append(float(np.median(rows[k])))
+            st["own_ms"].append(float(np.median(o)))
+            st["mem_peak"].append(int(rows["mem_peak"].max()))
+        cols = np.flatnonzero(~np.all(np.isnan(own), axis=0))
+        if cols.size == 0:
+            continue
+        own = own[:, cols[0]:cols[-1] + 1]
+        steps = np.arange(s0 + cols[0], s0 + cols[-1] + 1)
+        tracker.feed(steps, np.asarray(ranks), own)
+        with np.errstate(all="ignore"):
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                med = np.nanmedian(own, axis=0)
+        ok = ~np.isnan(med)
+        b = (steps[ok] - lo) // bin_steps
+        np.add.at(peer_sum, b, med[ok])
+        np.add.at(peer_n, b, 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bin_mean = {k: np.where(counts > 0, v / np.maximum(counts, 1), np.nan) for k, v in sums.items()}
+        peers = np.where(peer_n > 0, peer_sum / np.maximum(peer_n, 1), np.nan)
+    per_rank = {}
+    for r in ranks:
+        st = stats[r]
+        # medians of the segments' medians: bounded, and what a rank's typical step is
+        per_rank[r] = {"rank": r, "steps": n_steps[r],
+                       **{f"{k}_median": (float(np.median(v)) if v else None)
+                          for k, v in st.items() if k != "mem_peak"},
+                       "mem_peak_max": (max(st["mem_peak"]) if st["mem_peak"] and max(st["mem_peak"]) >= 0 else None)}
+    return WatchSummary(ranks, lo, hi, bin_steps, per_rank, bin_mean, peers, tracker.spans, skipped, rule)
+
+
+def _step_range(segs: dict[int, list[tuple[int, Path]]], skipped: list[str]) -> tuple[int | None, int | None]:
+    """First and last step of the run: each rank's first and last segment (read once more later: small)."""
+    lo = hi = None
+    for r, lst in segs.items():
+        for seg, p in (lst[0], lst[-1]) if len(lst) > 1 else lst[:1]:
+            try:
+                rows = wf.read_segment(p)
+            except wf.WatchFileError as e:
+                skipped.append(str(e))
+                continue
+            if rows.size:
+                lo = int(rows["step"][0]) if lo is None else min(lo, int(rows["step"][0]))
+                hi = int(rows["step"][-1]) if hi is None else max(hi, int(rows["step"][-1]))
+    return lo, hi
+
+
+def _blocks(ranks: list[int]) -> list[list[int]]:
+    if len(ranks) <= MAX_HEATMAP_ROWS:
+        return [[r] for r in ranks]
+    size = math.ceil(len(ranks) / MAX_HEATMAP_ROWS)
+    return [ranks[i:i + size] for i in range(0, len(ranks), size)]
+
+
+def _r(x: Any, nd: int = 3) -> Any:
+    if x is None:
+        return None
+    x = float(x)
+    return round(x, nd) if math.isfinite(x) else None
+
+
+def watch_section(ws: WatchSummary, drifts: list[dict[str, Any]], windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report's ``watch`` key (docs/report-format.md) from the summary, rank 0's drift records (which asked for
+    a window) and the run's triggered windows ({window, first_step, last_step, request_id, reason})."""
+    spans = sorted(ws.spans, key=lambda s: (-s.excess_ms * s.n_flagged, s.rank))[:MAX_SPANS]
+    triggers = []
+    for d in drifts:
+        rank, at = d.get("rank"), d.get("confirmed_step")
+        match = next((s for s in ws.spans if s.rank == rank and isinstance(at, int)
+                      and s.first_step <= at <= s.last_step + ws.rule.steps), None)
+        win = next((w for w in windows if d.get("request_id") and w.get("request_id") == d.get("request_id")), None)
+        triggers.append({
+            "request_id": d.get("request_id"), "rank": rank, "first_step": d.get("first_step"),
+            "confirmed_step": at, "excess_ms": d.get("excess_ms"), "excess_pct": d.get("excess_pct"),
+            "state": d.get("state"), "message": d.get("message"),
+            "window": win.get("window") if win else d.get("window"),
+            "window_first_step": win.get("first_step") if win else d.get("window_first"),
+            "window_last_step": win.get("last_step") if win else d.get("window_last"),
+            "drift": match.to_dict() if match else None,
+        })
+    blocks = _blocks(ws.ranks)
+    ri = {r: i for i, r in enumerate(ws.ranks)}
+    z: dict[str, list] = {"step_ms": [], "own_ms": []}
+    for key, out in z.items():
+        for blk in blocks:
+            rows = ws.bin_mean[key][[ri[r] for r in blk]] if ws.bin_mean else np.zeros((0, 0))
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column: no step there
+                out.append([_r(v) for v in np.nanmax(rows, axis=0)] if rows.size else [])
+    labels = [f"rank {b[0]}" if len(b) == 1 else f"ranks {b[0]}-{b[-1]}" for b in blocks]
+    n_bins = len(ws.peers_own_bin)
+    bins = [ws.first_step + i * ws.bin_steps for i in range(n_bins)]
+    outliers = []
+    seen: set[int] = set()
+    for s in spans:
+        if s.rank in seen or len(seen) >= MAX_LINES:
+            continue
+        seen.add(s.rank)
+        i = ri[s.rank]
+        outliers.append({"rank": s.rank, "own_ms": [_r(v) for v in ws.bin_mean["own_ms"][i]],
+                         "step_ms": [_r(v) for v in ws.bin_mean["step_ms"][i]]})
+    return {
+        "rule": {**asdict(ws.rule), "text": ws.rule.text()},
+        "n_ranks": len(ws.ranks),
+        "first_step": ws.first_step,
+        "last_step": ws.last_step,
+        "per_rank": [{k: _r(v) if isinstance(v, float) else v for k, v in ws.per_rank[r].items()}
+                     for r in ws.ranks if r in ws.per_rank],
+        "drifts": [s.to_dict() for s in spans],
+        "triggers": triggers,
+        "heatmap": {"bin_steps": ws.bin_steps, "bin_first_steps": bins, "rows": labels,
+                    "row_ranks": [[b[0], b[-1]] for b in blocks], "step_ms": z["step_ms"],
+                    "own_ms": z["own_ms"]},
+        "lines": {"bin_first_steps": bins, "peers_own_ms": [_r(v) for v in ws.peers_own_bin], "ranks": outliers},
+        "skipped": ws.skipped,
+    }
+
+
+#: A status file is never read past this size.
+_MAX_STATUS_BYTES = 16 * 1024 * 1024
+
+
+def triggered_windows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's triggered windows as rank 0 recorded them in its status file (the first readable rank's otherwise):
+    window, first_step, last_step, request_id, reason. [] when there is none."""
+    import json
+
+    from ...storage import schema
+
+    paths = sorted(Path(run_dir).glob(schema.STATUS_TEMPLATE.replace("{rank:05d}", "*")))
+    for p in paths:
+        try:
+            if p.stat().st_size > _MAX_STATUS_BYTES:
+                continue
+            doc = json.loads(p.read_bytes())
+        except (OSError, ValueError):
+            continue
+        tws = doc.get("triggered_windows") if isinstance(doc, dict) else None
+        if not isinstance(tws, list):
+            continue
+        return [{"window": t.get("index"), "first_step": t.get("first"), "last_step": t.get("last"),
+                 "request_id": t.get("request_id"), "reason": t.get("reason", ""), "recorded": t.get("recorded")}
+                for t in tws if isinstance(t, dict)]
+    return []
+
+
+def rule_of(config: dict[str, Any] | None) -> DriftRule:
+    """The drift rule the job ran with (its shards' config), else the defaults."""
+    cfg = config or {}
+    try:
+        return DriftRule(float(cfg.get("watch_threshold", DriftRule.threshold)),
+                         int(cfg.get("watch_steps", DriftRule.steps)))
+    except (TypeError, ValueError):
+        return DriftRule()
+
+
+def watch_report(run_dir: str | Path, rule: DriftRule | None = None) -> dict[str, Any] | None:
+    """The report's ``watch`` key for RUN_DIR (None when the run has no watch series); a bad segment or drifts.json
+    is skipped and named in ``skipped``."""
+    ws = summarize_watch(run_dir, rule)
+    if ws is None:
+        return None
+    try:
+        drifts = wf.read_drifts(Path(run_dir))
+    except wf.WatchFileError as e:  # the series still shows the run; the live record is named as skipped
+        ws.skipped.append(str(e))
+        drifts = []
+    return watch_section(ws, drifts, triggered_windows(run_dir))
