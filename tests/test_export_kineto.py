@@ -23,7 +23,6 @@ from distprof.cli import main
 from distprof.export import export_kineto
 from distprof.storage import schema
 
-SHARED_HTA = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
 RANK_RE = re.compile(r'"rank":\s+(\d+)')  # how HTA 0.5.0 finds a file's rank
 
 
@@ -332,13 +331,11 @@ def test_hta_figures_on_a_gpu_like_export(gpu_run, tmp_path, hta_python):
 
 
 def _shipped(sub: str, names: list[str]) -> Path | None:
-    for d in (Path(__file__).parent / "data" / "hta" / sub, SHARED_HTA / sub):
-        if all((d / n).exists() for n in names):
-            return d
-    return None
+    d = Path(__file__).parent / "data" / "hta" / sub
+    return d if all((d / n).exists() for n in names) else None
 
 
-# HTA's figures on the originals (../shared/docs/hta-reference-figures.md §1 and addendum): rank -> (idle %, overlap %)
+# HTA's figures on the originals (HTA 0.5 run on them, as noted in tests/data/hta/README.md): rank -> (idle %, overlap %)
 ROUND_TRIPS = {
     "trace_filter": (["sampled_rank-0.json.gz", "sampled_rank-1.json.gz"], {0: (53.56, 11.81), 1: (54.72, 20.05)}),
     "nccl_parser_config": (["nccl_data.json.gz"], {0: (77.78, 14.31)}),
@@ -352,7 +349,7 @@ def test_hta_round_trip_of_real_gpu_traces(sub, tmp_path, hta_python):
     names, documented = ROUND_TRIPS[sub]
     src = _shipped(sub, names)
     if src is None:
-        pytest.skip(f"{sub}/{names} not found in tests/data/hta or ../shared/traces/hta")
+        pytest.skip(f"{sub}/{names} not found in tests/data/hta")
     run_dir, out = tmp_path / "run", tmp_path / "k"
     assert main(["import", *(str(src / n) for n in names), "-o", str(run_dir), "--no-progress"]) == 0
     assert main(["export", str(run_dir), "-o", str(out), "--no-progress"]) == 0

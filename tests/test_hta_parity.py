@@ -1,5 +1,5 @@
-"""distprof's GPU figures on imported real traces vs Holistic Trace Analysis 0.5.0 (figures recorded in
-../shared/docs/hta-reference-figures.md, HTA defaults: last ProfilerStep dropped, µs-rounded events)."""
+"""distprof's GPU figures on imported real traces vs Holistic Trace Analysis 0.5.0 (figures recorded by
+running HTA on the same traces, HTA defaults: last ProfilerStep dropped, µs-rounded events)."""
 
 from __future__ import annotations
 

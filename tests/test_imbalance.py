@@ -11,7 +11,7 @@ from distprof.analysis.cross.mfu import mfu, peak_tflops_for
 
 
 def test_worked_example_from_anchors():
-    # ../shared/docs/anchors.md §4.5: L = [100, 100, 100, 130] ms
+    # the POP metrics' worked example: L = [100, 100, 100, 130] ms
     s = imbalance_stats([100, 100, 100, 130], [0, 1, 2, 3])
     assert s["mean"] == pytest.approx(107.5)
     assert s["lambda"] == pytest.approx(0.2093, abs=1e-4)

@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 CODECS = ("zstd", "gzip")
 #: HDF5 1.14 readers (PyTables, h5dump 1.14) must open what we write: never libver 'latest' (= v200 on HDF5 2.0).
 #: v110 as the lowest: a dataset of one chunk needs no chunk B-tree (HDF5 1.10's chunk indexes) and object headers
-#: are smaller — a 3k-event window's shard 140 -> 51 kB, of which 20 kB are data (../shared/docs/hdf5-storage-facts.md
-#: §6: PyTables 3.11 / HDF5 1.14.6 read it).
+#: are smaller — a 3k-event window's shard 140 -> 51 kB, of which 20 kB are data (PyTables 3.11 /
+#: HDF5 1.14.6 read it).
 LIBVER = ("v110", "v114")
 #: The core driver grows its in-memory image by this much at a time.
 _CORE_BLOCK = 1 << 20

@@ -1,4 +1,4 @@
-"""Load imbalance across ranks (POP / Pearce et al. formulas, ../shared/docs/anchors.md §4.5).
+"""Load imbalance across ranks (POP / Pearce et al. formulas).
 
 Per rank, over its analysed steps: ``compute_ms`` (mean per step, from the step breakdown), ``flops`` (mean per step,
 torch's FLOP counts), ``tflops`` (achieved: Σ FLOPs / Σ step time — wall-clock throughput, the MFU numerator),
