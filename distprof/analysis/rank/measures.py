@@ -23,6 +23,103 @@ Table = dict[str, np.ndarray]
 MIB = 2**20
 
 
+def _event_columns(ev: Table) -> dict[str, np.ndarray]:
+    """The event columns the measures read, typed (views, not copies, where the stored type already fits), with each
+    event's end."""
+    ts = np.asarray(ev["ts_ns"], np.int64)
+    dur = np.asarray(ev["dur_ns"], np.int64)
+    return {"ts": ts, "dur": dur, "end": ts + dur, "kind": np.asarray(ev["kind"]), "cat": np.asarray(ev["category"]),
+            "tid": np.asarray(ev["tid"], np.int64), "dev": np.asarray(ev["device"]),
+            "nid": np.asarray(ev["name_id"], np.int64), "step": np.asarray(ev["step"], np.int64)}
+
+
+def _op_measures(ix: RankIndex, e: dict[str, np.ndarray], on_main: np.ndarray, tiny_ns: float,
+                 n: int) -> dict[str, float]:
+    """Op sizes per step: the rank's compute kernels (a device rank) or its main thread's top-level CPU ops."""
+    ts, end, kind, dur = e["ts"], e["end"], e["kind"], e["dur"]
+    in_steps = e["step"] >= 0  # an event's step is one its rank recorded, or -1 (outside every step)
+    if ix.device_rank:
+        ops = (kind == K_KERNEL) & (e["dev"] >= 0) & (e["cat"] == CAT_COMPUTE) & in_steps
+    else:
+        cand = on_main & (kind == K_CPU_OP) & (e["cat"] != CAT_COMM)
+        ci = np.flatnonzero(cand)
+        ci = ci[np.argsort(ts[ci], kind="stable")]
+        top = np.zeros(ts.size, bool)
+        top[ci[top_level(ts[ci], end[ci])]] = True
+        ops = top & in_steps
+    d = dur[ops].astype(np.float64)
+    tiny = d < tiny_ns
+    return {
+        "op_ms_per_step": float(d.sum()) / NS_PER_MS / n,
+        "ops_per_step": float(d.size) / n,
+        "tiny_ops_per_step": float(tiny.sum()) / n,
+        "tiny_ms_per_step": float(d[tiny].sum()) / NS_PER_MS / n,
+        "tiny_share_pct": 100.0 * float(d[tiny].sum()) / float(d.sum()) if d.sum() > 0 else 0.0,
+        "tiny_median_us": float(np.median(d[tiny])) / 1e3 if tiny.any() else 0.0,
+    }
+
+
+def _input_wait(rd: RankData, ix: RankIndex, e: dict[str, np.ndarray], on_main: np.ndarray, ws: np.ndarray,
+                we: np.ndarray) -> tuple[dict[str, Any], iv.Intervals, iv.Intervals]:
+    """Input wait per step (data-loader calls and the main thread's gaps at step boundaries), with the two interval
+    sets it came from (the data-loader calls, the boundary gaps)."""
+    ts, end, kind, nid = e["ts"], e["end"], e["kind"], e["nid"]
+    n = ws.size
+    dl = on_main & nf.has(ix.name_flags, nf.DATALOADER)[nid]
+    busy_m = on_main & ((kind == K_CPU_OP) | (kind == K_ANNOT)) & ~ix.is_step
+    busy = iv.union(ts[busy_m], end[busy_m])
+    comm = iv.union(ts[ix.is_exec], end[ix.is_exec])
+    dl_set = iv.union(ts[dl], end[dl])
+    gaps = iv.subtract(boundary_gaps(busy, ws, we), comm) if ix.main_tid is not None else iv.empty()
+    dl_ms = float(iv.measure_in_windows(dl_set, ws, we).sum()) / NS_PER_MS / n
+    gap_ms = float(iv.measure_in_windows(gaps, ws, we).sum()) / NS_PER_MS / n
+    m = {"dataloader_ms_per_step": dl_ms, "boundary_gap_ms_per_step": gap_ms, "input_ms_per_step": dl_ms + gap_ms,
+         "dataloader_names": sorted({str(rd.names[k]) for k in np.unique(nid[dl])})}
+    return m, dl_set, gaps
+
+
+def _memory_event_measures(mem: Table, steps_of: np.ndarray, step_ms: float, n: int) -> dict[str, Any]:
+    """Allocator churn per step from the profiler's memory events; ``memory_events`` says whether the rank had any."""
+    if not np.asarray(mem["ts_ns"]).size:
+        return {"memory_events": False}
+    mstep = np.asarray(mem["step"], np.int64)
+    mb = np.asarray(mem["bytes"], np.int64)
+    mt = np.asarray(mem["total_bytes"], np.int64)
+    ok = np.isin(mstep, steps_of)
+    si = np.searchsorted(np.unique(steps_of), mstep[ok])
+    ns_ = np.unique(steps_of).size
+    alloc = mb[ok] > 0
+    n_alloc = np.bincount(si[alloc], minlength=ns_).astype(float)
+    b_alloc = np.bincount(si[alloc], weights=mb[ok][alloc].astype(float), minlength=ns_)
+    hi = np.full(ns_, -np.inf)
+    lo = np.full(ns_, np.inf)
+    np.maximum.at(hi, si, mt[ok].astype(float))
+    np.minimum.at(lo, si, mt[ok].astype(float))
+    has = np.isfinite(hi)
+    swing = np.where(has, hi - lo, 0.0)
+    peaks = hi[has]
+    return {
+        "allocs_per_step": float(n_alloc.sum()) / n,
+        "allocs_per_ms": float(n_alloc.sum()) / max(step_ms * n, 1e-9),
+        "alloc_mib_per_step": float(b_alloc.sum()) / MIB / n,
+        "swing_mib_per_step": float(swing[has].mean()) / MIB if has.any() else 0.0,
+        "turnover": float(b_alloc.sum() / swing.sum()) if swing.sum() > 0 else 0.0,
+        "peak_mib_mean": float(peaks.mean()) / MIB if peaks.size else 0.0,
+        "peak_swing_mib": float(peaks.max() - peaks.min()) / MIB if peaks.size >= 2 else 0.0,
+        "memory_events": True,
+    }
+
+
+def _comm_measures(bd: Table, n: int) -> dict[str, Any]:
+    """Exposed and total communication per step, and the share of communication hidden under compute."""
+    comm_tot = float(bd["comm_ms"].sum())
+    return {
+        "exposed_comm_ms_per_step": float(bd["exposed_comm_ms"].sum()) / n,
+        "comm_ms_per_step": float(bd["comm_ms"].sum()) / n,
+        "overlap_pct": 100.0 * float(bd["overlapped_ms"].sum()) / comm_tot if comm_tot > 0 else None,
+    }
+
+
 def rank_measures(rd: RankData, ix: RankIndex, bd: Table, rules: FindingRules | None = None) -> dict[str, Any] | None:
     """The numbers every rule reads for one rank (means are per step of that rank); None without steps.
 
@@ -31,111 +128,28 @@ def rank_measures(rd: RankData, ix: RankIndex, bd: Table, rules: FindingRules | 
     rules = rules or FindingRules()
     if bd["step"].size == 0:
         return None
-    ev = rd.events
-    names = rd.names
-    rank = rd.rank
-    is_dl_name = nf.has(ix.name_flags, nf.DATALOADER)
-    is_sync_name = nf.has(ix.name_flags, nf.SYNC_CALL)
-    tiny_ns = rules.tiny_op_us * 1e3
     n = int(bd["step"].size)
     ws = np.asarray(bd["start_ns"], np.int64)
     we = np.asarray(bd["end_ns"], np.int64)
     step_ms = float(bd["step_ms"].sum()) / n
     steps_of = np.asarray(bd["step"], np.int64)
-    ts = np.asarray(ev["ts_ns"], np.int64)
-    dur = np.asarray(ev["dur_ns"], np.int64)
-    end = ts + dur
-    kind = np.asarray(ev["kind"])
-    cat = np.asarray(ev["category"])
-    tid = np.asarray(ev["tid"], np.int64)
-    dev = np.asarray(ev["device"])
-    nid = np.asarray(ev["name_id"], np.int64)
-    step = np.asarray(ev["step"], np.int64)
-    in_steps = step >= 0  # an event's step is one its rank recorded, or -1 (outside every step)
-    is_step = ix.is_step
-    device_rank = ix.device_rank
+    e = _event_columns(rd.events)
     main = ix.main_tid
-    on_main = (tid == main) & (dev < 0) if main is not None else np.zeros(ts.size, bool)
-    m: dict[str, Any] = {"rank": int(rank), "host": rd.host, "n_steps": n,
-                         "step_ms": step_ms, "device_rank": device_rank}
-
-    # tiny ops
-    if device_rank:
-        ops = (kind == K_KERNEL) & (dev >= 0) & (cat == CAT_COMPUTE) & in_steps
-    else:
-        cand = on_main & (kind == K_CPU_OP) & (cat != CAT_COMM)
-        ci = np.flatnonzero(cand)
-        ci = ci[np.argsort(ts[ci], kind="stable")]
-        top = np.zeros(ts.size, bool)
-        top[ci[top_level(ts[ci], end[ci])]] = True
-        ops = top & in_steps
-    d = dur[ops].astype(np.float64)
-    tiny = d < tiny_ns
-    m["op_ms_per_step"] = float(d.sum()) / NS_PER_MS / n
-    m["ops_per_step"] = float(d.size) / n
-    m["tiny_ops_per_step"] = float(tiny.sum()) / n
-    m["tiny_ms_per_step"] = float(d[tiny].sum()) / NS_PER_MS / n
-    m["tiny_share_pct"] = 100.0 * float(d[tiny].sum()) / float(d.sum()) if d.sum() > 0 else 0.0
-    m["tiny_median_us"] = float(np.median(d[tiny])) / 1e3 if tiny.any() else 0.0
+    on_main = (e["tid"] == main) & (e["dev"] < 0) if main is not None else np.zeros(e["ts"].size, bool)
+    m: dict[str, Any] = {"rank": int(rd.rank), "host": rd.host, "n_steps": n,
+                         "step_ms": step_ms, "device_rank": ix.device_rank}
+    m.update(_op_measures(ix, e, on_main, rules.tiny_op_us * 1e3, n))
     m["idle_ms_per_step"] = float(bd["idle_ms"].sum()) / n
-
-    # input wait
-    dl = on_main & is_dl_name[nid]
-    busy_m = on_main & ((kind == K_CPU_OP) | (kind == K_ANNOT)) & ~is_step
-    busy = iv.union(ts[busy_m], end[busy_m])
-    comm = iv.union(ts[ix.is_exec], end[ix.is_exec])
-    dl_set = iv.union(ts[dl], end[dl])
-    gaps = iv.subtract(boundary_gaps(busy, ws, we), comm) if main is not None else iv.empty()
-    dl_ms = float(iv.measure_in_windows(dl_set, ws, we).sum()) / NS_PER_MS / n
-    gap_ms = float(iv.measure_in_windows(gaps, ws, we).sum()) / NS_PER_MS / n
-    m["dataloader_ms_per_step"] = dl_ms
-    m["boundary_gap_ms_per_step"] = gap_ms
-    m["input_ms_per_step"] = dl_ms + gap_ms
-    m["dataloader_names"] = sorted({str(names[k]) for k in np.unique(nid[dl])})
-
-    # device idle and host synchronisation
-    if device_rank:
-        m.update(device_measures(rd, ix, {"ts": ts, "end": end, "kind": kind, "tid": tid, "dev": dev, "nid": nid},
-                                 ws, we, iv.union_all(dl_set, gaps), is_sync_name))
-
-    # memory
-    mem = rd.memory
-    if np.asarray(mem["ts_ns"]).size:
-        mstep = np.asarray(mem["step"], np.int64)
-        mb = np.asarray(mem["bytes"], np.int64)
-        mt = np.asarray(mem["total_bytes"], np.int64)
-        ok = np.isin(mstep, steps_of)
-        si = np.searchsorted(np.unique(steps_of), mstep[ok])
-        ns_ = np.unique(steps_of).size
-        alloc = mb[ok] > 0
-        n_alloc = np.bincount(si[alloc], minlength=ns_).astype(float)
-        b_alloc = np.bincount(si[alloc], weights=mb[ok][alloc].astype(float), minlength=ns_)
-        hi = np.full(ns_, -np.inf)
-        lo = np.full(ns_, np.inf)
-        np.maximum.at(hi, si, mt[ok].astype(float))
-        np.minimum.at(lo, si, mt[ok].astype(float))
-        has = np.isfinite(hi)
-        swing = np.where(has, hi - lo, 0.0)
-        m["allocs_per_step"] = float(n_alloc.sum()) / n
-        m["allocs_per_ms"] = float(n_alloc.sum()) / max(step_ms * n, 1e-9)
-        m["alloc_mib_per_step"] = float(b_alloc.sum()) / MIB / n
-        m["swing_mib_per_step"] = float(swing[has].mean()) / MIB if has.any() else 0.0
-        m["turnover"] = float(b_alloc.sum() / swing.sum()) if swing.sum() > 0 else 0.0
-        peaks = hi[has]
-        m["peak_mib_mean"] = float(peaks.mean()) / MIB if peaks.size else 0.0
-        m["peak_swing_mib"] = float(peaks.max() - peaks.min()) / MIB if peaks.size >= 2 else 0.0
-        m["memory_events"] = True
-    else:
-        m["memory_events"] = False
+    inp, dl_set, gaps = _input_wait(rd, ix, e, on_main, ws, we)
+    m.update(inp)
+    if ix.device_rank:  # device idle and host synchronisation
+        m.update(device_measures(rd, ix, {k: e[k] for k in ("ts", "end", "kind", "tid", "dev", "nid")},
+                                 ws, we, iv.union_all(dl_set, gaps), nf.has(ix.name_flags, nf.SYNC_CALL)))
+    m.update(_memory_event_measures(rd.memory, steps_of, step_ms, n))
     hist = memory_history_measures(rd, steps_of, np.asarray(bd["step_ms"], np.float64))
     if hist is not None:  # only with --memory-history: ranks without it keep exactly the keys above
         m["memory_history"] = hist
-
-    # exposed communication
-    m["exposed_comm_ms_per_step"] = float(bd["exposed_comm_ms"].sum()) / n
-    m["comm_ms_per_step"] = float(bd["comm_ms"].sum()) / n
-    comm_tot = float(bd["comm_ms"].sum())
-    m["overlap_pct"] = 100.0 * float(bd["overlapped_ms"].sum()) / comm_tot if comm_tot > 0 else None
+    m.update(_comm_measures(bd, n))
     return m
 
 
@@ -144,6 +158,34 @@ def _frame_label(names: np.ndarray, user_id: int, frame_id: int) -> str:
         if 0 <= i < len(names) and str(names[i]):
             return str(names[i])
     return "(no stack)"
+
+
+def _history_rows(cm: Table, steps: np.ndarray) -> Table | None:
+    """The rank's ``cuda_memory`` rows in `steps`, sorted by window, device and step; None when there are none."""
+    if not len(cm.get("step", ())):
+        return None
+    sel = np.isin(np.asarray(cm["step"], np.int64), steps)
+    if not sel.any():
+        return None
+    r = {c: np.asarray(v)[sel] for c, v in cm.items()}
+    o = np.lexsort((r["step"], r["device"], r["window"]))
+    return {c: v[o] for c, v in r.items()}
+
+
+def _history_sites(rd: RankData, us: np.ndarray, top_sites: int) -> list[tuple[str, float, float, float]]:
+    """The `top_sites` allocation sites with the most bytes among the largest allocations of steps `us`, as
+    (label, MiB per step, allocations per step, share of them alive at the step's peak)."""
+    blk = rd.cuda_memory_blocks
+    bsel = np.isin(np.asarray(blk.get("step", np.zeros(0, np.int32)), np.int64), us)
+    sites: dict[str, list[float]] = {}
+    cols = [np.asarray(blk[c])[bsel].tolist() for c in ("user_frame_id", "frame_id", "bytes", "live_at_peak")]
+    for uf, fr, nb, live in zip(*cols):
+        acc = sites.setdefault(_frame_label(rd.names, int(uf), int(fr)), [0.0, 0.0, 0.0])
+        acc[0] += nb
+        acc[1] += 1
+        acc[2] += bool(live)
+    top = sorted(sites.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top_sites]
+    return [(label, b / MIB / us.size, k / us.size, live / k) for label, (b, k, live) in top]
 
 
 def memory_history_measures(rd: RankData, steps: np.ndarray, step_ms: np.ndarray,
@@ -158,15 +200,9 @@ def memory_history_measures(rd: RankData, steps: np.ndarray, step_ms: np.ndarray
     with the most bytes among each step's largest allocations, as (label, MiB per step, allocations per step,
     share of them alive at the step's peak).
     """
-    cm = rd.cuda_memory
-    if not len(cm.get("step", ())):
+    r = _history_rows(rd.cuda_memory, steps)
+    if r is None:
         return None
-    sel = np.isin(np.asarray(cm["step"], np.int64), steps)
-    if not sel.any():
-        return None
-    r = {c: np.asarray(v)[sel] for c, v in cm.items()}
-    o = np.lexsort((r["step"], r["device"], r["window"]))
-    r = {c: v[o] for c, v in r.items()}
     step = r["step"].astype(np.int64)
     peak = r["alloc_peak_bytes"].astype(np.float64)
     end = r["alloc_end_bytes"].astype(np.float64)
@@ -189,7 +225,7 @@ def memory_history_measures(rd: RankData, steps: np.ndarray, step_ms: np.ndarray
     peaks = per_step(peak)
     reserved = per_step(r["reserved_peak_bytes"])
     alloc_max, res_max = float(peaks.max()), float(reserved.max())
-    h: dict[str, Any] = {
+    return {
         "n_steps": int(us.size), "complete_steps": int(complete.sum()),
         "allocs_per_step": n_alloc / nc, "allocs_per_ms": n_alloc / max(c_ms, 1e-9),
         "alloc_mib_per_step": b_alloc / MIB / nc, "frees_per_step": float(per_step(r["n_free"])[cs].sum()) / nc,
@@ -203,16 +239,5 @@ def memory_history_measures(rd: RankData, steps: np.ndarray, step_ms: np.ndarray
         "segment_allocs_per_step": float(per_step(r["n_segment_alloc"])[cs].sum()) / nc,
         "segment_frees_per_step": float(per_step(r["n_segment_free"])[cs].sum()) / nc,
         "n_oom": float(np.asarray(r["n_oom"], np.int64).sum()),
+        "sites": _history_sites(rd, us, top_sites),
     }
-    blk = rd.cuda_memory_blocks
-    bsel = np.isin(np.asarray(blk.get("step", np.zeros(0, np.int32)), np.int64), us)
-    sites: dict[str, list[float]] = {}
-    cols = [np.asarray(blk[c])[bsel].tolist() for c in ("user_frame_id", "frame_id", "bytes", "live_at_peak")]
-    for uf, fr, nb, live in zip(*cols):
-        acc = sites.setdefault(_frame_label(rd.names, int(uf), int(fr)), [0.0, 0.0, 0.0])
-        acc[0] += nb
-        acc[1] += 1
-        acc[2] += bool(live)
-    top = sorted(sites.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top_sites]
-    h["sites"] = [(label, b / MIB / us.size, k / us.size, live / k) for label, (b, k, live) in top]
-    return h
