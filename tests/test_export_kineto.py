@@ -285,6 +285,7 @@ def _hta_default_rows(trace: dict) -> int:
     return sum(1 for e in x if math.ceil(e["ts"]) < last)
 
 
+@pytest.mark.slow
 def test_hta_loads_every_rank_and_event_of_a_cpu_export(cpu_run, tmp_path, hta_python):
     merged = load_run(cpu_run.run_dir, progress=False)
     files = export_kineto(distprof.load(cpu_run.run_dir, progress=False), tmp_path / "k", progress=False)
@@ -307,6 +308,7 @@ def test_hta_loads_every_rank_and_event_of_a_cpu_export(cpu_run, tmp_path, hta_p
     assert "temporal_breakdown" not in default  # no GPU kernels, nothing to break down
 
 
+@pytest.mark.slow
 def test_hta_figures_on_a_gpu_like_export(gpu_run, tmp_path, hta_python):
     merged = distprof.load(gpu_run.run_dir, progress=False)
     export_kineto(merged, tmp_path / "k", progress=False)
@@ -343,6 +345,7 @@ ROUND_TRIPS = {
 
 
 @pytest.mark.parametrize("sub", sorted(ROUND_TRIPS))
+@pytest.mark.slow
 def test_hta_round_trip_of_real_gpu_traces(sub, tmp_path, hta_python):
     """Real A100/NCCL traces: distprof import -> export -> HTA gives HTA's own figures and rows on the originals, so
     kernels, streams, correlation ids and the CPU/GPU split survive."""

@@ -17,6 +17,7 @@ def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_gpu_check():
     proc = _run(timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -316,6 +316,7 @@ def assert_charts_drawn(info: dict, expected: set[str]) -> None:
     assert not info["severe"], info["severe"]
 
 
+@pytest.mark.slow
 def test_browser_renders_hostile_synth_report(synth, browser, tmp_path):
     _, run, rep = synth
     path = write_html(hostile(rep), tmp_path / "hostile.html", run)
@@ -328,6 +329,7 @@ def test_browser_renders_hostile_synth_report(synth, browser, tmp_path):
     assert browser.execute_script("return document.querySelectorAll('img').length") == 0
 
 
+@pytest.mark.slow
 def test_browser_renders_plain_js(synth, browser, tmp_path):
     _, run, rep = synth
     path = write_html(rep, tmp_path / "plain.html", run, compress_js=False)
@@ -421,6 +423,7 @@ def test_many_ranks_figures_are_distributions(many):
     assert len(page.encode()) < 2.4e6
 
 
+@pytest.mark.slow
 def test_browser_renders_many_ranks(many, browser, tmp_path):
     run, rep = many
     path = write_html(rep, tmp_path / "many.html", run)

@@ -41,6 +41,7 @@ def test_script_argv_and_main(tmp_path):
     assert f"ARGV ['{script}', '--lr', '0.5', 'pos'] __main__" in proc.stdout
 
 
+@pytest.mark.slow
 def test_exit_code_passes_through(tmp_path):
     script = write(tmp_path, "exit3.py", TRAIN + "sys.exit(3)\n")
     proc = python(["-m", "distprof.launch", "--out", "o", *SCHED, str(script), "6"], cwd=tmp_path, check=False)
@@ -49,6 +50,7 @@ def test_exit_code_passes_through(tmp_path):
     assert len(find_shards(only_run_dir(tmp_path / "o"))) == 1
 
 
+@pytest.mark.slow
 def test_exception_passes_through(tmp_path):
     script = write(tmp_path, "boom.py", TRAIN + "raise ValueError('user bug 42')\n")
     proc = python(["-m", "distprof.launch", "--out", "o", *SCHED, str(script), "6"], cwd=tmp_path, check=False)
@@ -57,6 +59,7 @@ def test_exception_passes_through(tmp_path):
     assert proc.stderr.count("Traceback") == 1
 
 
+@pytest.mark.slow
 def test_worker_failure_reaches_torchrun(tmp_path):
     script = write(tmp_path, "fail.py", """
         import os, sys
@@ -69,6 +72,7 @@ def test_worker_failure_reaches_torchrun(tmp_path):
     assert "ChildFailedError" in proc.stderr or "Failures:" in proc.stderr
 
 
+@pytest.mark.slow
 def test_short_job_writes_partial_window(tmp_path):
     # 3 iterations: steps 2 (recorded) and the in-progress step 3; window cut short at exit
     script = write(tmp_path, "short.py", TRAIN)
@@ -80,12 +84,14 @@ def test_short_job_writes_partial_window(tmp_path):
     assert "wrote 1 shard(s)" in proc.stderr
 
 
+@pytest.mark.slow
 def test_too_few_steps_says_so(tmp_path):
     script = write(tmp_path, "tiny.py", TRAIN)
     proc = python(["-m", "distprof.launch", "--out", "o", str(script), "1"], cwd=tmp_path)
     assert "no window was recorded" in proc.stderr
 
 
+@pytest.mark.slow
 def test_no_optimizer_is_told_to_step_manually(tmp_path):
     """step_on=optimizer on a loop without torch.optim: one line saying what to do, not "too few steps"."""
     script = write(tmp_path, "infer.py", """
@@ -101,6 +107,7 @@ def test_no_optimizer_is_told_to_step_manually(tmp_path):
     assert "fewer steps" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_profiler_failure_does_not_hurt_training(tmp_path):
     # the output path is a file: creating the run directory fails once the first window starts
     (tmp_path / "blocked").write_text("not a directory")
@@ -111,6 +118,7 @@ def test_profiler_failure_does_not_hurt_training(tmp_path):
     assert len(warnings) == 1 and "training goes on" in warnings[0]
 
 
+@pytest.mark.slow
 def test_strict_raises(tmp_path):
     (tmp_path / "blocked").write_text("not a directory")
     script = write(tmp_path, "ok.py", TRAIN + "print('TRAINING DONE')\n")
@@ -121,6 +129,7 @@ def test_strict_raises(tmp_path):
     assert "TRAINING DONE" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_env_vars_configure_and_flags_win(tmp_path):
     script = write(tmp_path, "t.py", TRAIN)
     env = job_env(DISTPROF_OUT="envout", DISTPROF_ACTIVE="3", DISTPROF_WAIT="0", DISTPROF_WARMUP="1",
@@ -163,6 +172,7 @@ def test_config_precedence_unit():
         config_from_mapping({"step_on": "sometimes"}, environ={})
 
 
+@pytest.mark.slow
 def test_status_file_records_windows(tmp_path):
     script = write(tmp_path, "t.py", TRAIN)
     python(["-m", "distprof.launch", "--out", "o", "--wait", "0", "--warmup", "1", "--active", "2", "--repeat", "2",
@@ -173,6 +183,7 @@ def test_status_file_records_windows(tmp_path):
     assert [read_shard(p).attrs["window"] for p in find_shards(run)] == [0, 1]
 
 
+@pytest.mark.slow
 def test_manual_steps_under_the_launcher(tmp_path):
     script = write(tmp_path, "manual.py", """
         import torch, distprof

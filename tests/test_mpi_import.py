@@ -92,6 +92,7 @@ def test_deal_largest_first_to_the_least_loaded(traces):
     assert deal([f.stat().st_size for f in sorted(traces.iterdir())], 2) == [[0, 1, 4], [2, 3, 5]]
 
 
+@pytest.mark.slow
 def test_parallel_import_writes_the_serial_shards_and_prints_once(traces, tmp_path):
     mpi = _mpiexec()
     s_dir, m_dir = tmp_path / "serial" / "run", tmp_path / "mpi" / "run"  # the run id is the directory's name
@@ -113,6 +114,7 @@ def test_parallel_import_writes_the_serial_shards_and_prints_once(traces, tmp_pa
     assert par.stderr == serial.stderr and "6 of 128 ranks imported" in par.stderr
 
 
+@pytest.mark.slow
 def test_bad_files_fail_as_the_serial_import_does(traces, tmp_path):
     """Two damaged files, one on each MPI process: the error is the serial import's (its first bad file), one line,
     exit code 2, no run directory left; likewise a rank claimed twice (found in the headers, before any parsing)."""

@@ -239,6 +239,7 @@ json.dump({k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "L
 """
 
 
+@pytest.mark.slow
 def test_mpiexec_sets_variables_and_keeps_the_users(mpiexec, tmp_path):
     script = tmp_path / "dump.py"
     script.write_text(ENV_DUMP)

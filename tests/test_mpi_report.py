@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, job_env
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def _mpiexec() -> str | None:

@@ -359,6 +359,7 @@ def wait_answer(run_dir: Path, request_id: str, states: tuple[str, ...], timeout
     raise AssertionError(f"no answer {states} to {request_id}")
 
 
+@pytest.mark.slow
 def test_trigger_a_ddp_job_with_schedule_none(tmp_path):
     """--schedule none: a malformed request is answered and the job goes on; a trigger records the same steps on
     both ranks (a report reads them); a second trigger while the window runs is refused naming its steps; a trigger
@@ -411,6 +412,7 @@ def test_trigger_a_ddp_job_with_schedule_none(tmp_path):
     assert proc.returncode == 2 and "the job has finished" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_trigger_a_pipeline_next_to_its_schedule_runs_unstalled(tmp_path):
     """A send/recv pipeline (stage 1 waits in recv for stage 0) with the normal schedule: the triggered window is
     numbered after the schedule's, both stages record the same steps, no step stalls, every status lands clean."""

@@ -185,6 +185,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_a_killed_job_leaves_a_readable_series(tmp_path):
     script = tmp_path / "forever.py"
     script.write_text(KILL_SCRIPT)
@@ -238,6 +239,7 @@ def sleeper_run(tmp_path_factory):
     return tmp_path, run_dir
 
 
+@pytest.mark.slow
 def test_a_rank_that_starts_sleeping_triggers_a_window_that_names_it(sleeper_run):
     tmp_path, run_dir = sleeper_run
     drifts = wf.read_drifts(run_dir)
@@ -350,6 +352,7 @@ def test_a_single_process_watch_flushes_every_step_at_close(tmp_path):
     assert rep["watch"]["per_rank"][0]["steps"] == 30 and "only the --watch series" in rep["warnings"][0]
 
 
+@pytest.mark.slow
 def test_a_watch_that_cannot_write_warns_once_and_training_goes_on(tmp_path):
     run_dir = tmp_path / "out" / "w"
     run_dir.mkdir(parents=True)
@@ -364,6 +367,7 @@ def test_a_watch_that_cannot_write_warns_once_and_training_goes_on(tmp_path):
     assert len(find_shards(run_dir)) == 1  # the scheduled window is still written
 
 
+@pytest.mark.slow
 def test_browser_draws_the_watch_charts(sleeper_run, browser):  # noqa: F811  (the fixture)
     from test_html_report import assert_charts_drawn, open_report
 
