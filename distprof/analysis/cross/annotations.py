@@ -1,19 +1,11 @@
-"""User annotations: time per ``record_function`` region, per rank and step, to compare marked code across ranks.
+"""User annotations across ranks: each ``record_function`` region's time and calls per step on every rank, side by
+side, with the spread between ranks, so that marked code can be compared across ranks. Which regions count and how
+one rank's figures are taken: ``rank.annotations``.
 
-Which events count: CPU ``user_annotation`` events (``with torch.profiler.record_function("forward"):``) whose name
-is not a framework-internal region. Framework names (``FRAMEWORK_PREFIXES``) are excluded: the profiler's
-``ProfilerStep#N``, the optimizer's ``Optimizer.step#…``/``Optimizer.zero_grad#…``, the DataLoader's
-``enumerate(DataLoader)#…`` (the ``input_wait`` finding reports those), DDP/FSDP wrappers
-(``DistributedDataParallel.*``, ``FullyShardedDataParallel.*``), torch.compile regions (``Torch-Compiled Region*``,
-``CompiledFunction*``, ``## … ##``), and communication (``gloo:*``, ``nccl:*``, ``record_param_comms`` and every
-event of category communication). Device-side copies of annotations (``gpu_user_annotation``) are not counted: the
-CPU region is the one the user wrote.
-
-Per (name, rank): ``ms_per_step`` = Σ durations of the name's events that start in one of the rank's recorded steps,
-divided by the number of steps the rank recorded (a rank that never ran the region counts 0); ``count_per_step`` the
-same for the number of events. Times are inclusive (children included). ``spread_pct`` = 100 · (max − min) / mean of
-``ms_per_step`` over the ranks (``None`` with fewer than two ranks or a zero mean). Names are ranked by their mean
-``ms_per_step`` over ranks, largest first.
+Per (name, rank): ``ms_per_step`` = the rank's total for the name divided by the number of steps the rank recorded
+(a rank that never ran the region counts 0); ``count_per_step`` the same for the number of events. ``spread_pct`` =
+100 · (max − min) / mean of ``ms_per_step`` over the ranks (``None`` with fewer than two ranks or a zero mean).
+Names are ranked by their mean ``ms_per_step`` over ranks, largest first.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""GPU time per rank: temporal breakdown (idle / compute / non-compute) and communication/computation overlap.
-
-The same figures as Holistic Trace Analysis' ``get_temporal_breakdown`` and ``get_comm_comp_overlap``, computed on a
-rank's device timeline (every stream of the rank together); definitions in docs/gpu-semantics.md:
-
-* GPU events: kernels, memcpy and memset on a device stream (``device >= 0``).
-* ``span``: end of the last GPU event − start of the first (HTA's "kernel_time").
-* ``idle``: span − |union of GPU events| (no GPU event on any stream).
-* ``compute``: |union of computation kernels| (category compute: not communication, not memcpy/memset/sync).
-* ``non_compute``: span − compute − idle (only communication or memory ran). The three add up to the span.
-* ``overlap_pct``: 100 · |comm ∩ compute| / |comm| with comm = union of communication kernels (NCCL/RCCL and the
-  library kernels of :mod:`distprof.events.classify`), i.e. the share of communication time hidden under compute.
-
-Selection: by default every GPU event of the rank in a recorded step (its ``step``: the step that *launched* it, see
-:mod:`distprof.events.tables`; a kernel launched before the recording began, or after the last step, belongs to
-none, as in HTA). ``steps=(lo, hi)`` keeps GPU events whose step is in ``lo..hi``; ``drop_last_step=True`` keeps
-those launched before the rank's last recorded step (HTA's default trace filter, which drops the last
-ProfilerStep).
+"""GPU time of every device rank of a run: each rank's temporal breakdown and overlap (``rank.gpu_time``), taken
+from the summaries, or computed again from each rank's events for another selection (steps, HTA's last-step drop,
+HTA's whole-µs rounding), one rank at a time.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Device rules (GPU ranks): where the device sits idle and what the host did meanwhile, and the host's
-synchronising calls; with their per-rank measures (:func:`device_measures`).
+synchronising calls. Their per-rank measures are taken in the map (``rank.device.device_measures``).
 
 * ``device_idle`` — GPU ranks: step time in which no kernel, memcpy or memset runs on any stream of the rank (the
   breakdown's device idle). Fires when it reaches ``idle_min_step_pct`` (10 %) of step time and ``idle_min_ms``

@@ -1,4 +1,4 @@
-"""User annotations: time per ``record_function`` region, per rank and step, to compare marked code across ranks.
+"""One rank's user annotations: total time and calls of each ``record_function`` region in the rank's steps.
 
 Which events count: CPU ``user_annotation`` events (``with torch.profiler.record_function("forward"):``) whose name
 is not a framework-internal region. Framework names (``FRAMEWORK_PREFIXES``) are excluded: the profiler's
@@ -9,11 +9,8 @@ is not a framework-internal region. Framework names (``FRAMEWORK_PREFIXES``) are
 event of category communication). Device-side copies of annotations (``gpu_user_annotation``) are not counted: the
 CPU region is the one the user wrote.
 
-Per (name, rank): ``ms_per_step`` = Σ durations of the name's events that start in one of the rank's recorded steps,
-divided by the number of steps the rank recorded (a rank that never ran the region counts 0); ``count_per_step`` the
-same for the number of events. Times are inclusive (children included). ``spread_pct`` = 100 · (max − min) / mean of
-``ms_per_step`` over the ranks (``None`` with fewer than two ranks or a zero mean). Names are ranked by their mean
-``ms_per_step`` over ranks, largest first.
+Per name: the sum of the durations of its events that start in one of the rank's recorded steps, and their count.
+Times are inclusive (children included). ``cross.annotations`` puts the ranks side by side.
 """
 
 from __future__ import annotations

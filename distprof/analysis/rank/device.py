@@ -1,19 +1,10 @@
-"""Device rules (GPU ranks): where the device sits idle and what the host did meanwhile, and the host's
-synchronising calls; with their per-rank measures (:func:`device_measures`).
-
-* ``device_idle`` — GPU ranks: step time in which no kernel, memcpy or memset runs on any stream of the rank (the
-  breakdown's device idle). Fires when it reaches ``idle_min_step_pct`` (10 %) of step time and ``idle_min_ms``
-  (0.5 ms) per step; impact = that share. Evidence: where it sits (before the step's first GPU work, between, after
-  the last) and what the host did meanwhile, each idle ns counted once, in this order: the main thread waited for
-  input (``input_wait``'s time), the idle stretch began inside a synchronising call (the sync drained the queue), a
-  CPU thread of the rank (not a communication worker) was inside a ``cpu_op`` (dispatch/launch-bound; the leaf ops
-  with most such time are named), else the host ran code outside any recorded op. Advice follows the largest part.
-* ``host_sync`` — GPU ranks: synchronising calls (runtime/driver calls matching ``SYNC_CALL_RE`` on the rank's CPU
-  threads, and Kineto ``cuda_sync`` records; overlapping ones count once). Fires when there are ≥
-  ``sync_min_per_step`` (1) per step and the host's blocked time or the device idle that starts inside them reaches
-  ``sync_min_step_pct`` (5 %) of step time. Impact = that device idle (the sync's cost: the host blocked while the
-  device was busy costs nothing by itself); it is the part of ``device_idle`` the evidence calls "followed a
-  synchronising call". Call sites: the outermost ``cpu_op`` enclosing each call (e.g. ``aten::item``).
+"""One rank's device measures, per step, for the device rules (``findings.device``): where the device sits idle
+(before the step's first GPU work, between, after the last) and what the host did meanwhile, each idle ns counted
+once, in this order: the main thread waited for input, the idle stretch began inside a synchronising call, a CPU
+thread of the rank (not a communication worker) was inside a ``cpu_op`` (the leaf ops with most such time are kept),
+else the host ran code outside any recorded op; and the host's synchronising calls (``names.is_sync_call`` and
+Kineto ``cuda_sync`` records; overlapping ones count once), their blocked time, the device idle that starts inside
+them, and their call sites (the outermost ``cpu_op`` enclosing each call).
 """
 
 from __future__ import annotations
