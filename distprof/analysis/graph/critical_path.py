@@ -147,86 +147,97 @@ def _rs_index(rs: dict[str, np.ndarray], rank: np.ndarray, step: np.ndarray) -> 
     return np.where(key[i] == q, i, -1)
 
 
-def step_graph(run: RunSummary) -> StepGraph:
-    """The dependency graph of every recorded step of `run` (see the module docstring)."""
-    rs = _rank_steps(run)
+def _sync_events(run: RunSummary) -> tuple[dict[str, np.ndarray], int, int]:
+    """Every sync event of `run`, unsorted (the collective members, then the sends, then the receives), with the
+    number of members and of pairs. Columns: rank, step, arrival, end, kind (KIND_*), group (collective instance,
+    −1 for p2p), op, pg, pair (the p2p pair of a send / receive, −1 for collectives), cw_a / cw_z (the rank's wait
+    for a CPU at the event's arrival / end, NaN unknown)."""
     m = run.collectives.members
     c_step = np.asarray(run.collective_rows["step"], np.int64)[np.asarray(m["row"], np.int64)] if m["row"].size \
         else np.zeros(0, np.int64)
     c_rank = np.asarray(m["rank"], np.int64)
     p = run.p2p
-    ranks = np.r_[c_rank, np.asarray(p.src, np.int64), np.asarray(p.dst, np.int64)]
-    steps = np.r_[c_step, np.asarray(p.send_step, np.int64), np.asarray(p.recv_step, np.int64)]
-    arrival = np.r_[np.asarray(m["start_ns"], np.int64), np.asarray(p.send_start_ns, np.int64),
-                    np.asarray(p.recv_start_ns, np.int64)]
-    end = np.r_[np.asarray(m["end_ns"], np.int64), np.asarray(p.send_end_ns, np.int64),
-                np.asarray(p.recv_end_ns, np.int64)]
     nc, npp = c_rank.size, len(p)
-    kind = np.r_[np.full(nc, KIND_COLL), np.full(npp, KIND_SEND), np.full(npp, KIND_RECV)].astype(np.int8)
-    group = np.r_[np.asarray(m["inst"], np.int64), np.full(2 * npp, -1, np.int64)]
-    op = np.r_[np.asarray(m["op_id"], np.int64), np.full(2 * npp, -1, np.int64)]
-    pg = np.r_[np.asarray(m["pg"], np.int64), np.asarray(p.pg, np.int64), np.asarray(p.pg, np.int64)]
-    pair = np.r_[np.full(nc, -1, np.int64), np.arange(npp), np.arange(npp)]  # the p2p pair of sends / receives
     rows = np.asarray(m["row"], np.int64)
     cr = run.collective_rows
     cw_a = np.r_[np.asarray(cr.get("cpu_wait_at_start_ns", np.full(len(cr["step"]), np.nan)), np.float64)[rows],
                  np.full(2 * npp, np.nan)]
     cw_z = np.r_[np.asarray(cr.get("cpu_wait_at_end_ns", np.full(len(cr["step"]), np.nan)), np.float64)[rows],
                  np.full(2 * npp, np.nan)]
-    rsi = _rs_index(rs, ranks, steps)
+    e = {
+        "rank": np.r_[c_rank, np.asarray(p.src, np.int64), np.asarray(p.dst, np.int64)],
+        "step": np.r_[c_step, np.asarray(p.send_step, np.int64), np.asarray(p.recv_step, np.int64)],
+        "arrival": np.r_[np.asarray(m["start_ns"], np.int64), np.asarray(p.send_start_ns, np.int64),
+                         np.asarray(p.recv_start_ns, np.int64)],
+        "end": np.r_[np.asarray(m["end_ns"], np.int64), np.asarray(p.send_end_ns, np.int64),
+                     np.asarray(p.recv_end_ns, np.int64)],
+        "kind": np.r_[np.full(nc, KIND_COLL), np.full(npp, KIND_SEND), np.full(npp, KIND_RECV)].astype(np.int8),
+        "group": np.r_[np.asarray(m["inst"], np.int64), np.full(2 * npp, -1, np.int64)],
+        "op": np.r_[np.asarray(m["op_id"], np.int64), np.full(2 * npp, -1, np.int64)],
+        "pg": np.r_[np.asarray(m["pg"], np.int64), np.asarray(p.pg, np.int64), np.asarray(p.pg, np.int64)],
+        "pair": np.r_[np.full(nc, -1, np.int64), np.arange(npp), np.arange(npp)],
+        "cw_a": cw_a, "cw_z": cw_z,
+    }
+    return e, nc, npp
+
+
+def _kept_order(run: RunSummary, rs: dict[str, np.ndarray], e: dict[str, np.ndarray],
+                nc: int) -> tuple[np.ndarray, np.ndarray]:
+    """The events that are nodes of the graph, as indices into `e` sorted by rank-step then arrival, and the
+    rank-step row of each."""
+    rsi = _rs_index(rs, e["rank"], e["step"])
     keep = rsi >= 0
     # a collective instance is a node of the graph only where all its members are in recorded steps
     if nc:
-        n_inst = len(run.collectives)
-        bad = np.bincount(group[:nc][~keep[:nc]], minlength=n_inst) > 0
+        group = e["group"]
+        bad = np.bincount(group[:nc][~keep[:nc]], minlength=len(run.collectives)) > 0
         keep[:nc] &= ~bad[group[:nc]]
-    t0 = int(rs["start"].min()) if rs["start"].size else 0
     sel = np.flatnonzero(keep)
-    o = sel[np.lexsort((arrival[sel], rsi[sel]))]
-    ev_rs = rsi[o]
-    a = (arrival[o] - t0).astype(np.float64)
-    z = np.maximum(end[o] - t0, arrival[o] - t0).astype(np.float64)
-    n = o.size
-    new_rs = np.r_[True, ev_rs[1:] != ev_rs[:-1]] if n else np.zeros(0, bool)
-    prev = np.where(new_rs, -1, np.arange(n) - 1)
-    # receive -> its send (both kept), by pair id
-    k_o, pair_o = kind[o], pair[o]
-    partner = np.full(n, -1, np.int64)
+    o = sel[np.lexsort((e["arrival"][sel], rsi[sel]))]
+    return o, rsi[o]
+
+
+def _partners(kind: np.ndarray, pair: np.ndarray, npp: int) -> np.ndarray:
+    """Per event: a receive's send (both kept, matched by pair id), else −1."""
+    partner = np.full(kind.size, -1, np.int64)
     if npp:
         send_at = np.full(npp, -1, np.int64)
-        is_s = k_o == KIND_SEND
-        send_at[pair_o[is_s]] = np.flatnonzero(is_s)
-        is_r = k_o == KIND_RECV
-        partner[is_r] = send_at[pair_o[is_r]]
-    grp = group[o]
-    # dense group ids for collectives (instances kept)
+        is_s = kind == KIND_SEND
+        send_at[pair[is_s]] = np.flatnonzero(is_s)
+        is_r = kind == KIND_RECV
+        partner[is_r] = send_at[pair[is_r]]
+    return partner
+
+
+def _dense_groups(grp: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense group ids of the kept collective instances (−1 for p2p), and how many there are."""
     ug, gi = np.unique(grp[grp >= 0], return_inverse=True)
-    gid = np.full(n, -1, np.int64)
+    gid = np.full(grp.size, -1, np.int64)
     gid[grp >= 0] = gi.reshape(-1)
-    n_groups = int(ug.size)
-    start_rs = (rs["start"] - t0).astype(np.float64)
-    end_rs = (rs["end"] - t0).astype(np.float64)
+    return gid, int(ug.size)
+
+
+def _work_segments(a: np.ndarray, z: np.ndarray, prev: np.ndarray, ev_rs: np.ndarray, start_rs: np.ndarray,
+                   cw_start: np.ndarray, cw_a: np.ndarray,
+                   cw_z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The work segment before each event: what it hangs off (LINK_*), its length and the CPU wait within it."""
+    n = a.size
     pz = np.where(prev >= 0, z[np.maximum(prev, 0)], 0.0)
     pa = np.where(prev >= 0, a[np.maximum(prev, 0)], 0.0)
     link = np.where(prev < 0, LINK_START, np.where(a >= pz - END_SLACK_NS, LINK_END, LINK_ARRIVAL)).astype(np.int8)
     anchor = np.where(link == LINK_START, start_rs[ev_rs] if n else 0.0, np.where(link == LINK_END, pz, pa))
     gap = np.maximum(a - anchor, 0.0) if n else np.zeros(0)
-    cw_a, cw_z = cw_a[o], cw_z[o]
     pcz = np.where(prev >= 0, cw_z[np.maximum(prev, 0)], np.nan) if n else np.zeros(0)
     pca = np.where(prev >= 0, cw_a[np.maximum(prev, 0)], np.nan) if n else np.zeros(0)
-    cw_anchor = np.where(link == LINK_START, rs["cw_start"][ev_rs] if n else 0.0,
+    cw_anchor = np.where(link == LINK_START, cw_start[ev_rs] if n else 0.0,
                          np.where(link == LINK_END, pcz, pca))
     ev_cpu_wait = np.clip(cw_a - cw_anchor, 0.0, gap) if n else np.zeros(0)
-    g = StepGraph(
-        t0=t0, rs_rank=rs["rank"], rs_step=rs["step"], rs_start=start_rs, rs_end=end_rs,
-        rs_tail=np.zeros(rs["rank"].size), rs_tail_link=np.zeros(rs["rank"].size, np.int8),
-        rs_last=np.full(rs["rank"].size, -1, np.int64),
-        ev_rs=ev_rs, ev_rank=ranks[o], ev_step=steps[o], ev_kind=k_o, ev_group=gid, ev_op=op[o], ev_pg=pg[o],
-        ev_partner=partner, ev_arrival=a, ev_end=z, ev_gap=gap, ev_link=link, ev_prev=prev,
-        ev_transfer=np.zeros(n), names=np.asarray(run.names, dtype=object), n_groups=n_groups,
-        ev_cpu_wait=ev_cpu_wait)
-    s, _ = _starts(g, a, who=False)
-    g.ev_transfer = np.maximum(z - s, 0.0)
+    return link, gap, ev_cpu_wait
+
+
+def _set_tails(g: StepGraph, rs: dict[str, np.ndarray], s: np.ndarray, cw_a: np.ndarray, cw_z: np.ndarray) -> None:
+    """Each rank-step's last event, and its tail: what it hangs off, its length and the CPU wait within it."""
+    n, a, z, ev_rs, start_rs, end_rs = g.n_events, g.ev_arrival, g.ev_end, g.ev_rs, g.rs_start, g.rs_end
     if n:
         is_last = np.r_[ev_rs[1:] != ev_rs[:-1], True]
         g.rs_last[ev_rs[is_last]] = np.flatnonzero(is_last)
@@ -247,6 +258,37 @@ def step_graph(run: RunSummary) -> StepGraph:
     lca = np.where(has, cw_a[np.maximum(L, 0)] if n else np.nan, np.nan)
     tail_cw = np.where(g.rs_tail_link == LINK_START, rs["cw_start"], np.where(g.rs_tail_link == LINK_END, lcz, lca))
     g.rs_tail_cpu_wait = np.clip(rs["cw_end"] - tail_cw, 0.0, g.rs_tail)
+
+
+def step_graph(run: RunSummary) -> StepGraph:
+    """The dependency graph of every recorded step of `run` (see the module docstring)."""
+    rs = _rank_steps(run)
+    e, nc, npp = _sync_events(run)
+    o, ev_rs = _kept_order(run, rs, e, nc)
+    t0 = int(rs["start"].min()) if rs["start"].size else 0
+    arrival, end = e["arrival"], e["end"]
+    a = (arrival[o] - t0).astype(np.float64)
+    z = np.maximum(end[o] - t0, arrival[o] - t0).astype(np.float64)
+    n = o.size
+    new_rs = np.r_[True, ev_rs[1:] != ev_rs[:-1]] if n else np.zeros(0, bool)
+    prev = np.where(new_rs, -1, np.arange(n) - 1)
+    k_o = e["kind"][o]
+    gid, n_groups = _dense_groups(e["group"][o])
+    start_rs = (rs["start"] - t0).astype(np.float64)
+    end_rs = (rs["end"] - t0).astype(np.float64)
+    cw_a, cw_z = e["cw_a"][o], e["cw_z"][o]
+    link, gap, ev_cpu_wait = _work_segments(a, z, prev, ev_rs, start_rs, rs["cw_start"], cw_a, cw_z)
+    g = StepGraph(
+        t0=t0, rs_rank=rs["rank"], rs_step=rs["step"], rs_start=start_rs, rs_end=end_rs,
+        rs_tail=np.zeros(rs["rank"].size), rs_tail_link=np.zeros(rs["rank"].size, np.int8),
+        rs_last=np.full(rs["rank"].size, -1, np.int64),
+        ev_rs=ev_rs, ev_rank=e["rank"][o], ev_step=e["step"][o], ev_kind=k_o, ev_group=gid, ev_op=e["op"][o],
+        ev_pg=e["pg"][o], ev_partner=_partners(k_o, e["pair"][o], npp), ev_arrival=a, ev_end=z, ev_gap=gap,
+        ev_link=link, ev_prev=prev, ev_transfer=np.zeros(n), names=np.asarray(run.names, dtype=object),
+        n_groups=n_groups, ev_cpu_wait=ev_cpu_wait)
+    s, _ = _starts(g, a, who=False)
+    g.ev_transfer = np.maximum(z - s, 0.0)
+    _set_tails(g, rs, s, cw_a, cw_z)
     return g
 
 
@@ -340,22 +382,11 @@ class CriticalPaths:
     segments_step: int | None
 
 
-def critical_paths(g: StepGraph, rp: Replay, *, view_step: int | None = None) -> CriticalPaths:
-    """The critical path of every step (see the module docstring), walked back for all steps at once."""
-    steps, rs_si = np.unique(g.rs_step, return_inverse=True)
-    rs_si = rs_si.reshape(-1)
-    ranks, rs_ri = np.unique(g.rs_rank, return_inverse=True)
-    rs_ri = rs_ri.reshape(-1)
-    ns, nr = steps.size, ranks.size
-    work = np.zeros((ns, nr))
-    transfer = np.zeros(ns)
-    comm: dict[tuple[int, str], np.ndarray] = {}
-    if ns == 0:
-        return CriticalPaths(steps, ranks, np.zeros(0), work, transfer, comm, np.zeros(0, np.int64), [], None)
-    # the rank-step ending last in each step
-    o = np.lexsort((rp.rs_end, rs_si))
-    last = o[np.r_[rs_si[o][1:] != rs_si[o][:-1], True]]
-    end_t = rp.rs_end[last]
+def _walk_back(g: StepGraph, rp: Replay, last: np.ndarray, end_t: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The segments on every step's path, walked back from the rank-steps `last` (ending at `end_t`) for all steps
+    at once: step index, rank-step row, kind (0 work, 1 transfer), event (−1: a tail off the step start), start and
+    length (ns)."""
+    ns = last.size
     # walk: state per step = (event, at) where at 0 = at the event's arrival, 1 = at its end; start from the tails
     segs: list[tuple[np.ndarray, ...]] = []
 
@@ -389,29 +420,28 @@ def critical_paths(g: StepGraph, rp: Replay, *, view_step: int | None = None) ->
         add(cur_si, g.ev_rs[e], 0, e, anchor_t, rp.arrival[e])
         go = link != LINK_START
         cur_si, cur_ev, cur_end = cur_si[go], pv[go], (link == LINK_END)[go]
-    si, rsrow, kinds, evs, t_from, d = (np.concatenate(x) for x in zip(*segs))
-    d = np.maximum(d, 0.0) / NS_PER_MS
-    w = kinds == 0
-    np.add.at(work, (si[w], rs_ri[rsrow[w]]), d[w])
-    tr = ~w
-    np.add.at(transfer, si[tr], d[tr])
-    if tr.any():
-        e = evs[tr]
-        is_coll = g.ev_op[e] >= 0
-        keys = np.where(is_coll, g.ev_pg[e] * (len(g.names) + 1) + g.ev_op[e], -1)
-        for k in np.unique(keys).tolist():
-            sel = keys == k
-            key = (-1, "p2p") if k < 0 else (int(k // (len(g.names) + 1)),
-                                             str(g.names[int(k % (len(g.names) + 1))]))
-            comm[key] = np.bincount(si[tr][sel], weights=d[tr][sel], minlength=ns)
-    start_t = np.full(ns, np.inf)
-    np.minimum.at(start_t, si, t_from)
-    length = (end_t - start_t) / NS_PER_MS
-    # one step's path for the view: the step of median length
-    vi = (int(np.searchsorted(steps, view_step)) if view_step is not None and view_step in steps
-          else int(np.argsort(length, kind="stable")[(ns - 1) // 2]))
-    sel = np.flatnonzero(si == vi)
-    sel = sel[np.argsort(t_from[sel], kind="stable")][:MAX_PATH_SEGMENTS]
+    return tuple(np.concatenate(x) for x in zip(*segs))
+
+
+def _comm_on_path(g: StepGraph, si: np.ndarray, evs: np.ndarray, d: np.ndarray,
+                  ns: int) -> dict[tuple[int, str], np.ndarray]:
+    """Per (pg, op) — (−1, "p2p") for pairs — the transfer ms per step of the path's transfer segments (`si`, `evs`,
+    `d`)."""
+    comm: dict[tuple[int, str], np.ndarray] = {}
+    if not evs.size:
+        return comm
+    is_coll = g.ev_op[evs] >= 0
+    keys = np.where(is_coll, g.ev_pg[evs] * (len(g.names) + 1) + g.ev_op[evs], -1)
+    for k in np.unique(keys).tolist():
+        sel = keys == k
+        key = (-1, "p2p") if k < 0 else (int(k // (len(g.names) + 1)), str(g.names[int(k % (len(g.names) + 1))]))
+        comm[key] = np.bincount(si[sel], weights=d[sel], minlength=ns)
+    return comm
+
+
+def _path_view(g: StepGraph, sel: np.ndarray, rsrow: np.ndarray, kinds: np.ndarray, evs: np.ndarray,
+               t_from: np.ndarray, d: np.ndarray, t_start: float) -> list[dict[str, Any]]:
+    """The report's view of one step's path: its segments `sel` (in time order) from the step's start `t_start`."""
     view = []
     for i in sel.tolist():
         e = int(evs[i])
@@ -423,7 +453,41 @@ def critical_paths(g: StepGraph, rp: Replay, *, view_step: int | None = None) ->
             name = "send/recv"
         view.append({"rank": int(g.rs_rank[rsrow[i]]), "kind": "work" if kinds[i] == 0 else "transfer",
                      "name": name, "pg": None if kinds[i] == 0 else int(g.ev_pg[e]),
-                     "start_ms": float((t_from[i] - start_t[vi]) / NS_PER_MS), "ms": float(d[i])})
+                     "start_ms": float((t_from[i] - t_start) / NS_PER_MS), "ms": float(d[i])})
+    return view
+
+
+def critical_paths(g: StepGraph, rp: Replay, *, view_step: int | None = None) -> CriticalPaths:
+    """The critical path of every step (see the module docstring), walked back for all steps at once."""
+    steps, rs_si = np.unique(g.rs_step, return_inverse=True)
+    rs_si = rs_si.reshape(-1)
+    ranks, rs_ri = np.unique(g.rs_rank, return_inverse=True)
+    rs_ri = rs_ri.reshape(-1)
+    ns, nr = steps.size, ranks.size
+    work = np.zeros((ns, nr))
+    transfer = np.zeros(ns)
+    if ns == 0:
+        return CriticalPaths(steps, ranks, np.zeros(0), work, transfer, {}, np.zeros(0, np.int64), [], None)
+    # the rank-step ending last in each step
+    o = np.lexsort((rp.rs_end, rs_si))
+    last = o[np.r_[rs_si[o][1:] != rs_si[o][:-1], True]]
+    end_t = rp.rs_end[last]
+    si, rsrow, kinds, evs, t_from, d = _walk_back(g, rp, last, end_t)
+    d = np.maximum(d, 0.0) / NS_PER_MS
+    w = kinds == 0
+    np.add.at(work, (si[w], rs_ri[rsrow[w]]), d[w])
+    tr = ~w
+    np.add.at(transfer, si[tr], d[tr])
+    comm = _comm_on_path(g, si[tr], evs[tr], d[tr], ns)
+    start_t = np.full(ns, np.inf)
+    np.minimum.at(start_t, si, t_from)
+    length = (end_t - start_t) / NS_PER_MS
+    # one step's path for the view: the step of median length
+    vi = (int(np.searchsorted(steps, view_step)) if view_step is not None and view_step in steps
+          else int(np.argsort(length, kind="stable")[(ns - 1) // 2]))
+    sel = np.flatnonzero(si == vi)
+    sel = sel[np.argsort(t_from[sel], kind="stable")][:MAX_PATH_SEGMENTS]
+    view = _path_view(g, sel, rsrow, kinds, evs, t_from, d, start_t[vi])
     return CriticalPaths(steps, ranks, length, work, transfer, comm, g.rs_rank[last], view, int(steps[vi]))
 
 
