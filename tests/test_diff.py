@@ -1,4 +1,4 @@
-"""``distprof diff`` (analysis/diff.py): parts that add up, noise bands, the verdict — on synthetic runs and on real
+"""``distprof diff`` (analysis/report/diff.py): parts that add up, noise bands, the verdict — on synthetic runs and on real
 torchrun jobs (a 25 ms straggler against the same job without it; two runs of the unchanged job)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The merged timeline (distprof/render/timeline.py) and ``distprof timeline``."""
+"""The merged timeline (distprof/export/timeline.py) and ``distprof timeline``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``distprof diff RUN_A RUN_B``: what changed between two runs of the same job — the step-time change split into
 parts that add up (phase, rank on the critical path, collective), per-op, memory and FLOPs comparisons, each with
-its noise band, and a one-paragraph verdict (analysis/diff.py, docs/whatif.md)."""
+its noise band, and a one-paragraph verdict (analysis/report/diff.py, docs/whatif.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``distprof timeline RUN_DIR -o merged.json.gz``: every rank on one clock, as a Chrome trace for Perfetto UI.
 
-Layout and budget: distprof/render/timeline.py and docs/timeline.md.
+Layout and budget: distprof/export/timeline.py and docs/timeline.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Renderers: turn a report dict (``distprof.analysis.report.build_report``) into text, JSON or an HTML page."""
+"""Renderers: turn a report dict (``distprof.analysis.report.build.build_report``) into text, JSON or an HTML page."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ Parts (each computed once, in its own module):
   main thread's wait for communication inside the op (``breakdown.RankSets.wait``: the exposed-communication
   candidates E and its time inside communication ops); root cause reads them.
 * ``annotations`` — per user ``record_function`` region: total ms and calls in the rank's steps.
-* ``measures`` — the per-rank numbers the findings rules read (``findings.measures.rank_measures``).
+* ``measures`` — the per-rank numbers the findings rules read (``rank.measures.rank_measures``).
 * ``gpu_time`` — HTA's temporal breakdown of the rank's device timeline (``gpu_time.rank_gpu_time``), device ranks.
 * ``memory_series`` — the allocated-memory curve, min/max-downsampled per window, for the HTML report.
 * ``samples`` — the clock-sync samples of the rank's shards (host leaders).

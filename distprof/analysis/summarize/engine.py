@@ -5,7 +5,7 @@
 
 Serial: scan the shards' attributes (``catalog.scan_run``), then for each rank read its shards
 (``rankdata.read_rank``), summarise it (``summary.summarize_rank``) and drop its events; join the summaries
-(``runsummary.reduce_run``). Peak memory: the largest rank's events plus the summaries.
+(``align.reduce.reduce_run``). Peak memory: the largest rank's events plus the summaries.
 
 MPI (``comm`` given, or :func:`mpi_world` under ``mpiexec``/``srun``): MPI rank 0 scans and broadcasts the catalog;
 the ranks are dealt out by their event counts (largest first, each to the least-loaded process), each process
