@@ -63,14 +63,60 @@ def _summary(bd: dict[str, np.ndarray]) -> dict[str, Any]:
     }
 
 
-def build_report(
-    run: RunSummary,
-    *,
-    peak_tflops: float | None = None,
-    top: int = 3,
-    rule: StragglerRule | None = None,
-    finding_rules: FindingRules | None = None,
-) -> dict[str, Any]:
+def _steps_records(bd: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """One record per rank-step of the breakdown `bd`: its columns and the step's overlap."""
+    ov_step = overlap_by_step(bd)
+    cols = [c for c in BREAKDOWN_COLUMNS] + ["overlap_pct"]
+    table = {**bd, "overlap_pct": ov_step["overlap_pct"]}
+    return [{c: table[c][i] for c in cols} for i in range(bd["step"].size)]
+
+
+def _run_section(run: RunSummary) -> dict[str, Any]:
+    """The report's ``run`` section: the ranks, hosts, devices and steps the run holds."""
+    st = run.steps
+    hosts_present = sorted({run.hosts.get(r, "?") for r in run.ranks_present})
+    return {
+        "id": run.run_id,
+        "world_size": run.world_size,
+        "ranks_present": sorted(int(r) for r in run.ranks_present),
+        "ranks_missing": sorted(int(r) for r in run.ranks_missing),
+        "hosts": {str(r): run.hosts[r] for r in sorted(run.hosts)},
+        "n_hosts": len(hosts_present),
+        "devices": sorted({str(a.get("device", "?")) for a in run.attrs.values()}),
+        "backend": sorted({str(a.get("backend", "?")) for a in run.attrs.values()}),
+        "device_ranks": sorted(run.device_rank_set),
+        "windows": sorted({int(w) for w in np.unique(st["window"])}) if "window" in st else [],
+        "first_step": int(st["step"].min()) if st["step"].size else None,
+        "last_step": int(st["step"].max()) if st["step"].size else None,
+        "n_steps": int(np.unique(st["step"]).size),
+    }
+
+
+def _clock_section(run: RunSummary) -> dict[str, dict[str, Any]]:
+    """The report's ``clock`` section: per host, its clock's alignment to the reference."""
+    return {
+        host: {
+            "offset_ns": hc.offset_ns,
+            "drift_ppm": hc.drift_ppm,
+            "residual_us": hc.residual_us,
+            "residual_max_us": hc.residual_max_us,
+            "method": hc.method,
+            "n_samples": hc.n_samples,
+            "ranks": list(hc.ranks),
+        }
+        for host, hc in sorted(run.clock.items())
+    }
+
+
+def _p2p_section(run: RunSummary) -> dict[str, int]:
+    """The report's ``p2p`` section: the point-to-point pairs matched, and what was left unmatched."""
+    p = run.p2p
+    return {"n_pairs": len(p), "n_sends": p.n_sends, "n_recvs": p.n_recvs, "n_unmatched": p.n_unmatched,
+            "n_edge": p.n_edge, "n_unknown_peer": p.n_unknown_peer}
+
+
+def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int = 3, rule: StragglerRule | None = None,
+                 finding_rules: FindingRules | None = None) -> dict[str, Any]:
     """Run every analysis on `run` and return the report dict (JSON-serialisable; keys in docs/report-format.md).
 
     `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
@@ -80,13 +126,7 @@ def build_report(
     bd = run.steps
     if bd["step"].size == 0:
         warnings.append("no recorded steps: the per-step analyses are empty")
-    ov_step = overlap_by_step(bd)
-    steps_records = []
-    cols = [c for c in BREAKDOWN_COLUMNS] + ["overlap_pct"]
-    table = {**bd, "overlap_pct": ov_step["overlap_pct"]}
-    for i in range(bd["step"].size):
-        steps_records.append({c: table[c][i] for c in cols})
-
+    steps_records = _steps_records(bd)
     graph = step_graph(run)  # the cross-rank step graph: own work, critical path, what-ifs, each finding's gain
     strag = find_stragglers(run, rule=rule, graph=graph)
     pipes = pipelines(run)
@@ -94,7 +134,6 @@ def build_report(
         warnings.append("no collective was matched across ranks: no straggler analysis")
     named = [d["rank"] for d in strag["ranks"] if d["named"]][: max(top, 0)]
     rc = root_cause(run, named) if named else []
-
     table = comm_table(run)
     par = detect_parallelism(run, table, pipes)
     found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules, pipelines=pipes,
@@ -102,42 +141,14 @@ def build_report(
     annotate_findings(run, found, graph=graph)
     summary = _summary(bd)
     mfu_rows = mfu(run, peak_tflops=peak_tflops)
-    dev = run.device_rank_set
-    hosts_present = sorted({run.hosts.get(r, "?") for r in run.ranks_present})
-    st = bd
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "report_version": REPORT_VERSION,
         "distprof_version": _version.__version__,
         "verdict": verdict(summary, strag, rc, found),
         "findings": found,
-        "run": {
-            "id": run.run_id,
-            "world_size": run.world_size,
-            "ranks_present": sorted(int(r) for r in run.ranks_present),
-            "ranks_missing": sorted(int(r) for r in run.ranks_missing),
-            "hosts": {str(r): run.hosts[r] for r in sorted(run.hosts)},
-            "n_hosts": len(hosts_present),
-            "devices": sorted({str(a.get("device", "?")) for a in run.attrs.values()}),
-            "backend": sorted({str(a.get("backend", "?")) for a in run.attrs.values()}),
-            "device_ranks": sorted(dev),
-            "windows": sorted({int(w) for w in np.unique(st["window"])}) if "window" in st else [],
-            "first_step": int(st["step"].min()) if st["step"].size else None,
-            "last_step": int(st["step"].max()) if st["step"].size else None,
-            "n_steps": int(np.unique(st["step"]).size),
-        },
-        "clock": {
-            host: {
-                "offset_ns": hc.offset_ns,
-                "drift_ppm": hc.drift_ppm,
-                "residual_us": hc.residual_us,
-                "residual_max_us": hc.residual_max_us,
-                "method": hc.method,
-                "n_samples": hc.n_samples,
-                "ranks": list(hc.ranks),
-            }
-            for host, hc in sorted(run.clock.items())
-        },
+        "run": _run_section(run),
+        "clock": _clock_section(run),
         "summary": summary,
         "steps": steps_records,
         "stragglers": strag["ranks"],
@@ -146,9 +157,7 @@ def build_report(
         "parallelism": par.to_dict(),
         "collectives": [r.to_dict() for r in table],
         "pipelines": [p.to_dict() for p in pipes],
-        "p2p": {"n_pairs": len(run.p2p), "n_sends": run.p2p.n_sends, "n_recvs": run.p2p.n_recvs,
-                "n_unmatched": run.p2p.n_unmatched, "n_edge": run.p2p.n_edge,
-                "n_unknown_peer": run.p2p.n_unknown_peer},
+        "p2p": _p2p_section(run),
         "overlap": overlap_by_rank(run),
         "critical_path": critical_path_report(run, graph=graph),
         "whatif": whatif_table(run, stragglers=strag, graph=graph),
