@@ -111,6 +111,58 @@ def _empty(n: int = 0) -> tuple[Table, Table]:
     return inst, members
 
 
+def _sorted_members(rows: Table, sel: np.ndarray) -> tuple[Table, np.ndarray, np.ndarray]:
+    """The members table of the numbered rows `sel`, sorted by (pg, window, seq, rank), with where each instance
+    begins: a mask (``new``) and its indices (``first``)."""
+    rank = np.asarray(rows["rank"])[sel].astype(np.int32)
+    window = np.asarray(rows["window"])[sel].astype(np.int32)
+    pg = np.asarray(rows["pg"])[sel].astype(np.int32)
+    seq = np.asarray(rows["seq"])[sel].astype(np.int32)
+    order = np.lexsort((rank, seq, window, pg))
+    sel, rank, window, pg, seq = sel[order], rank[order], window[order], pg[order], seq[order]
+    n = len(sel)
+    new = np.ones(n, dtype=bool)
+    new[1:] = (pg[1:] != pg[:-1]) | (window[1:] != window[:-1]) | (seq[1:] != seq[:-1])
+    members = {
+        "inst": (np.cumsum(new) - 1).astype(np.int64),
+        "rank": rank,
+        "window": window,
+        "pg": pg,
+        "seq": seq,
+        "op_id": np.asarray(rows["op_id"])[sel].astype(np.uint32),
+        "bytes": np.asarray(rows["bytes"])[sel].astype(np.int64),
+        "row": sel.astype(np.int64),
+        "start_ns": np.asarray(rows["start_ns"])[sel].astype(np.int64),
+        "end_ns": np.asarray(rows["end_ns"])[sel].astype(np.int64),
+    }
+    return members, new, np.flatnonzero(new)
+
+
+def _consistency(members: Table, new: np.ndarray, first: np.ndarray,
+                 names: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per instance: whether its members disagree on the op, on a known size (ops of VARIABLE_SIZE_OPS aside) or
+    hold a rank twice, and its distinct ranks."""
+    op = members["op_id"].astype(np.int64)
+    op_bad = np.maximum.reduceat(op, first) != np.minimum.reduceat(op, first)
+    b = members["bytes"]
+    known = b >= 0
+    big = np.iinfo(np.int64).max
+    bmax = np.maximum.reduceat(np.where(known, b, -1), first)
+    bmin = np.minimum.reduceat(np.where(known, b, big), first)
+    bytes_bad = (bmax >= 0) & (bmax != bmin)
+    if names is not None and bytes_bad.any():  # uneven splits, roots and pairs differ by design
+        variable = np.array([str(x) in VARIABLE_SIZE_OPS for x in np.asarray(names, dtype=object)], dtype=bool)
+        i_op = op[first]
+        bytes_bad &= ~np.where(i_op < len(variable), variable[np.minimum(i_op, len(variable) - 1)], False)
+    rank = members["rank"]
+    dup = np.zeros(new.size, dtype=bool)
+    dup[1:] = ~new[1:] & (rank[1:] == rank[:-1])
+    dup_bad = np.maximum.reduceat(dup.astype(np.int8), first) > 0
+    # Distinct ranks per instance (duplicates do not count twice).
+    n_ranks = np.add.reduceat((~dup).astype(np.int64), first)
+    return op_bad, bytes_bad, dup_bad, n_ranks
+
+
 def match_collectives(
     rows: Table,
     *,
@@ -132,70 +184,25 @@ def match_collectives(
     if len(sel) == 0:
         inst, members = _empty()
         return Collectives(inst, members)
-    rank = np.asarray(rows["rank"])[sel].astype(np.int32)
-    window = np.asarray(rows["window"])[sel].astype(np.int32)
-    pg = np.asarray(rows["pg"])[sel].astype(np.int32)
-    seq = np.asarray(rows["seq"])[sel].astype(np.int32)
-    order = np.lexsort((rank, seq, window, pg))
-    sel, rank, window, pg, seq = sel[order], rank[order], window[order], pg[order], seq[order]
-    start = np.asarray(rows["start_ns"])[sel].astype(np.int64)
-    end = np.asarray(rows["end_ns"])[sel].astype(np.int64)
-    n = len(sel)
-
-    new = np.ones(n, dtype=bool)
-    new[1:] = (pg[1:] != pg[:-1]) | (window[1:] != window[:-1]) | (seq[1:] != seq[:-1])
-    first = np.flatnonzero(new)
-    inst_id = np.cumsum(new) - 1
-    count = np.diff(np.append(first, n))
-    members = {
-        "inst": inst_id.astype(np.int64),
-        "rank": rank,
-        "window": window,
-        "pg": pg,
-        "seq": seq,
-        "op_id": np.asarray(rows["op_id"])[sel].astype(np.uint32),
-        "bytes": np.asarray(rows["bytes"])[sel].astype(np.int64),
-        "row": sel.astype(np.int64),
-        "start_ns": start,
-        "end_ns": end,
-    }
-
-    # Consistency: op, known sizes, duplicate ranks.
-    op = members["op_id"].astype(np.int64)
-    op_bad = np.maximum.reduceat(op, first) != np.minimum.reduceat(op, first)
-    b = members["bytes"]
-    known = b >= 0
-    big = np.iinfo(np.int64).max
-    bmax = np.maximum.reduceat(np.where(known, b, -1), first)
-    bmin = np.minimum.reduceat(np.where(known, b, big), first)
-    bytes_bad = (bmax >= 0) & (bmax != bmin)
-    if names is not None and bytes_bad.any():  # uneven splits, roots and pairs differ by design
-        variable = np.array([str(x) in VARIABLE_SIZE_OPS for x in np.asarray(names, dtype=object)], dtype=bool)
-        i_op = op[first]
-        bytes_bad &= ~np.where(i_op < len(variable), variable[np.minimum(i_op, len(variable) - 1)], False)
-    dup = np.zeros(n, dtype=bool)
-    dup[1:] = ~new[1:] & (rank[1:] == rank[:-1])
-    dup_bad = np.maximum.reduceat(dup.astype(np.int8), first) > 0
-    # Distinct ranks per instance (duplicates do not count twice).
-    n_ranks = np.add.reduceat((~dup).astype(np.int64), first)
-
+    members, new, first = _sorted_members(rows, sel)
+    op_bad, bytes_bad, dup_bad, n_ranks = _consistency(members, new, first, names)
+    rank, pg, window = members["rank"], members["pg"], members["window"]
     i_pg, i_win = pg[first], window[first]
     n_expected = _expected_counts(i_pg, i_win, rank, pg, window, rows, group_ranks, ranks_by_window)
     complete = n_ranks >= n_expected
-
     instances: Table = {
         "inst": np.arange(len(first), dtype=np.int64),
         "pg": i_pg,
         "window": i_win,
-        "seq": seq[first],
+        "seq": members["seq"][first],
         "op_id": members["op_id"][first],
-        "bytes": b[first],
+        "bytes": members["bytes"][first],
         "n_ranks": n_ranks.astype(np.int32),
         "n_expected": n_expected.astype(np.int32),
         "complete": complete,
         "consistent": ~(op_bad | bytes_bad | dup_bad),
         "first": first.astype(np.int64),
-        "count": count.astype(np.int64),
+        "count": np.diff(np.append(first, new.size)).astype(np.int64),
     }
     instances.update(_time_aggregates(members, first))
 
