@@ -234,24 +234,27 @@ def _rank_rows(tab: dict[str, np.ndarray], rank: int) -> np.ndarray:
     return np.flatnonzero(tab["rank"] == rank)
 
 
-def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]:
-    ev = run.events
-    rows = _rank_rows(ev, rank)
-    names = run.names
-    attrs = run.attrs.get(rank, {})
-    cpu_pid = int(attrs.get("pid") or 0) or CPU_PID_BASE + int(rank)
+@dataclass
+class _RankEvents:
+    """One rank's event columns as exported (int64), its synthesised ProfilerStep rows included, by (ts, -dur)."""
 
-    name_id = ev["name_id"][rows].astype(np.int64)
-    kind = ev["kind"][rows].astype(np.int64)
-    tid = ev["tid"][rows].astype(np.int64)
-    device = ev["device"][rows].astype(np.int64) if "device" in ev else np.full(len(rows), -1, np.int64)
-    ts = ev["ts_ns"][rows].astype(np.int64)
-    dur = ev["dur_ns"][rows].astype(np.int64)
-    flops = ev["flops"][rows].astype(np.int64) if "flops" in ev else np.zeros(len(rows), np.int64)
-    corr = ev["corr_id"][rows].astype(np.int64) if "corr_id" in ev else np.zeros(len(rows), np.int64)
-    src = np.arange(len(rows), dtype=np.int64)  # position in `rows`; -1 for synthesised rows
+    name_id: np.ndarray  # ids past run.names index extra_names
+    kind: np.ndarray
+    tid: np.ndarray
+    device: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    flops: np.ndarray
+    corr: np.ndarray
+    src: np.ndarray  # position in `rows`; -1 for synthesised rows
+    rows: np.ndarray  # the rank's rows of run.events
+    main_tid: int
+    extra_names: list[str]
 
-    threads = _threads(run, rank)
+
+def _export_main_tid(names: Sequence[str], threads: dict[tuple[int, int], tuple[str, int]], tid: np.ndarray,
+                     name_id: np.ndarray, device: np.ndarray) -> int:
+    """The rank's main thread: the threads table's, else the stepping thread, else the busiest host thread (0)."""
     main_tid = next((t for (d, t), (_, role) in threads.items() if d == -1 and role == schema.THREAD_MAIN), None)
     if main_tid is None and len(tid):
         is_step = np.array([str(x).startswith("ProfilerStep#") for x in np.asarray(names, dtype=object)], bool)
@@ -259,67 +262,104 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
     if main_tid is None and len(tid):  # no step at all: the busiest host thread
         vals, counts = np.unique(tid[device < 0], return_counts=True)
         main_tid = int(vals[np.argmax(counts)]) if len(vals) else 0
-    main_tid = int(main_tid or 0)
+    return int(main_tid or 0)
 
-    # ProfilerStep#N for every recorded step that has no such event on this rank.
-    srows = _rank_rows(run.steps, rank)
+
+def _rank_events(run: MergedRun, rank: int, threads: dict[tuple[int, int], tuple[str, int]]) -> _RankEvents:
+    """`rank`'s events, plus a ProfilerStep#N on the main thread for every recorded step that has no such event."""
+    ev = run.events
+    rows = _rank_rows(ev, rank)
+    names = run.names
+    n = len(rows)
+    cols = {
+        "name_id": ev["name_id"][rows].astype(np.int64),
+        "kind": ev["kind"][rows].astype(np.int64),
+        "tid": ev["tid"][rows].astype(np.int64),
+        "device": ev["device"][rows].astype(np.int64) if "device" in ev else np.full(n, -1, np.int64),
+        "ts": ev["ts_ns"][rows].astype(np.int64),
+        "dur": ev["dur_ns"][rows].astype(np.int64),
+        "flops": ev["flops"][rows].astype(np.int64) if "flops" in ev else np.zeros(n, np.int64),
+        "corr": ev["corr_id"][rows].astype(np.int64) if "corr_id" in ev else np.zeros(n, np.int64),
+        "src": np.arange(n, dtype=np.int64),
+    }
+    main_tid = _export_main_tid(names, threads, cols["tid"], cols["name_id"], cols["device"])
+    name_id = cols["name_id"]
     have = {str(names[i]) for i in np.unique(name_id)} if len(name_id) else set()
-    extra_names: list[str] = []
     syn = []
-    for j in srows:
+    for j in _rank_rows(run.steps, rank):
         nm = f"ProfilerStep#{int(run.steps['step'][j])}"
         if nm not in have:
             have.add(nm)
             syn.append((nm, int(run.steps["start_ns"][j]), int(run.steps["end_ns"][j])))
     if syn:
-        n0 = len(names)
-        extra_names = [s[0] for s in syn]
-        name_id = np.concatenate([name_id, np.arange(n0, n0 + len(syn), dtype=np.int64)])
-        kind = np.concatenate([kind, np.full(len(syn), schema.KIND_CODE["user_annotation"], np.int64)])
-        tid = np.concatenate([tid, np.full(len(syn), main_tid, np.int64)])
-        device = np.concatenate([device, np.full(len(syn), -1, np.int64)])
-        ts = np.concatenate([ts, np.array([s[1] for s in syn], np.int64)])
-        dur = np.concatenate([dur, np.array([max(s[2] - s[1], 0) for s in syn], np.int64)])
-        flops = np.concatenate([flops, np.zeros(len(syn), np.int64)])
-        corr = np.concatenate([corr, np.zeros(len(syn), np.int64)])
-        src = np.concatenate([src, np.full(len(syn), -1, np.int64)])
+        m = len(syn)
+        added = {"name_id": np.arange(len(names), len(names) + m, dtype=np.int64),
+                 "kind": np.full(m, schema.KIND_CODE["user_annotation"], np.int64),
+                 "tid": np.full(m, main_tid, np.int64), "device": np.full(m, -1, np.int64),
+                 "ts": np.array([s[1] for s in syn], np.int64),
+                 "dur": np.array([max(s[2] - s[1], 0) for s in syn], np.int64),
+                 "flops": np.zeros(m, np.int64), "corr": np.zeros(m, np.int64), "src": np.full(m, -1, np.int64)}
+        cols = {k: np.concatenate([v, added[k]]) for k, v in cols.items()}
+    order = np.lexsort((-cols["dur"], cols["ts"]))
+    return _RankEvents(**{k: v[order] for k, v in cols.items()}, rows=rows, main_tid=main_tid,
+                       extra_names=[s[0] for s in syn])
 
-    order = np.lexsort((-dur, ts))
-    name_id, kind, tid, device, ts, dur, flops, corr, src = (
-        a[order] for a in (name_id, kind, tid, device, ts, dur, flops, corr, src))
-    n = len(ts)
 
+@dataclass
+class _Links:
+    """Per exported row: its Kineto kind and which of Kineto's id links it carries."""
+
+    kind_s: np.ndarray  # the kind's name
+    is_dev: np.ndarray  # on a device track
+    is_rt: np.ndarray  # a host call into the device runtime
+    is_op: np.ndarray  # a host op or annotation with an External id of its own
+    is_linked: np.ndarray  # a device row with device/stream/correlation args
+    ext: np.ndarray  # External id it carries (0: none): a runtime call's enclosing op's, a device row's launch's
+    launch_of: np.ndarray  # a linked device row's launching runtime call (row), else -1
+
+
+def _links(evs: _RankEvents) -> _Links:
+    """Kinds, device/runtime/op flags, External ids and launches of the rows of `evs`."""
     kinds = np.array(schema.KINDS, dtype=object)
-    kind_clip = np.where((kind >= 0) & (kind < len(kinds)), kind, 0)
+    kind_clip = np.where((evs.kind >= 0) & (evs.kind < len(kinds)), evs.kind, 0)
     kind_s = kinds[kind_clip]
-    is_dev = np.isin(kind_s, list(DEVICE_KINDS)) | (device >= 0)
+    is_dev = np.isin(kind_s, list(DEVICE_KINDS)) | (evs.device >= 0)
     is_rt = np.isin(kind_s, list(RUNTIME_KINDS)) & ~is_dev
     is_op = np.isin(kind_s, list(EXTERNAL_ID_KINDS)) & ~is_dev
     is_linked = np.isin(kind_s, list(LINKED_DEVICE_KINDS))
-    ext = _enclosing_external_ids(tid, ts, ts + dur, corr, is_op, is_rt)
-    linked = np.flatnonzero(is_linked & (corr > 0))
-    launch_of = np.full(n, -1, np.int64)  # each device row's launch (same order as the columns here)
-    launch_of[linked] = launch_rows(kind, device, corr, linked)
+    ext = _enclosing_external_ids(evs.tid, evs.ts, evs.ts + evs.dur, evs.corr, is_op, is_rt)
+    linked = np.flatnonzero(is_linked & (evs.corr > 0))
+    launch_of = np.full(len(evs.ts), -1, np.int64)  # each device row's launch (same order as the columns here)
+    launch_of[linked] = launch_rows(evs.kind, evs.device, evs.corr, linked)
     for i in linked.tolist():  # a device row inherits its launch's External id
         j = int(launch_of[i])
         if j >= 0:
             ext[i] = ext[j]
+    return _Links(kind_s=kind_s, is_dev=is_dev, is_rt=is_rt, is_op=is_op, is_linked=is_linked, ext=ext,
+                  launch_of=launch_of)
 
-    comm_args = _comm_args(run, rank, rows)
 
-    ts_us = ((ts - base_ns) / 1e3).tolist()
-    dur_us = (dur / 1e3).tolist()
-    pid = np.where(is_dev, np.maximum(device, 0), cpu_pid).tolist()
-    name_l = [str(names[i]) if i < len(names) else extra_names[i - len(names)] for i in name_id.tolist()]
-    kind_l, tid_l, dev_l = kind_s.tolist(), tid.tolist(), device.tolist()
-    corr_l, ext_l, flops_l, src_l = corr.tolist(), ext.tolist(), flops.tolist(), src.tolist()
-    is_rt_l, is_op_l, is_linked_l = is_rt.tolist(), is_op.tolist(), is_linked.tolist()
+def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]:
+    """`rank`'s trace events: metadata, its rows (``X``, or ``i`` for instants) by (ts, -dur), flows, memory."""
+    names = run.names
+    attrs = run.attrs.get(rank, {})
+    cpu_pid = int(attrs.get("pid") or 0) or CPU_PID_BASE + int(rank)
+    threads = _threads(run, rank)
+    evs = _rank_events(run, rank, threads)
+    lk = _links(evs)
+    comm_args = _comm_args(run, rank, evs.rows)
+    n, is_dev, launch_of = len(evs.ts), lk.is_dev, lk.launch_of
+    ts_us = ((evs.ts - base_ns) / 1e3).tolist()
+    dur_us = (evs.dur / 1e3).tolist()
+    pid = np.where(is_dev, np.maximum(evs.device, 0), cpu_pid).tolist()
+    name_l = [str(names[i]) if i < len(names) else evs.extra_names[i - len(names)] for i in evs.name_id.tolist()]
+    kind_l, tid_l, dev_l = lk.kind_s.tolist(), evs.tid.tolist(), evs.device.tolist()
+    corr_l, ext_l, flops_l, src_l = evs.corr.tolist(), lk.ext.tolist(), evs.flops.tolist(), evs.src.tolist()
+    is_rt_l, is_op_l, is_linked_l = lk.is_rt.tolist(), lk.is_op.tolist(), lk.is_linked.tolist()
     is_dev_l = is_dev.tolist()
-
-    t_first = ts_us[0] if n else 0.0
-    yield from _metadata(rank, cpu_pid, threads, sorted({int(t) for t in tid[~is_dev]} | {main_tid}),
-                         sorted({(int(d), int(s)) for d, s in zip(np.maximum(device[is_dev], 0), tid[is_dev])}),
-                         attrs, t_first)
+    yield from _metadata(rank, cpu_pid, threads, sorted({int(t) for t in evs.tid[~is_dev]} | {evs.main_tid}),
+                         sorted({(int(d), int(s)) for d, s in zip(np.maximum(evs.device[is_dev], 0), evs.tid[is_dev])}),
+                         attrs, ts_us[0] if n else 0.0)
 
     flows: list[dict[str, Any]] = []
     for i in range(n):
@@ -358,7 +398,7 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
                 flows.append({"ph": "f", "id": c, "pid": pid[i], "tid": tid_l[i], "ts": ts_us[i], "cat": "ac2g",
                               "name": "ac2g", "bp": "e"})
     yield from flows
-    yield from _memory_events(run, rank, base_ns, cpu_pid, main_tid)
+    yield from _memory_events(run, rank, base_ns, cpu_pid, evs.main_tid)
 
 
 def _threads(run: MergedRun, rank: int) -> dict[tuple[int, int], tuple[str, int]]:
