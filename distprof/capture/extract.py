@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -64,47 +64,39 @@ def _event_comm_args(ev):
     return comm_args(args) if isinstance(args, dict) else None
 
 
-def extract(
-    events: Iterable[Any],
-    *,
-    main_tid: int,
-    sim: SimClock | None = None,
-    thread_names: dict[int, str] | None = None,
-    gloo_thread_pg: dict[int, str] | None = None,
-    process_groups: list[dict[str, Any]] | None = None,
-    cuda_step_peaks: dict[int, int] | None = None,
-    cuda_baseline: dict[int, int] | None = None,
-    step_end_ns: dict[int, int] | None = None,
-    p2p_calls: P2PCalls | None = None,
-    cpu_marks: dict[int, tuple[int, ...] | None] | None = None,
-    cpu_opt_marks: dict[int, tuple[int, ...] | None] | None = None,
-) -> Extracted:
-    """Turn one window's Kineto events into the shard tables.
+@dataclass
+class _Raw:
+    """One window's Kineto events as per-event columns (input order), memory events included."""
 
-    `step_end_ns`: step -> ``time.time_ns()`` when its iteration finished, for steps the window's close ended (see
-    :func:`distprof.events.tables.build_tables`); the simulated clock is applied to them as to the events.
-    `cpu_marks`: step -> the training thread's (CPU run, run-queue wait) ns at its start (capture/schedstat.py),
-    giving the steps table's ``cpu_run_ns`` / ``cpu_wait_ns``; `cpu_opt_marks` the same as each step's optimizer step
-    began, giving ``cpu_wait_opt_ns`` (the wait between the previous step's optimizer start and this step's); the
-    marks' third number (page faults) gives ``page_faults``.
-    """
+    strings: Strings
+    name_id: np.ndarray
+    kind: np.ndarray
+    tid: np.ndarray
+    device: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    flops: np.ndarray
+    corr: np.ndarray
+    is_mem: np.ndarray  # a ``[memory]`` (allocator) event
+    nbytes: np.ndarray  # allocator events: bytes allocated (< 0: freed)
+    msg_bytes: np.ndarray  # collective message size, filled for communication events only
+    comm_meta: dict[int, Any]  # event index -> collective arguments from its Kineto metadata
+
+
+def _read_events(events: Iterable[Any]) -> _Raw:
+    """One Python pass over torch's `_KinetoEvent` objects, filling preallocated columns."""
     evs = list(events)
     n = len(evs)
-    strings = Strings()
-    name_id = np.empty(n, np.uint32)
-    kind = np.zeros(n, np.uint8)
-    tid = np.empty(n, np.int64)
-    device = np.full(n, -1, np.int16)
-    ts = np.empty(n, np.int64)
-    dur = np.empty(n, np.int64)
-    flops = np.zeros(n, np.int64)
-    corr = np.zeros(n, np.int64)
-    is_mem = np.zeros(n, bool)
-    nbytes = np.zeros(n, np.int64)
-    msg_bytes = np.full(n, -1, np.int64)  # collective message size, filled for communication events only
+    raw = _Raw(strings=Strings(), name_id=np.empty(n, np.uint32), kind=np.zeros(n, np.uint8),
+               tid=np.empty(n, np.int64), device=np.full(n, -1, np.int16), ts=np.empty(n, np.int64),
+               dur=np.empty(n, np.int64), flops=np.zeros(n, np.int64), corr=np.zeros(n, np.int64),
+               is_mem=np.zeros(n, bool), nbytes=np.zeros(n, np.int64), msg_bytes=np.full(n, -1, np.int64),
+               comm_meta={})
+    strings, name_id, kind, tid, device = raw.strings, raw.name_id, raw.kind, raw.tid, raw.device
+    ts, dur, flops, corr, is_mem, nbytes = raw.ts, raw.dur, raw.flops, raw.corr, raw.is_mem, raw.nbytes
+    msg_bytes, comm_meta = raw.msg_bytes, raw.comm_meta
     kind_code = schema.KIND_CODE
     role_cache: dict[str, int] = {}
-    comm_meta: dict[int, Any] = {}
     from torch._C._autograd import DeviceType
 
     cpu = DeviceType.CPU
@@ -137,73 +129,116 @@ def extract(
                 meta = _event_comm_args(e)
                 if meta is not None:
                     comm_meta[i] = meta
+    return raw
 
-    if sim is not None and not sim.is_identity:
-        ts = sim.apply(ts)
-    mem_idx = np.flatnonzero(is_mem)
-    ev_idx = np.flatnonzero(~is_mem)
+
+def _columns(raw: _Raw, ts: np.ndarray) -> tuple[Columns, np.ndarray]:
+    """The non-memory events as build_tables columns (times `ts`), and the memory events' indices in time order."""
+    mem_idx = np.flatnonzero(raw.is_mem)
+    ev_idx = np.flatnonzero(~raw.is_mem)
     mem_order = mem_idx[np.argsort(ts[mem_idx], kind="stable")]
-    pos = np.full(n, -1, np.int64)
+    pos = np.full(len(ts), -1, np.int64)
     pos[ev_idx] = np.arange(len(ev_idx))
     cols = Columns(
-        name_id=name_id[ev_idx], kind=kind[ev_idx], tid=tid[ev_idx], device=device[ev_idx], ts=ts[ev_idx],
-        dur=dur[ev_idx], flops=flops[ev_idx], corr=corr[ev_idx], msg_bytes=msg_bytes[ev_idx],
-        comm_meta={int(pos[i]): m for i, m in comm_meta.items()},
+        name_id=raw.name_id[ev_idx], kind=raw.kind[ev_idx], tid=raw.tid[ev_idx], device=raw.device[ev_idx],
+        ts=ts[ev_idx], dur=raw.dur[ev_idx], flops=raw.flops[ev_idx], corr=raw.corr[ev_idx],
+        msg_bytes=raw.msg_bytes[ev_idx], comm_meta={int(pos[i]): m for i, m in raw.comm_meta.items()},
     )
-    if step_end_ns and sim is not None and not sim.is_identity:
-        step_end_ns = {k: int(sim.apply(int(t))) for k, t in step_end_ns.items()}
-    if p2p_calls is not None and len(p2p_calls) and sim is not None and not sim.is_identity:
-        p2p_calls = replace(p2p_calls, t_ns=np.asarray(sim.apply(p2p_calls.t_ns), np.int64))
-    built = build_tables(cols, strings, main_tid=main_tid, thread_names=thread_names, gloo_thread_pg=gloo_thread_pg,
-                         process_groups=process_groups, step_end_ns=step_end_ns, p2p_calls=p2p_calls)
-    events = built.tables["events"]
-    comms = built.tables["comms"]
-    threads = built.tables["threads"]
-    steps = built.tables["steps"]
-    steps["cpu_run_ns"], steps["cpu_wait_ns"] = schedstat.step_columns(steps["step"], cpu_marks)
-    steps["cpu_wait_opt_ns"] = schedstat.step_columns(steps["step"], cpu_opt_marks, since_previous=True)[1]
-    steps["page_faults"] = schedstat.step_faults(steps["step"], cpu_marks)
-    assign = built.assign_step
-    s_start, s_end = built.step_span
-    step_ids = steps["step"]
-    ev_ts = events["ts_ns"]
-    order = built.order
+    return cols, mem_order
 
-    # ---- memory table ------------------------------------------------------------------------------------------
+
+def _memory_table(raw: _Raw, ts: np.ndarray, mem_order: np.ndarray, cuda_baseline: dict[int, int] | None,
+                  assign: Callable[[np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
+    """The memory table: allocator events in time order, with each device's running total and their step."""
     m_ts = ts[mem_order]
-    m_bytes = nbytes[mem_order]
-    m_dev = device[mem_order]
+    m_bytes = raw.nbytes[mem_order]
+    m_dev = raw.device[mem_order]
     m_total = np.zeros(len(mem_order), np.int64)
     for d in np.unique(m_dev).tolist():
         sel = m_dev == d
         base = (cuda_baseline or {}).get(int(d), 0) if d >= 0 else 0
         m_total[sel] = base + np.cumsum(m_bytes[sel])
     m_step = assign(m_ts)
-    memory = {"ts_ns": m_ts, "bytes": m_bytes, "total_bytes": m_total, "device": m_dev, "step": m_step}
+    return {"ts_ns": m_ts, "bytes": m_bytes, "total_bytes": m_total, "device": m_dev, "step": m_step}
 
-    # ---- peak memory per step ---------------------------------------------------------------------------------
-    n_steps = len(step_ids)
-    pos_of = {int(st): i for i, st in enumerate(step_ids.tolist())}
+
+def _peak_memory(steps: dict[str, np.ndarray], memory: dict[str, np.ndarray], step_span: tuple[np.ndarray, np.ndarray],
+                 cuda_step_peaks: dict[int, int] | None) -> None:
+    """Fill the steps table's peak_mem_bytes: the CUDA peaks recorded per step, else the memory table's."""
+    s_start, s_end = step_span
+    m_ts, m_total = memory["ts_ns"], memory["total_bytes"]
+    pos_of = {int(st): i for i, st in enumerate(steps["step"].tolist())}
     peak = steps["peak_mem_bytes"]
     if cuda_step_peaks:
         for st, v in cuda_step_peaks.items():
             if st in pos_of:
                 peak[pos_of[st]] = v
     elif len(m_ts):
-        for i in range(n_steps):
+        for i in range(len(steps["step"])):
             before = np.searchsorted(m_ts, s_start[i], side="left")
             lo, hi = before, np.searchsorted(m_ts, s_end[i], side="left")
             level = m_total[before - 1] if before > 0 else 0
             peak[i] = max(level, int(m_total[lo:hi].max()) if hi > lo else level)
 
+
+def _cpu_columns(steps: dict[str, np.ndarray], cpu_marks: dict[int, tuple[int, ...] | None] | None,
+                 cpu_opt_marks: dict[int, tuple[int, ...] | None] | None) -> None:
+    """Fill the steps table's CPU run, wait and page-fault columns from the training thread's marks."""
+    steps["cpu_run_ns"], steps["cpu_wait_ns"] = schedstat.step_columns(steps["step"], cpu_marks)
+    steps["cpu_wait_opt_ns"] = schedstat.step_columns(steps["step"], cpu_opt_marks, since_previous=True)[1]
+    steps["page_faults"] = schedstat.step_faults(steps["step"], cpu_marks)
+
+
+def extract(
+    events: Iterable[Any],
+    *,
+    main_tid: int,
+    sim: SimClock | None = None,
+    thread_names: dict[int, str] | None = None,
+    gloo_thread_pg: dict[int, str] | None = None,
+    process_groups: list[dict[str, Any]] | None = None,
+    cuda_step_peaks: dict[int, int] | None = None,
+    cuda_baseline: dict[int, int] | None = None,
+    step_end_ns: dict[int, int] | None = None,
+    p2p_calls: P2PCalls | None = None,
+    cpu_marks: dict[int, tuple[int, ...] | None] | None = None,
+    cpu_opt_marks: dict[int, tuple[int, ...] | None] | None = None,
+) -> Extracted:
+    """Turn one window's Kineto events into the shard tables.
+
+    `step_end_ns`: step -> ``time.time_ns()`` when its iteration finished, for steps the window's close ended (see
+    :func:`distprof.events.tables.build_tables`); the simulated clock is applied to them as to the events.
+    `cpu_marks`: step -> the training thread's (CPU run, run-queue wait) ns at its start (capture/schedstat.py),
+    giving the steps table's ``cpu_run_ns`` / ``cpu_wait_ns``; `cpu_opt_marks` the same as each step's optimizer step
+    began, giving ``cpu_wait_opt_ns`` (the wait between the previous step's optimizer start and this step's); the
+    marks' third number (page faults) gives ``page_faults``.
+    """
+    raw = _read_events(events)
+    simulated = sim is not None and not sim.is_identity
+    ts = sim.apply(raw.ts) if simulated else raw.ts
+    cols, mem_order = _columns(raw, ts)
+    if step_end_ns and simulated:
+        step_end_ns = {k: int(sim.apply(int(t))) for k, t in step_end_ns.items()}
+    if p2p_calls is not None and len(p2p_calls) and simulated:
+        p2p_calls = replace(p2p_calls, t_ns=np.asarray(sim.apply(p2p_calls.t_ns), np.int64))
+    built = build_tables(cols, raw.strings, main_tid=main_tid, thread_names=thread_names,
+                         gloo_thread_pg=gloo_thread_pg, process_groups=process_groups, step_end_ns=step_end_ns,
+                         p2p_calls=p2p_calls)
+    events, comms, steps = built.tables["events"], built.tables["comms"], built.tables["steps"]
+    _cpu_columns(steps, cpu_marks, cpu_opt_marks)
+    memory = _memory_table(raw, ts, mem_order, cuda_baseline, built.assign_step)
+    _peak_memory(steps, memory, built.step_span, cuda_step_peaks)
+    s_start, s_end = built.step_span
+    n_steps = len(steps["step"])
+    ev_ts = events["ts_ns"]
     # the window ends where the trace does (the last ProfilerStep span included), even when its last step ended
     # earlier: what ran after the last step stays visible as such
     trace_end = int((ev_ts + events["dur_ns"]).max()) if len(ev_ts) else 0
     return Extracted(
-        tables={"events": events, "comms": comms, "threads": threads, "memory": memory, "steps": steps},
-        strings=strings.list(),
+        tables={"events": events, "comms": comms, "threads": built.tables["threads"], "memory": memory, "steps": steps},
+        strings=raw.strings.list(),
         window_start_ns=int(s_start[0]) if n_steps else int(ev_ts[0]) if len(ev_ts) else 0,
         window_end_ns=max(trace_end, int(s_end[-1])) if n_steps else trace_end,
-        steps_covered=step_ids.tolist(),
-        stats={"n_events": int(len(order)), "n_memory": int(len(mem_order)), "n_comms": int(len(comms["row"]))},
+        steps_covered=steps["step"].tolist(),
+        stats={"n_events": int(len(built.order)), "n_memory": int(len(mem_order)), "n_comms": int(len(comms["row"]))},
     )
