@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -27,7 +28,7 @@ from ..storage import schema
 from ..storage.writer import ShardWriteError, free_bytes, no_space, reserve_bytes, shard_image, write_durably
 from . import clock, groups, schedstat
 from .dist_info import RankInfo
-from .extract import extract
+from .extract import Extracted, extract
 from .memhistory import SNAPSHOT_TEMPLATE, dump_snapshot, summarize_snapshot
 from .rundir import ClaimError
 from .setup import RunSetup
@@ -178,17 +179,48 @@ class ShardWriter:
         """Extract the window's events and write its shard."""
         t0 = time.perf_counter()
         info = job.info
-        run_dir = self._setup.ensure_run_dir(info.rank, wait=True)
+        run_dir = self._run_dir_for(job)
+        ex = self._extract(job)
+        t1 = time.perf_counter()
+        tables = {**ex.tables, **self._sample_tables(job)}
+        strings, mem_attr = self._add_memory(job, ex, run_dir, tables)
+        steps = ex.steps_covered
+        timings = {"stop_s": round(job.stop_s, 6), "ready_s": round(job.ready_s, 6),
+                   "queued_s": round(t0 - job.t_queued, 6), "extract_s": round(t1 - t0, 6),
+                   "n_events": ex.stats["n_events"]}
+        attrs = self._attrs(job, ex, timings, mem_attr)
+        path = run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=job.window)
+        t2 = time.perf_counter()
+        image = shard_image(tables, strings, attrs, codec=self.config.codec)
+        self._last_size = len(image)
+        n_events = ex.stats["n_events"]
+        del tables, ex
+        t3 = time.perf_counter()
+        size = write_durably(path, image)
+        timings["build_s"] = round(t3 - t2, 6)
+        timings["disk_s"] = round(time.perf_counter() - t3, 6)
+        durable = time.perf_counter() - job.t_queued
+        self.written.append({"window": job.window, "path": str(path), "bytes": size, "steps": steps,
+                             "complete": job.complete, **timings, "durable_after_s": round(durable, 6)})
+        log.info("distprof: rank %d wrote %s (%d events, %.1f KB)", info.rank, path, n_events, size / 1e3)
+
+    def _run_dir_for(self, job: WindowJob) -> Path:
+        """The run directory to write the window into; ClaimError / ShardWriteError when there is none or no room."""
+        run_dir = self._setup.ensure_run_dir(job.info.rank, wait=True)
         if run_dir is None:
             raise ClaimError("no run id was agreed with the other ranks")
         no_room = self._room_for(run_dir)
         if no_room:
             self._clock.take(job.window)  # forget its samples
             raise ShardWriteError(run_dir, no_room)
-        ex = extract(
+        return run_dir
+
+    def _extract(self, job: WindowJob) -> Extracted:
+        """The window's shard tables from torch's events (:func:`.extract.extract`)."""
+        return extract(
             job.results.events(),
             main_tid=self._main_tid,
-            sim=info.sim_clock,
+            sim=job.info.sim_clock,
             thread_names=groups.thread_names(),
             gloo_thread_pg=job.gloo_thread_pg,
             process_groups=job.process_groups,
@@ -199,15 +231,23 @@ class ShardWriter:
             cpu_marks=job.cpu_marks,
             cpu_opt_marks=job.cpu_opt_marks,
         )
-        t1 = time.perf_counter()
+
+    def _sample_tables(self, job: WindowJob) -> dict[str, dict[str, np.ndarray]]:
+        """The window's clock samples (once its exchanges are done) and the training thread's CPU samples."""
         samples, local = self._clock.take(job.window)
         s_tab, l_tab = clock.samples_table(samples, local)
-        tables = {**ex.tables, "clock/samples": s_tab, "clock/local": l_tab}
+        tables = {"clock/samples": s_tab, "clock/local": l_tab}
         if job.cpu_samples is not None and job.cpu_samples["t_ns"].size:
             cs = schedstat.drop_flat(job.cpu_samples)
-            if info.sim_clock is not None and not info.sim_clock.is_identity:
-                cs["t_ns"] = np.asarray(info.sim_clock.apply(cs["t_ns"]), np.int64)
+            sim = job.info.sim_clock
+            if sim is not None and not sim.is_identity:
+                cs["t_ns"] = np.asarray(sim.apply(cs["t_ns"]), np.int64)
             tables["cpu/samples"] = cs
+        return tables
+
+    def _add_memory(self, job: WindowJob, ex: Extracted, run_dir: Path, tables: dict) -> tuple[list[str], dict | None]:
+        """The shard's strings, and with --memory-history the allocator tables added to `tables` and their attribute
+        (None without, or when summarising failed: reported, the window kept without them)."""
         strings = list(ex.strings)
         mem_attr = None
         if job.memsnap is not None:
@@ -218,11 +258,13 @@ class ShardWriter:
             except Exception as e:  # noqa: BLE001 -- keep the window without the history
                 strings = list(ex.strings)
                 self._on_error("memory history", e, disable=False)
+        return strings, mem_attr
+
+    def _attrs(self, job: WindowJob, ex: Extracted, timings: dict[str, Any], mem_attr: dict | None) -> dict[str, Any]:
+        """The shard's attributes; the memory history's summary time moves from `mem_attr` into `timings`."""
+        info = job.info
         roles = self._setup.roles()
         steps = ex.steps_covered
-        timings = {"stop_s": round(job.stop_s, 6), "ready_s": round(job.ready_s, 6),
-                   "queued_s": round(t0 - job.t_queued, 6), "extract_s": round(t1 - t0, 6),
-                   "n_events": ex.stats["n_events"]}
         attrs: dict[str, Any] = {
             **info.attrs(),
             "run_id": self._setup.run_id,
@@ -252,20 +294,7 @@ class ShardWriter:
         if mem_attr is not None:
             attrs["memory_history"] = mem_attr
             timings["memhist_s"] = mem_attr.pop("summary_s")
-        path = run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=job.window)
-        t2 = time.perf_counter()
-        image = shard_image(tables, strings, attrs, codec=self.config.codec)
-        self._last_size = len(image)
-        n_events = ex.stats["n_events"]
-        del tables, ex
-        t3 = time.perf_counter()
-        size = write_durably(path, image)
-        timings["build_s"] = round(t3 - t2, 6)
-        timings["disk_s"] = round(time.perf_counter() - t3, 6)
-        durable = time.perf_counter() - job.t_queued
-        self.written.append({"window": job.window, "path": str(path), "bytes": size, "steps": steps,
-                             "complete": job.complete, **timings, "durable_after_s": round(durable, 6)})
-        log.info("distprof: rank %d wrote %s (%d events, %.1f KB)", info.rank, path, n_events, size / 1e3)
+        return attrs
 
     @staticmethod
     def _memory_tables(job: WindowJob, snap: dict, run_dir, steps: dict, strings: list[str]) -> tuple[dict, dict]:
