@@ -6,6 +6,7 @@ drifts triggered.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,94 @@ class WatchSummary:
     rule: DriftRule
 
 
+class _Bins:
+    """What :func:`summarize_watch` gathers over the segments: per (rank, heatmap bin) the sums of step and own time
+    and the step counts, per bin the peers' median own time (sum and count), per rank its segments' medians and
+    its number of steps."""
+
+    def __init__(self, ranks: list[int], lo: int, bin_steps: int, n_bins: int) -> None:
+        self.ranks, self.lo, self.bin_steps = ranks, lo, bin_steps
+        self.ri = {r: i for i, r in enumerate(ranks)}
+        self.sums = {k: np.zeros((len(ranks), n_bins)) for k in ("step_ms", "own_ms")}
+        self.counts = np.zeros((len(ranks), n_bins))
+        self.peer_sum, self.peer_n = np.zeros(n_bins), np.zeros(n_bins)
+        self.stats: dict[int, dict[str, list]] = {r: {"step_ms": [], "own_ms": [], "comm_ms": [], "data_ms": [],
+                                                      "opt_ms": [], "mem_peak": []} for r in ranks}
+        self.n_steps = dict.fromkeys(ranks, 0)
+
+    def add_rank(self, r: int, rows: np.ndarray, o: np.ndarray) -> None:
+        """One segment's rows of rank `r`, with their own time `o`."""
+        i = self.ri[r]
+        b = (rows["step"] - self.lo) // self.bin_steps
+        np.add.at(self.sums["step_ms"][i], b, rows["step_ms"])
+        np.add.at(self.sums["own_ms"][i], b, o)
+        np.add.at(self.counts[i], b, 1)
+        self.n_steps[r] += rows.size
+        st = self.stats[r]
+        for k in ("step_ms", "comm_ms", "data_ms", "opt_ms"):
+            st[k].append(float(np.median(rows[k])))
+        st["own_ms"].append(float(np.median(o)))
+        st["mem_peak"].append(int(rows["mem_peak"].max()))
+
+    def add_peers(self, steps: np.ndarray, own: np.ndarray) -> None:
+        """The median over ranks of one segment's own time `own` [ranks, steps]."""
+        with np.errstate(all="ignore"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                med = np.nanmedian(own, axis=0)
+        ok = ~np.isnan(med)
+        b = (steps[ok] - self.lo) // self.bin_steps
+        np.add.at(self.peer_sum, b, med[ok])
+        np.add.at(self.peer_n, b, 1)
+
+    def means(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The mean per (rank, bin) of step and own time, and per bin of the peers' median own time (NaN: none)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            bin_mean = {k: np.where(self.counts > 0, v / np.maximum(self.counts, 1), np.nan)
+                        for k, v in self.sums.items()}
+            peers = np.where(self.peer_n > 0, self.peer_sum / np.maximum(self.peer_n, 1), np.nan)
+        return bin_mean, peers
+
+    def per_rank(self) -> dict[int, dict[str, Any]]:
+        """Per rank: its steps, the medians of its segments' medians (bounded, and what its typical step is) and its
+        peak memory."""
+        per_rank = {}
+        for r in self.ranks:
+            st = self.stats[r]
+            per_rank[r] = {"rank": r, "steps": self.n_steps[r],
+                           **{f"{k}_median": (float(np.median(v)) if v else None)
+                              for k, v in st.items() if k != "mem_peak"},
+                           "mem_peak_max": (max(st["mem_peak"]) if st["mem_peak"] and max(st["mem_peak"]) >= 0
+                                            else None)}
+        return per_rank
+
+
+def _segment_own(seg: int, members: list[tuple[int, Path]], acc: _Bins, bad: set[str],
+                 skipped: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Read segment `seg` of every rank in `members` into `acc`; its own time [ranks, steps] over the steps some rank
+    has, and those steps. None when no rank has a step in it. Unreadable files are named in `skipped`."""
+    s0 = seg * wf.SEGMENT_STEPS
+    own = np.full((len(acc.ranks), wf.SEGMENT_STEPS), np.nan)
+    for r, p in members:
+        if str(p) in bad:
+            continue
+        try:
+            rows = wf.read_segment(p)
+        except wf.WatchFileError as e:
+            skipped.append(str(e))
+            continue
+        rows = rows[(rows["step"] >= s0) & (rows["step"] < s0 + wf.SEGMENT_STEPS)]
+        if rows.size == 0:
+            continue
+        o = own_ms(rows)
+        own[acc.ri[r], rows["step"] - s0] = o
+        acc.add_rank(r, rows, o)
+    cols = np.flatnonzero(~np.all(np.isnan(own), axis=0))
+    if cols.size == 0:
+        return None
+    return own[:, cols[0]:cols[-1] + 1], np.arange(s0 + cols[0], s0 + cols[-1] + 1)
+
+
 def summarize_watch(run_dir: str | Path, rule: DriftRule | None = None) -> WatchSummary | None:
     """Read RUN_DIR/watch/ one segment (of SEGMENT_STEPS steps) at a time for every rank, run the drift rule over
     every step, and bin for the heatmap. None when the run has no watch series. Memory: ranks x SEGMENT_STEPS
@@ -58,14 +147,7 @@ def summarize_watch(run_dir: str | Path, rule: DriftRule | None = None) -> Watch
         return WatchSummary(ranks, 0, -1, 1, {}, {}, np.zeros(0), [], skipped, rule)
     n_bins_max = MAX_HEATMAP_COLS
     bin_steps = max(1, math.ceil((hi - lo + 1) / n_bins_max))
-    n_bins = (hi - lo) // bin_steps + 1
-    ri = {r: i for i, r in enumerate(ranks)}
-    sums = {k: np.zeros((len(ranks), n_bins)) for k in ("step_ms", "own_ms")}
-    counts = np.zeros((len(ranks), n_bins))
-    peer_sum, peer_n = np.zeros(n_bins), np.zeros(n_bins)
-    stats: dict[int, dict[str, list]] = {r: {"step_ms": [], "own_ms": [], "comm_ms": [], "data_ms": [], "opt_ms": [],
-                                             "mem_peak": []} for r in ranks}
-    n_steps = dict.fromkeys(ranks, 0)
+    acc = _Bins(ranks, lo, bin_steps, (hi - lo) // bin_steps + 1)
     tracker = DriftTracker(rule, max_spans=MAX_SPANS * 5)
     by_seg: dict[int, list[tuple[int, Path]]] = {}
     for r, lst in segs.items():
@@ -73,60 +155,14 @@ def summarize_watch(run_dir: str | Path, rule: DriftRule | None = None) -> Watch
             by_seg.setdefault(seg, []).append((r, p))
     bad = {s.split(":")[0] for s in skipped}
     for seg in sorted(by_seg):
-        s0 = seg * wf.SEGMENT_STEPS
-        own = np.full((len(ranks), wf.SEGMENT_STEPS), np.nan)
-        for r, p in by_seg[seg]:
-            if str(p) in bad:
-                continue
-            try:
-                rows = wf.read_segment(p)
-            except wf.WatchFileError as e:
-                skipped.append(str(e))
-                continue
-            rows = rows[(rows["step"] >= s0) & (rows["step"] < s0 + wf.SEGMENT_STEPS)]
-            if rows.size == 0:
-                continue
-            i = ri[r]
-            o = own_ms(rows)
-            own[i, rows["step"] - s0] = o
-            b = (rows["step"] - lo) // bin_steps
-            np.add.at(sums["step_ms"][i], b, rows["step_ms"])
-            np.add.at(sums["own_ms"][i], b, o)
-            np.add.at(counts[i], b, 1)
-            n_steps[r] += rows.size
-            st = stats[r]
-            for k in ("step_ms", "comm_ms", "data_ms", "opt_ms"):
-                st[k].append(float(np.median(rows[k])))
-            st["own_ms"].append(float(np.median(o)))
-            st["mem_peak"].append(int(rows["mem_peak"].max()))
-        cols = np.flatnonzero(~np.all(np.isnan(own), axis=0))
-        if cols.size == 0:
+        got = _segment_own(seg, by_seg[seg], acc, bad, skipped)
+        if got is None:
             continue
-        own = own[:, cols[0]:cols[-1] + 1]
-        steps = np.arange(s0 + cols[0], s0 + cols[-1] + 1)
+        own, steps = got
         tracker.feed(steps, np.asarray(ranks), own)
-        with np.errstate(all="ignore"):
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                med = np.nanmedian(own, axis=0)
-        ok = ~np.isnan(med)
-        b = (steps[ok] - lo) // bin_steps
-        np.add.at(peer_sum, b, med[ok])
-        np.add.at(peer_n, b, 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        bin_mean = {k: np.where(counts > 0, v / np.maximum(counts, 1), np.nan) for k, v in sums.items()}
-        peers = np.where(peer_n > 0, peer_sum / np.maximum(peer_n, 1), np.nan)
-    per_rank = {}
-    for r in ranks:
-        st = stats[r]
-        # medians of the segments' medians: bounded, and what a rank's typical step is
-        per_rank[r] = {"rank": r, "steps": n_steps[r],
-                       **{f"{k}_median": (float(np.median(v)) if v else None)
-                          for k, v in st.items() if k != "mem_peak"},
-                       "mem_peak_max": (max(st["mem_peak"]) if st["mem_peak"] and max(st["mem_peak"]) >= 0 else None)}
-    return WatchSummary(ranks, lo, hi, bin_steps, per_rank, bin_mean, peers, tracker.spans, skipped, rule)
+        acc.add_peers(steps, own)
+    bin_mean, peers = acc.means()
+    return WatchSummary(ranks, lo, hi, bin_steps, acc.per_rank(), bin_mean, peers, tracker.spans, skipped, rule)
 
 
 def _step_range(segs: dict[int, list[tuple[int, Path]]], skipped: list[str]) -> tuple[int | None, int | None]:
@@ -184,8 +220,6 @@ def watch_section(ws: WatchSummary, drifts: list[dict[str, Any]], windows: list[
     for key, out in z.items():
         for blk in blocks:
             rows = ws.bin_mean[key][[ri[r] for r in blk]] if ws.bin_mean else np.zeros((0, 0))
-            import warnings
-
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column: no step there
                 out.append([_r(v) for v in np.nanmax(rows, axis=0)] if rows.size else [])
