@@ -84,6 +84,55 @@ def _target_cells(present: np.ndarray, j: int) -> np.ndarray:
     return present[:, j] & np.delete(present, j, axis=1).any(axis=1)
 
 
+def _compare_chunks(parts: list, idle: tuple, steps: np.ndarray, present: np.ndarray, targets: dict[int, int],
+                    cells: dict[int, np.ndarray], n_labels: int, n_names: int
+                    ) -> dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """Per target rank, per chunk of names: its ms, the other ranks' median ms and its calls per (name, step) over
+    the steps it is compared on (`cells`). Names go in chunks of at most _CHUNK_CELLS (name, step, rank) cells,
+    whatever the rank count."""
+    ns, nr = present.shape
+    got: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {r: [] for r in targets}
+    chunk = max(1, _CHUNK_CELLS // (ns * nr))
+    for a in range(0, n_labels, chunk):
+        b = min(a + chunk, n_labels)
+        dur, calls = _fill(parts, idle, steps, a, b, n_names, nr)
+        dur = np.where(present[None], dur, np.nan)
+        for r, j in targets.items():
+            steps_ok = cells[r]
+            if not steps_ok.any():
+                continue
+            with np.errstate(all="ignore"):
+                med = np.nanmedian(np.delete(dur[:, steps_ok, :], j, axis=2), axis=2)
+            got[r].append((dur[:, steps_ok, j], med, calls[:, steps_ok, j]))
+    return got
+
+
+def _top_excess_ops(got: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_ok: int, labels: list[str],
+                    kinds: list[str], top_ops: int) -> list[dict[str, Any]]:
+    """A rank's `top_ops` ops with the largest positive excess, from its chunks `got` over its `n_ok` steps."""
+    mine = np.concatenate([g[0] for g in got])  # (names, steps)
+    med = np.concatenate([g[1] for g in got])
+    calls = np.concatenate([g[2] for g in got])
+    excess = np.nansum(mine - med, axis=1)
+    order = np.argsort(-excess, kind="stable")
+    ops = []
+    for k in order[:top_ops]:
+        if not excess[k] > 0:
+            break
+        ops.append(
+            {
+                "name": labels[k],
+                "kind": kinds[k],
+                "excess_ms": float(excess[k]),
+                "excess_ms_per_step": float(excess[k] / n_ok),
+                "rank_ms_per_step": float(np.nanmean(mine[k])),
+                "others_median_ms_per_step": float(np.nanmean(med[k])),
+                "calls_per_step": float(calls[k].mean()),
+            }
+        )
+    return ops
+
+
 def root_cause(
     run: RunSummary,
     ranks: Sequence[int],
@@ -117,49 +166,10 @@ def root_cause(
     idle = (np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"]), np.asarray(bd["idle_ms"]))
     targets = {r: int(np.searchsorted(all_ranks, r)) for r in ranks if r in all_ranks}
     cells = {r: _target_cells(present, j) for r, j in targets.items()}
-    got: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {r: [] for r in targets}
-    # names in chunks: at most _CHUNK_CELLS (name, step, rank) cells at once, whatever the rank count
-    chunk = max(1, _CHUNK_CELLS // (ns * nr))
-    for a in range(0, len(labels), chunk):
-        b = min(a + chunk, len(labels))
-        dur, calls = _fill(parts, idle, steps, a, b, len(cand), nr)
-        dur = np.where(present[None], dur, np.nan)
-        for r, j in targets.items():
-            steps_ok = cells[r]
-            if not steps_ok.any():
-                continue
-            with np.errstate(all="ignore"):
-                med = np.nanmedian(np.delete(dur[:, steps_ok, :], j, axis=2), axis=2)
-            got[r].append((dur[:, steps_ok, j], med, calls[:, steps_ok, j]))
-
+    got = _compare_chunks(parts, idle, steps, present, targets, cells, len(labels), len(cand))
     out = []
     for r in ranks:
-        if r not in all_ranks:
-            out.append({"rank": r, "host": run.hosts.get(r, "?"), "n_steps": 0, "ops": []})
-            continue
-        n_ok = int(cells[r].sum())
-        if n_ok == 0:
-            out.append({"rank": r, "host": run.hosts.get(r, "?"), "n_steps": 0, "ops": []})
-            continue
-        mine = np.concatenate([g[0] for g in got[r]])  # (names, steps)
-        med = np.concatenate([g[1] for g in got[r]])
-        calls = np.concatenate([g[2] for g in got[r]])
-        excess = np.nansum(mine - med, axis=1)
-        order = np.argsort(-excess, kind="stable")
-        ops = []
-        for k in order[:top_ops]:
-            if not excess[k] > 0:
-                break
-            ops.append(
-                {
-                    "name": labels[k],
-                    "kind": kinds[k],
-                    "excess_ms": float(excess[k]),
-                    "excess_ms_per_step": float(excess[k] / n_ok),
-                    "rank_ms_per_step": float(np.nanmean(mine[k])),
-                    "others_median_ms_per_step": float(np.nanmean(med[k])),
-                    "calls_per_step": float(calls[k].mean()),
-                }
-            )
+        n_ok = int(cells[r].sum()) if r in all_ranks else 0
+        ops = _top_excess_ops(got[r], n_ok, labels, kinds, top_ops) if n_ok else []
         out.append({"rank": r, "host": run.hosts.get(r, "?"), "n_steps": n_ok, "ops": ops})
     return out
