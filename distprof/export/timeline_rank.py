@@ -6,7 +6,8 @@ MergedRun holding (at least) that rank — the timeline passes one rank at a tim
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -142,6 +143,108 @@ def _launch_of(run: MergedRun, rows: np.ndarray) -> np.ndarray:
     return launch_rows(ev["kind"], ev["device"], ev["corr_id"], rows, group)
 
 
+class _Enqueues(NamedTuple):
+    """The outermost CPU enqueues, sorted by (track, start): comms index, events row, start, end, track
+    (``_thread_track``), and whether a device exec already claimed each one."""
+
+    comm: np.ndarray
+    rows: np.ndarray
+    ts: np.ndarray
+    end: np.ndarray
+    track: np.ndarray
+    used: np.ndarray
+
+
+@dataclass
+class _Links:
+    """The enqueue -> exec links found so far, as parallel lists (see :func:`enqueue_links`)."""
+
+    src: list[int] = field(default_factory=list)
+    dst: list[int] = field(default_factory=list)
+    ops: list[int] = field(default_factory=list)
+    group: list[int] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)
+
+    def add(self, src: int, dst: int, op: int, group: int, order: int) -> None:
+        self.src.append(src)
+        self.dst.append(dst)
+        self.ops.append(op)
+        self.group.append(group)
+        self.order.append(order)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return (np.asarray(self.src, np.int64), np.asarray(self.dst, np.int64), np.asarray(self.ops, np.int64),
+                np.asarray(self.group, np.int64), np.asarray(self.order, np.int64))
+
+
+def _thread_track(ev: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """One int64 per (rank, window, thread) of events `rows`."""
+    return (ev["rank"][rows].astype(np.int64) << 48) + (ev["window"][rows].astype(np.int64) << 40) + \
+        ev["tid"][rows].astype(np.int64)
+
+
+def _outer_enqueues(ev: dict[str, np.ndarray], c_rows: np.ndarray, enq: np.ndarray) -> _Enqueues:
+    """The outermost of the enqueues `enq` (comms indices) per (rank, window, thread): sorted by start (longest first
+    at equal starts), a row that starts before the open outer one ends is nested in it."""
+    e_rows = c_rows[enq]
+    e_ts = ev["ts_ns"][e_rows].astype(np.int64)
+    e_end = e_ts + ev["dur_ns"][e_rows].astype(np.int64)
+    e_track = _thread_track(ev, e_rows)
+    o = np.lexsort((-e_end, e_ts, e_track))
+    outer = np.zeros(len(o), bool)
+    prev_track, open_end = None, None
+    for i, (t, s, e) in zip(o.tolist(), zip(e_track[o].tolist(), e_ts[o].tolist(), e_end[o].tolist())):
+        if t != prev_track or s >= open_end:
+            outer[i] = True
+            prev_track, open_end = t, e
+    enq = enq[outer]
+    e_rows, e_ts, e_end, e_track = e_rows[outer], e_ts[outer], e_end[outer], e_track[outer]
+    o = np.lexsort((e_ts, e_track))
+    return _Enqueues(enq[o], e_rows[o], e_ts[o], e_end[o], e_track[o], np.zeros(len(enq), bool))
+
+
+def _link_device_execs(run: MergedRun, c_rows: np.ndarray, dev_x: np.ndarray, outer: _Enqueues,
+                       links: _Links) -> None:
+    """Group 0: each device exec of `dev_x` (comms indices) through its launch's correlation id to the outermost
+    enqueue around the launch; marks the enqueues it claims as used."""
+    ev, cm = run.events, run.comms
+    launch = _launch_of(run, c_rows[dev_x])
+    has = launch >= 0
+    dev_x, launch = dev_x[has], launch[has]
+    l_ts = ev["ts_ns"][launch].astype(np.int64)
+    l_track = _thread_track(ev, launch)
+    # last outer enqueue starting at or before the launch on its thread (outer enqueues of a track are disjoint)
+    for j, t, s in zip(dev_x.tolist(), l_track.tolist(), l_ts.tolist()):
+        lo = int(np.searchsorted(outer.track, t, side="left"))
+        hi = int(np.searchsorted(outer.track, t, side="right"))
+        k = lo + int(np.searchsorted(outer.ts[lo:hi], s, side="right")) - 1
+        if k >= lo and outer.end[k] >= s:
+            outer.used[k] = True
+            links.add(int(outer.rows[k]), int(c_rows[j]), int(cm["op_id"][j]), 0, len(links.order))
+
+
+def _link_cpu_execs(run: MergedRun, c_rows: np.ndarray, cpu_x: np.ndarray, outer: _Enqueues, links: _Links) -> None:
+    """Group 1: the CPU execs of `cpu_x` (comms indices) paired FIFO per (rank, window, op) with the enqueues no
+    kernel claimed; an exec that starts before the next free enqueue gets no link."""
+    ev, cm = run.events, run.comms
+    free = np.flatnonzero(~outer.used)
+    queues: dict[tuple[int, int, int], list[int]] = {}
+    for k in free[np.argsort(outer.ts[free], kind="stable")].tolist():
+        j = outer.comm[k]
+        queues.setdefault((int(cm["rank"][j]), int(cm["window"][j]), int(cm["op_id"][j])), []).append(k)
+    heads: dict[tuple[int, int, int], int] = {}
+    xr = c_rows[cpu_x]
+    for j in cpu_x[np.argsort(ev["ts_ns"][xr], kind="stable")].tolist():
+        key = (int(cm["rank"][j]), int(cm["window"][j]), int(cm["op_id"][j]))
+        q = queues.get(key)
+        h = heads.get(key, 0)
+        if q is None or h >= len(q):
+            continue
+        if outer.ts[q[h]] <= int(ev["ts_ns"][c_rows[j]]):
+            heads[key] = h + 1
+            links.add(int(outer.rows[q[h]]), int(c_rows[j]), int(cm["op_id"][j]), 1, int(ev["ts_ns"][c_rows[j]]))
+
+
 def enqueue_links(run: MergedRun) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(enqueue row, exec row, op id, group, order) per collective execution whose enqueue is recorded on the same
     rank; group 0: device executions (linked through their launch), in comms order; group 1: CPU executions, with
@@ -165,81 +268,14 @@ def enqueue_links(run: MergedRun) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     exe = np.flatnonzero(role == schema.ROLE_EXEC)
     if not len(enq) or not len(exe):
         return none
-
-    # outermost enqueues per (rank, window, thread): sorted by start (longest first at equal starts), a row that
-    # starts before the open outer one ends is nested in it
-    e_rows = c_rows[enq]
-    e_ts = ev["ts_ns"][e_rows].astype(np.int64)
-    e_end = e_ts + ev["dur_ns"][e_rows].astype(np.int64)
-    e_track = (ev["rank"][e_rows].astype(np.int64) << 48) + (ev["window"][e_rows].astype(np.int64) << 40) + \
-        ev["tid"][e_rows].astype(np.int64)
-    o = np.lexsort((-e_end, e_ts, e_track))
-    outer = np.zeros(len(o), bool)
-    prev_track, open_end = None, None
-    for i, (t, s, e) in zip(o.tolist(), zip(e_track[o].tolist(), e_ts[o].tolist(), e_end[o].tolist())):
-        if t != prev_track or s >= open_end:
-            outer[i] = True
-            prev_track, open_end = t, e
-    enq = enq[outer]
-    e_rows, e_ts, e_end, e_track = e_rows[outer], e_ts[outer], e_end[outer], e_track[outer]
-    o = np.lexsort((e_ts, e_track))
-    enq, e_rows, e_ts, e_end, e_track = enq[o], e_rows[o], e_ts[o], e_end[o], e_track[o]
-    used = np.zeros(len(enq), bool)
-
-    src: list[int] = []
-    dst: list[int] = []
-    ops: list[int] = []
-    group: list[int] = []
-    order: list[int] = []
-    # device execs: through the launch's correlation id to the outermost enqueue around the launch
-    x_rows = c_rows[exe]
-    on_dev = ev["device"][x_rows] >= 0
-    dev_x = exe[on_dev]
-    if len(dev_x):
-        launch = _launch_of(run, c_rows[dev_x])
-        has = launch >= 0
-        dev_x, launch = dev_x[has], launch[has]
-        l_ts = ev["ts_ns"][launch].astype(np.int64)
-        l_track = (ev["rank"][launch].astype(np.int64) << 48) + (ev["window"][launch].astype(np.int64) << 40) + \
-            ev["tid"][launch].astype(np.int64)
-        # last outer enqueue starting at or before the launch on its thread (outer enqueues of a track are disjoint)
-        for j, t, s in zip(dev_x.tolist(), l_track.tolist(), l_ts.tolist()):
-            lo = int(np.searchsorted(e_track, t, side="left"))
-            hi = int(np.searchsorted(e_track, t, side="right"))
-            k = lo + int(np.searchsorted(e_ts[lo:hi], s, side="right")) - 1
-            if k >= lo and e_end[k] >= s:
-                used[k] = True
-                src.append(int(e_rows[k]))
-                dst.append(int(c_rows[j]))
-                ops.append(int(cm["op_id"][j]))
-                group.append(0)
-                order.append(len(order))
-
-    # CPU execs: FIFO per (rank, window, op) with the enqueues no kernel claimed
-    cpu_x = exe[~on_dev]
-    if len(cpu_x):
-        free = np.flatnonzero(~used)
-        queues: dict[tuple[int, int, int], list[int]] = {}
-        for k in free[np.argsort(e_ts[free], kind="stable")].tolist():
-            j = enq[k]
-            queues.setdefault((int(cm["rank"][j]), int(cm["window"][j]), int(cm["op_id"][j])), []).append(k)
-        heads: dict[tuple[int, int, int], int] = {}
-        xr = c_rows[cpu_x]
-        for j in cpu_x[np.argsort(ev["ts_ns"][xr], kind="stable")].tolist():
-            key = (int(cm["rank"][j]), int(cm["window"][j]), int(cm["op_id"][j]))
-            q = queues.get(key)
-            h = heads.get(key, 0)
-            if q is None or h >= len(q):
-                continue
-            if e_ts[q[h]] <= int(ev["ts_ns"][c_rows[j]]):
-                heads[key] = h + 1
-                src.append(int(e_rows[q[h]]))
-                dst.append(int(c_rows[j]))
-                ops.append(int(cm["op_id"][j]))
-                group.append(1)
-                order.append(int(ev["ts_ns"][c_rows[j]]))
-    return (np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(ops, np.int64),
-            np.asarray(group, np.int64), np.asarray(order, np.int64))
+    outer = _outer_enqueues(ev, c_rows, enq)
+    links = _Links()
+    on_dev = ev["device"][c_rows[exe]] >= 0
+    if on_dev.any():
+        _link_device_execs(run, c_rows, exe[on_dev], outer, links)
+    if (~on_dev).any():
+        _link_cpu_execs(run, c_rows, exe[~on_dev], outer, links)
+    return links.arrays()
 
 
 def launch_links(run: MergedRun, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
