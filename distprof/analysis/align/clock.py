@@ -256,6 +256,58 @@ def reference_of(infos: Mapping[int, RankClockInfo]) -> tuple[int, str | None]:
     return low, infos[low].host
 
 
+def _reference(infos: Mapping[int, RankClockInfo], samples: Mapping[tuple[int, int], Table],
+               rank_host: Mapping[int, str], warnings: list[str]) -> tuple[int, str]:
+    """The reference rank and host: the declared one, a stand-in name for its host when none of that host's ranks
+    has data but samples refer to its clock (a warning), else the lowest rank with data."""
+    ref_rank, ref_host = reference_of(infos)
+    if ref_host is None:
+        if any(r in rank_host for (r, _w) in samples):
+            # samples still refer to the reference's clock: align to it, though none of its host's ranks has data
+            ref_host = f"(host of rank {ref_rank})"
+            warnings.append(f"no shard from the clock reference rank {ref_rank} or its host: hosts are aligned to "
+                            "its clock through their samples")
+        else:
+            ref_rank = min(infos)
+            ref_host = rank_host[ref_rank]
+    return ref_rank, ref_host
+
+
+def _host_phase_estimates(leaders: set[int], infos: Mapping[int, RankClockInfo],
+                          samples: Mapping[tuple[int, int], Table], estimator: str) -> tuple[dict[int, Table], int]:
+    """Per window, the phase offsets of the `leaders`' samples against their reference (see :func:`phase_offsets`),
+    and how many samples went into them."""
+    est: dict[int, Table] = {}
+    n_samples = 0
+    for (r, w), tab in samples.items():
+        if r not in leaders:
+            continue
+        if r in infos and infos[r].reference is not None and "peer" in tab and len(tab["peer"]):
+            peer_ok = np.asarray(tab["peer"]) == infos[r].reference
+            tab = {k: np.asarray(v)[peer_ok] for k, v in tab.items()}
+        e = phase_offsets(tab, estimator=estimator)
+        if len(e["phase"]):
+            prev = est.get(w)
+            est[w] = e if prev is None else {k: np.concatenate([prev[k], e[k]]) for k in e}
+            n_samples += int(e["n"].sum())
+    return est, n_samples
+
+
+def _fit_host(model: ClockModel, h: str, est: dict[int, Table], n_samples: int, ranks: list[int],
+              drift_prior_ppm: float) -> None:
+    """Host `h`'s segments, fallback line and HostClock in `model`, fitted from its phase estimates `est`."""
+    segs, glob = fit_segments(est, drift_prior_ppm=drift_prior_ppm)
+    for w, s in segs.items():
+        model.segments[(h, w)] = s
+    model.fallback[h] = glob
+    first_w = min(segs)
+    s0 = segs[first_w]
+    model.hosts[h] = HostClock(host=h, offset_ns=s0.offset_ns, drift_ppm=glob.slope * 1e6, t_ref_ns=s0.t_ref_ns,
+                               method="ping-pong", n_samples=n_samples, ranks=ranks)
+    log.debug("host %s: offset %.0f ns, drift %.3f ppm, %d samples, best round trip %d ns", h, s0.offset_ns,
+              glob.slope * 1e6, n_samples, min(int(e["rtt_eff_ns"].min()) for e in est.values()))
+
+
 def estimate_clocks(
     infos: Mapping[int, RankClockInfo],
     samples: Mapping[tuple[int, int], Table],
@@ -273,20 +325,11 @@ def estimate_clocks(
     table (to pick synchronising ops).
     estimator, drift_prior_ppm: see :func:`phase_offsets` and :func:`fit_segments`.
     """
-    ref_rank, ref_host = reference_of(infos)
     rank_host = {r: i.host for r, i in infos.items()}
     hosts = sorted(set(rank_host.values()))
     host_ranks = {h: sorted(r for r, hh in rank_host.items() if hh == h) for h in hosts}
     warnings: list[str] = []
-    if ref_host is None:
-        if any(r in rank_host for (r, _w) in samples):
-            # samples still refer to the reference's clock: align to it, though none of its host's ranks has data
-            ref_host = f"(host of rank {ref_rank})"
-            warnings.append(f"no shard from the clock reference rank {ref_rank} or its host: hosts are aligned to "
-                            "its clock through their samples")
-        else:
-            ref_rank = min(infos)
-            ref_host = rank_host[ref_rank]
+    _ref_rank, ref_host = _reference(infos, samples, rank_host, warnings)
     model = ClockModel(reference_host=ref_host, rank_host=rank_host, hosts={}, warnings=warnings)
 
     if ref_host in host_ranks:
@@ -296,33 +339,11 @@ def estimate_clocks(
     for h in hosts:
         if h == ref_host:
             continue
-        leaders = _leaders(h, host_ranks[h], infos, samples)
-        est: dict[int, Table] = {}
-        n_samples = 0
-        for (r, w), tab in samples.items():
-            if r not in leaders:
-                continue
-            if r in infos and infos[r].reference is not None and "peer" in tab and len(tab["peer"]):
-                peer_ok = np.asarray(tab["peer"]) == infos[r].reference
-                tab = {k: np.asarray(v)[peer_ok] for k, v in tab.items()}
-            e = phase_offsets(tab, estimator=estimator)
-            if len(e["phase"]):
-                prev = est.get(w)
-                est[w] = e if prev is None else {k: np.concatenate([prev[k], e[k]]) for k in e}
-                n_samples += int(e["n"].sum())
+        est, n_samples = _host_phase_estimates(_leaders(h, host_ranks[h], infos, samples), infos, samples, estimator)
         if not est:
             no_samples.append(h)
             continue
-        segs, glob = fit_segments(est, drift_prior_ppm=drift_prior_ppm)
-        for w, s in segs.items():
-            model.segments[(h, w)] = s
-        model.fallback[h] = glob
-        first_w = min(segs)
-        s0 = segs[first_w]
-        model.hosts[h] = HostClock(host=h, offset_ns=s0.offset_ns, drift_ppm=glob.slope * 1e6, t_ref_ns=s0.t_ref_ns,
-                                   method="ping-pong", n_samples=n_samples, ranks=host_ranks[h])
-        log.debug("host %s: offset %.0f ns, drift %.3f ppm, %d samples, best round trip %d ns", h, s0.offset_ns,
-                  glob.slope * 1e6, n_samples, min(int(e["rtt_eff_ns"].min()) for e in est.values()))
+        _fit_host(model, h, est, n_samples, host_ranks[h], drift_prior_ppm)
 
     if no_samples:
         _from_collectives(model, no_samples, host_ranks, collectives, names, drift_prior_ppm)
@@ -382,6 +403,59 @@ def _host_aggregates(c: Collectives, rank_host: Mapping[int, str], use: np.ndarr
 MIN_COLLECTIVE_UNCERTAINTY_NS = 10_000.0
 
 
+def _window_offsets(h: str, d: np.ndarray, lower: np.ndarray, upper: np.ndarray, win: np.ndarray, t_h: np.ndarray,
+                    empty_windows: list[str]) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """Per window of host `h`'s shared instances: its id, reference time (the median instance's own clock), offset
+    (the median of `d` clipped into [`lower`, `upper`]) and uncertainty. A window whose interval is empty is named
+    in `empty_windows`."""
+    w_ids, t_w, o_w, u_w = [], [], [], []
+    for w in np.unique(win):  # per window
+        sel = win == w
+        est = float(np.median(d[sel]))
+        lo, hi = float(lower[sel].max()), float(upper[sel].min())
+        if lo <= hi:
+            est = min(max(est, lo), hi)
+            unc = (hi - lo) / 2.0
+        else:
+            empty_windows.append(f"{h} window {int(w)}")
+            mad = float(np.median(np.abs(d[sel] - np.median(d[sel]))))
+            unc = 1.4826 * mad / np.sqrt(sel.sum()) if sel.sum() > 1 else float(np.ptp(d[sel]) or 1e6)
+        ts = np.sort(t_h[sel])
+        w_ids.append(int(w))
+        t_w.append(int(ts[len(ts) // 2]))
+        o_w.append(est)
+        u_w.append(max(unc, MIN_COLLECTIVE_UNCERTAINTY_NS))
+    return w_ids, np.asarray(t_w, np.int64), np.asarray(o_w), np.asarray(u_w)
+
+
+def _align_host_by_collectives(model: ClockModel, h: str, a: Collectives, use: np.ndarray,
+                               r_agg: dict[str, np.ndarray], ranks: list[int], drift_prior_ppm: float,
+                               empty_windows: list[str]) -> None:
+    """Host `h`'s segments, fallback line and HostClock in `model` from the instances (`a`, the anchors' aggregates
+    `r_agg`) it shares with the anchors; method "none" and a warning when it shares none."""
+    h_agg = _host_aggregates(a, model.rank_host, use, {h})
+    common, i_r, i_h = np.intersect1d(r_agg["inst"], h_agg["inst"], return_indices=True)
+    if len(common) == 0:
+        model.hosts[h] = HostClock(host=h, offset_ns=0.0, method="none", ranks=ranks)
+        model.warnings.append(
+            f"host {h}: no clock-sync samples and no collective shared with the aligned hosts; "
+            "its times are not aligned")
+        return
+    d = r_agg["end_med"][i_r] - h_agg["end_med"][i_h]
+    upper = r_agg["end_min"][i_r] - h_agg["start_max"][i_h]
+    lower = r_agg["start_max"][i_r] - h_agg["end_min"][i_h]
+    # this host's own clock at each instance (for the segments' reference times)
+    t_h = a.instances["end_min"][common] + np.rint(h_agg["end_med"][i_h]).astype(np.int64)
+    w_ids, t_arr, o_arr, u_arr = _window_offsets(h, d, lower, upper, h_agg["window"][i_h], t_h, empty_windows)
+    glob = _fit_line(t_arr, o_arr, u_arr, 0.0, max(drift_prior_ppm, 1e-6) * 1e-6)
+    for w, t, o in zip(w_ids, t_arr, o_arr):
+        model.segments[(h, w)] = Segment(int(t), float(o), glob.slope)
+    model.fallback[h] = glob
+    s0 = model.segments[(h, w_ids[0])]
+    model.hosts[h] = HostClock(host=h, offset_ns=s0.offset_ns, drift_ppm=glob.slope * 1e6, t_ref_ns=s0.t_ref_ns,
+                               method="collectives", n_samples=int(len(common)), ranks=ranks)
+
+
 def _from_collectives(model: ClockModel, hosts: list[str], host_ranks, c: Collectives | None, names,
                       drift_prior_ppm: float = DRIFT_PRIOR_PPM) -> None:
     """Align hosts without samples from synchronising collectives shared with aligned hosts, per window.
@@ -409,45 +483,7 @@ def _from_collectives(model: ClockModel, hosts: list[str], host_ranks, c: Collec
     r_agg = _host_aggregates(a, model.rank_host, use, anchors)
     empty_windows: list[str] = []
     for h in hosts:
-        h_agg = _host_aggregates(a, model.rank_host, use, {h})
-        common, i_r, i_h = np.intersect1d(r_agg["inst"], h_agg["inst"], return_indices=True)
-        if len(common) == 0:
-            model.hosts[h] = HostClock(host=h, offset_ns=0.0, method="none", ranks=host_ranks[h])
-            model.warnings.append(
-                f"host {h}: no clock-sync samples and no collective shared with the aligned hosts; "
-                "its times are not aligned")
-            continue
-        d = r_agg["end_med"][i_r] - h_agg["end_med"][i_h]
-        upper = r_agg["end_min"][i_r] - h_agg["start_max"][i_h]
-        lower = r_agg["start_max"][i_r] - h_agg["end_min"][i_h]
-        win = h_agg["window"][i_h]
-        # this host's own clock at each instance (for the segments' reference times)
-        t_h = a.instances["end_min"][common] + np.rint(h_agg["end_med"][i_h]).astype(np.int64)
-        w_ids, t_w, o_w, u_w = [], [], [], []
-        for w in np.unique(win):  # per window
-            sel = win == w
-            est = float(np.median(d[sel]))
-            lo, hi = float(lower[sel].max()), float(upper[sel].min())
-            if lo <= hi:
-                est = min(max(est, lo), hi)
-                unc = (hi - lo) / 2.0
-            else:
-                empty_windows.append(f"{h} window {int(w)}")
-                mad = float(np.median(np.abs(d[sel] - np.median(d[sel]))))
-                unc = 1.4826 * mad / np.sqrt(sel.sum()) if sel.sum() > 1 else float(np.ptp(d[sel]) or 1e6)
-            ts = np.sort(t_h[sel])
-            w_ids.append(int(w))
-            t_w.append(int(ts[len(ts) // 2]))
-            o_w.append(est)
-            u_w.append(max(unc, MIN_COLLECTIVE_UNCERTAINTY_NS))
-        t_arr, o_arr, u_arr = np.asarray(t_w, np.int64), np.asarray(o_w), np.asarray(u_w)
-        glob = _fit_line(t_arr, o_arr, u_arr, 0.0, max(drift_prior_ppm, 1e-6) * 1e-6)
-        for w, t, o in zip(w_ids, t_arr, o_arr):
-            model.segments[(h, w)] = Segment(int(t), float(o), glob.slope)
-        model.fallback[h] = glob
-        s0 = model.segments[(h, w_ids[0])]
-        model.hosts[h] = HostClock(host=h, offset_ns=s0.offset_ns, drift_ppm=glob.slope * 1e6, t_ref_ns=s0.t_ref_ns,
-                                   method="collectives", n_samples=int(len(common)), ranks=host_ranks[h])
+        _align_host_by_collectives(model, h, a, use, r_agg, host_ranks[h], drift_prior_ppm, empty_windows)
     aligned = [h for h in hosts if model.hosts[h].method == "collectives"]
     if aligned:
         model.warnings.append(
