@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,31 @@ def job_env(**extra: str) -> dict[str, str]:
 EXIT_ABORT = "terminate called without an active exception"
 
 
+#: The test pytest is running now (its setup, call and teardown), so that job helpers can check its markers.
+_RUNNING: list[pytest.Item] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    _RUNNING.append(item)
+    try:
+        return (yield)
+    finally:
+        _RUNNING.pop()
+
+
+def require_slow(what: str) -> None:
+    """Fail the running test unless it is marked slow: `pytest -m "not slow"` (the fast tier) must start no `what`."""
+    item = _RUNNING[-1] if _RUNNING else None
+    if item is not None and item.get_closest_marker("slow") is None:
+        pytest.fail(f"{item.nodeid} starts {what} but is not marked slow: add @pytest.mark.slow to it (or "
+                    "pytestmark = pytest.mark.slow to its module) to keep it out of the fast tier, -m 'not slow'",
+                    pytrace=False)
+
+
 def torchrun(nproc: int, args: list[str], *, cwd: Path, env: dict[str, str] | None = None,
              timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+    require_slow("a torchrun job")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     before = set(Path(cwd).iterdir())
     proc = subprocess.run(cmd, cwd=cwd, env=env or job_env(), capture_output=True, text=True, timeout=timeout)
