@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -487,9 +487,17 @@ def import_traces(
     plan = _plan(files, _header_ranks(files, range(len(files)), rank), run_dir, world_size=world_size,
                  run_id=run_id)
     t0 = time.perf_counter()
+    return _finish(plan, run_dir, lambda: _import_share(plan, list(range(len(files))), one_host=one_host, codec=codec,
+                                                        show=progress_enabled(progress, len(files), 2))[0],
+                   one_host=one_host, t0=t0)
+
+
+def _finish(plan: _Plan, run_dir: Path, work: Callable[[], list[_FileDone]], *, one_host: bool,
+            t0: float) -> ImportResult:
+    """The shards `work` wrote moved to their final names and the result; on any failure (raised) nothing is left
+    behind, and the temporary directory goes in any case."""
     try:
-        done, _ = _import_share(plan, list(range(len(files))), one_host=one_host, codec=codec,
-                                show=progress_enabled(progress, len(files), 2))
+        done = work()
         final = _commit(plan, run_dir, done)
     except BaseException:
         _abort(plan, run_dir)
@@ -497,6 +505,23 @@ def import_traces(
     finally:
         shutil.rmtree(plan.tmp, ignore_errors=True)
     return _result(plan, run_dir, done, final, one_host=one_host, seconds=time.perf_counter() - t0)
+
+
+def _on_root(comm: Any, where: str, step: Callable[[], Any]) -> tuple[bool, Any]:
+    """`step` run on MPI rank 0 and its result broadcast: (True, result) everywhere, or when it failed, rank 0 raises
+    the failure and the others get (False, None) (they stop quietly)."""
+    value: Any = None
+    failure: _Failure | None = None
+    if comm.Get_rank() == 0:
+        try:
+            value = step()
+        except Exception as e:  # noqa: BLE001 -- every process must hear about it
+            failure = _Failure.of(e, where=where)
+    if comm.bcast(failure is not None, root=0):  # rank 0 alone raises it; the others stop quietly
+        if comm.Get_rank() == 0:
+            raise failure.error()
+        return False, None
+    return True, comm.bcast(value, root=0)
 
 
 def _import_mpi(comm, paths, run_dir: Path, *, run_id, world_size, rank, one_host, force, codec,
@@ -514,31 +539,14 @@ def _import_mpi(comm, paths, run_dir: Path, *, run_id, world_size, rank, one_hos
     """
     me, size = comm.Get_rank(), comm.Get_size()
     where = f"MPI process {me}: "
-
-    files: list[Path] | None = None
-    failure: _Failure | None = None
-    if me == 0:
-        try:
-            files = _prepare(paths, run_dir, world_size, rank, force)
-        except Exception as e:  # noqa: BLE001 -- every process must hear about it
-            failure = _Failure.of(e, where=where)
-    if comm.bcast(failure is not None, root=0):  # rank 0 alone raises it; the others stop quietly
-        if me == 0:
-            raise failure.error()
+    ok, files = _on_root(comm, where, lambda: _prepare(paths, run_dir, world_size, rank, force))
+    if not ok:
         return None
-    files = comm.bcast(files, root=0)
     heads = comm.gather(_header_ranks(files, range(me, len(files), size), rank, where), root=0)
-    plan: _Plan | None = None
-    if me == 0:
-        try:
-            plan = _plan(files, [h for part in heads for h in part], run_dir, world_size=world_size, run_id=run_id)
-        except Exception as e:  # noqa: BLE001
-            failure = _Failure.of(e, where=where)
-    if comm.bcast(failure is not None, root=0):  # rank 0 alone raises it; the others stop quietly
-        if me == 0:
-            raise failure.error()
+    ok, plan = _on_root(comm, where, lambda: _plan(files, [h for part in heads for h in part], run_dir,
+                                                   world_size=world_size, run_id=run_id))
+    if not ok:
         return None
-    plan = comm.bcast(plan, root=0)
     t0 = time.perf_counter()
     share = deal(plan.costs, size)[me]
     show = me == 0 and progress_enabled(progress, len(share), 2)
@@ -550,15 +558,12 @@ def _import_mpi(comm, paths, run_dir: Path, *, run_id, world_size, rank, one_hos
     parts = comm.gather(part, root=0)
     if me != 0:
         return None
-    done = [d for ds, _ in parts for d in ds]
+    return _finish(plan, run_dir, lambda: _gathered(parts), one_host=one_host, t0=t0)
+
+
+def _gathered(parts: list[tuple[list[_FileDone], _Failure | None]]) -> list[_FileDone]:
+    """The files every MPI process imported; on any failure, that of the lowest file (where a serial import stops)."""
     failures = [f for _, f in parts if f is not None]
-    try:
-        if failures:
-            raise min(failures, key=lambda f: f.index).error()
-        final = _commit(plan, run_dir, done)
-    except BaseException:
-        _abort(plan, run_dir)
-        raise
-    finally:
-        shutil.rmtree(plan.tmp, ignore_errors=True)
-    return _result(plan, run_dir, done, final, one_host=one_host, seconds=time.perf_counter() - t0)
+    if failures:
+        raise min(failures, key=lambda f: f.index).error()
+    return [d for ds, _ in parts for d in ds]
