@@ -90,13 +90,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..groupstats import group_median, rank_step_values
+from ...groupstats import group_median, rank_step_values
 
 Table = dict[str, np.ndarray]
 
 if TYPE_CHECKING:
-    from ..graph.critical_path import StepGraph
-    from ..types import RunSummary
+    from ...graph.critical_path import StepGraph
+    from ...types import RunSummary
 
 logger = logging.getLogger(__name__)
 
@@ -633,7 +633,7 @@ def own_work_excess(run: RunSummary, graph: StepGraph | None = None) -> tuple[np
     step graph's first work segment (its step start to its arrival) less its wait for a CPU there where the samples
     know it — over the median of the same segment of the instance's other members (the same collective: the same
     work before it in a data- or tensor-parallel group)."""
-    from ..graph.critical_path import KIND_COLL, step_graph
+    from ...graph.critical_path import KIND_COLL, step_graph
 
     g = graph if graph is not None else step_graph(run)
     first = np.flatnonzero((g.ev_kind == KIND_COLL) & (g.ev_group >= 0) & (g.ev_prev < 0))
