@@ -225,18 +225,7 @@ def plan_timeline(
 
     Raises ConfigError when the selection names ranks or windows the run lacks, or keeps nothing.
     """
-    run_ranks = sorted(int(r) for r in run.ranks_present)
-    sel_ranks = run_ranks if ranks is None else sorted({int(r) for r in ranks})
-    absent = [r for r in sel_ranks if r not in run_ranks]
-    if absent:
-        raise ConfigError(f"--ranks {format_ranges(absent)}: not in this run (it has rank(s) "
-                          f"{format_ranges(run_ranks)})")
-    run_windows = _windows_of(run)
-    sel_windows = run_windows if windows is None else sorted({int(w) for w in windows})
-    absent = [w for w in sel_windows if w not in run_windows]
-    if absent:
-        raise ConfigError(f"--window {format_ranges(absent)}: not in this run (it has window(s) "
-                          f"{format_ranges(run_windows)})")
+    sel_ranks, sel_windows = _selected_ranks(run, ranks), _selected_windows(run, windows)
     read = [r for r in sel_ranks if r in run.ranks]
     budget = None if not max_events or max_events <= 0 else int(max_events)
     units = _units(run, read, sel_windows, steps) if budget is not None else []
@@ -247,8 +236,6 @@ def plan_timeline(
         cells[r] = _rank_cells(run, rm, orig, sel_windows, steps, units_a, launch_flows)
     if not any(c.ev.any() or c.st.any() for c in cells.values()):
         raise ConfigError("the selection (--ranks/--window/--steps) keeps no event; widen it")
-    # metadata: 2 per process, 2 per track (the tracks the selection would use, plus "steps")
-    n_meta_est = 4 * len(sel_ranks) + 2 * sum(c.n_keys for c in cells.values())
     cut = Cut(budget=budget or 0, needed=0, stage="none", steps_selected=list(units), steps_kept=list(units),
               ranks_selected=list(sel_ranks), ranks_kept=list(sel_ranks))
     plan = TimelinePlan(ranks=[], windows=[], origin_ns=0, tracks={}, cut=cut, units=list(units),
@@ -258,16 +245,47 @@ def plan_timeline(
                                    "steps": None if steps is None else [int(steps[0]), int(steps[1])],
                                    "max_events": budget, "launch_flows": bool(launch_flows)})
     if budget is not None:
-        cost = np.stack([cells[r].cost if r in cells else np.zeros(len(units) + 1, np.int64) for r in sel_ranks])
-        cut.needed = int(cost.sum()) + n_meta_est
-        if cut.needed > budget:
-            decide_cut(cut, cost, units, sel_ranks, budget - n_meta_est)
-            if cut.stage == "short_events":
-                r = cut.ranks_kept[0]
-                rm, orig = rank_merged(run, r)
-                plan.explicit[r] = _short_keep(run, plan, rm, orig, budget - n_meta_est)
+        _fit_budget(run, plan, cells, budget)
     _finish_plan(run, plan, cells)
     return plan
+
+
+def _selected_ranks(run, ranks: Sequence[int] | None) -> list[int]:
+    """The ranks of the selection, sorted (every rank of the run when None); ConfigError if the run lacks one."""
+    run_ranks = sorted(int(r) for r in run.ranks_present)
+    sel_ranks = run_ranks if ranks is None else sorted({int(r) for r in ranks})
+    absent = [r for r in sel_ranks if r not in run_ranks]
+    if absent:
+        raise ConfigError(f"--ranks {format_ranges(absent)}: not in this run (it has rank(s) "
+                          f"{format_ranges(run_ranks)})")
+    return sel_ranks
+
+
+def _selected_windows(run, windows: Sequence[int] | None) -> list[int]:
+    """The windows of the selection, sorted (every window of the run when None); ConfigError if the run lacks one."""
+    run_windows = _windows_of(run)
+    sel_windows = run_windows if windows is None else sorted({int(w) for w in windows})
+    absent = [w for w in sel_windows if w not in run_windows]
+    if absent:
+        raise ConfigError(f"--window {format_ranges(absent)}: not in this run (it has window(s) "
+                          f"{format_ranges(run_windows)})")
+    return sel_windows
+
+
+def _fit_budget(run, plan: TimelinePlan, cells: dict[int, _RankCells], budget: int) -> None:
+    """Fills in ``plan.cut``: what the selection needs and, over `budget`, what is cut (with the rows of the one
+    kept rank at cut stage ``short_events`` in ``plan.explicit``)."""
+    cut, units, sel_ranks = plan.cut, plan.units, plan.sel_ranks
+    # metadata: 2 per process, 2 per track (the tracks the selection would use, plus "steps")
+    n_meta_est = 4 * len(sel_ranks) + 2 * sum(c.n_keys for c in cells.values())
+    cost = np.stack([cells[r].cost if r in cells else np.zeros(len(units) + 1, np.int64) for r in sel_ranks])
+    cut.needed = int(cost.sum()) + n_meta_est
+    if cut.needed > budget:
+        decide_cut(cut, cost, units, sel_ranks, budget - n_meta_est)
+        if cut.stage == "short_events":
+            r = cut.ranks_kept[0]
+            rm, orig = rank_merged(run, r)
+            plan.explicit[r] = _short_keep(run, plan, rm, orig, budget - n_meta_est)
 
 
 def _units(run, ranks: list[int], sel_windows, steps) -> list[int]:
