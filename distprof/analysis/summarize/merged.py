@@ -21,11 +21,12 @@ import numpy as np
 
 from ...errors import IncompleteRunError
 from ..align.matching import Collectives, match_collectives
-from ..align.reduce import join
-from ..load.catalog import scan_run, with_read_skips
+from ..align.reduce import Joined, join
+from ..load.catalog import RunCatalog, scan_run, with_read_skips
 from ..load.rankdata import (
     REQUIRED,
     TABLES,
+    RankData,
     filter_steps,
     merge_strings,
     read_rank,
@@ -39,6 +40,47 @@ log = logging.getLogger(__name__)
 __all__ = ["load_run", "rank_merged", "match_run", "TABLES", "REQUIRED"]
 
 Table = dict[str, np.ndarray]
+
+
+def _concat_ranks(rds: list[RankData], remaps: list[np.ndarray]) -> dict[str, Table]:
+    """Every table of the ranks `rds` concatenated, their string ids remapped into the merged table (`remaps`, one
+    per rank) and ``comms.row`` pointing into the merged events."""
+    ev_offset = 0
+    fixed = []
+    for rd, remap in zip(rds, remaps):
+        tabs = {t: dict(rd.table(t)) for t in TABLES}
+        for t, col in (("events", "name_id"), ("threads", "name_id"), ("comms", "op_id"),
+                       ("cuda_memory_blocks", "frame_id"), ("cuda_memory_blocks", "user_frame_id")):
+            if col in tabs[t] and len(tabs[t][col]):
+                tabs[t][col] = remap[tabs[t][col]]
+        tabs["comms"]["row"] = tabs["comms"]["row"] + ev_offset
+        ev_offset += len(tabs["events"]["ts_ns"])
+        fixed.append(tabs)
+    return {t: {c: np.concatenate([f[t][c] for f in fixed]) for c in fixed[0][t]} for t in TABLES}
+
+
+def _merged(cat: RunCatalog, j: Joined, names: np.ndarray, tables: dict[str, Table]) -> MergedRun:
+    """The MergedRun of the catalogue `cat`, the join `j` (clock model, warnings) and the merged `tables`."""
+    return MergedRun(
+        run_id=cat.run_id,
+        world_size=cat.world_size,
+        ranks_present=list(cat.ranks),
+        ranks_missing=list(cat.ranks_missing),
+        hosts=cat.hosts,
+        names=names,
+        events=tables["events"],
+        comms=tables["comms"],
+        steps=tables["steps"],
+        memory=tables["memory"],
+        threads=tables["threads"],
+        cuda_memory=tables["cuda_memory"],
+        cuda_memory_blocks=tables["cuda_memory_blocks"],
+        clock=j.model.hosts,
+        attrs=dict(sorted(cat.first_attrs.items())),
+        process_groups=cat.process_groups,
+        warnings=j.warnings,
+        skipped_shards=list(cat.skipped),
+    )
 
 
 def load_run(
@@ -76,44 +118,12 @@ def load_run(
         parts.append((rd.rank, rows, ops))
     j = join(cat, parts, {k: v for rd in rds for k, v in rd.samples.items()})
     names, remaps = merge_strings([rd.names for rd in rds])
-    tables: dict[str, Table] = {}
-    ev_offset = 0
-    fixed = []
-    for rd, remap in zip(rds, remaps):
-        tabs = {t: dict(rd.table(t)) for t in TABLES}
-        for t, col in (("events", "name_id"), ("threads", "name_id"), ("comms", "op_id"),
-                       ("cuda_memory_blocks", "frame_id"), ("cuda_memory_blocks", "user_frame_id")):
-            if col in tabs[t] and len(tabs[t][col]):
-                tabs[t][col] = remap[tabs[t][col]]
-        tabs["comms"]["row"] = tabs["comms"]["row"] + ev_offset
-        ev_offset += len(tabs["events"]["ts_ns"])
-        fixed.append(tabs)
-    for t in TABLES:
-        tables[t] = {c: np.concatenate([f[t][c] for f in fixed]) for c in fixed[0][t]}
+    tables = _concat_ranks(rds, remaps)
     _align(tables, j.model)
     if steps is not None:
         tables = filter_steps(tables, int(steps[0]), int(steps[1]))
     _sort_events(tables)
-    return MergedRun(
-        run_id=cat.run_id,
-        world_size=cat.world_size,
-        ranks_present=list(cat.ranks),
-        ranks_missing=list(cat.ranks_missing),
-        hosts=cat.hosts,
-        names=names,
-        events=tables["events"],
-        comms=tables["comms"],
-        steps=tables["steps"],
-        memory=tables["memory"],
-        threads=tables["threads"],
-        cuda_memory=tables["cuda_memory"],
-        cuda_memory_blocks=tables["cuda_memory_blocks"],
-        clock=j.model.hosts,
-        attrs=dict(sorted(cat.first_attrs.items())),
-        process_groups=cat.process_groups,
-        warnings=j.warnings,
-        skipped_shards=list(cat.skipped),
-    )
+    return _merged(cat, j, names, tables)
 
 
 def rank_merged(run, rank: int, *, columns: Mapping[str, Iterable[str] | None] | None = None
