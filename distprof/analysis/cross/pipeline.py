@@ -136,64 +136,86 @@ class _RankSteps:
         return res
 
 
-def pipelines(run: RunSummary) -> list[Pipeline]:
-    """The run's pipelines (see the module docstring); [] when no ranks send to each other."""
+def _transfers(run: RunSummary) -> dict[str, np.ndarray] | None:
+    """The matched pairs inside the steps selection and in a step on either end: src, dst, ts / tr (send / receive
+    start), ss / sr (send / receive step), wait (ms the receive waited), d_send / d_recv (ms in each end). None
+    when there is none."""
     p = run.p2p
     if not len(p):
-        return []
+        return None
     sel = np.ones(len(p), bool)
     if run.steps_selection is not None:
         lo, hi = run.steps_selection
         sel = (p.send_step >= lo) & (p.send_step <= hi)
     sel &= (p.send_step >= 0) | (p.recv_step >= 0)
     if not sel.any():
-        return []
-    src, dst = p.src[sel], p.dst[sel]
+        return None
     ts, tr = p.send_start_ns[sel], p.recv_start_ns[sel]
-    ss, sr = p.send_step[sel], p.recv_step[sel]
-    wait = p.recv_wait_ns[sel] / NS_PER_MS
-    d_send = (p.send_end_ns[sel] - ts) / NS_PER_MS
-    d_recv = (p.recv_end_ns[sel] - tr) / NS_PER_MS
+    return {"src": p.src[sel], "dst": p.dst[sel], "ts": ts, "tr": tr, "ss": p.send_step[sel], "sr": p.recv_step[sel],
+            "wait": p.recv_wait_ns[sel] / NS_PER_MS, "d_send": (p.send_end_ns[sel] - ts) / NS_PER_MS,
+            "d_recv": (p.recv_end_ns[sel] - tr) / NS_PER_MS}
+
+
+def _step_cells(run: RunSummary, t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per row of the steps table: its rank, step and compute ms, and the transfers `t` summed over it — wait (on
+    its receives), caused (by its sends), p2p (ms in both ends), send and recv (counts)."""
     st = run.steps
     cells = _RankSteps(st)
-    c_wait = cells.sum(dst, sr, wait)
-    c_caused = cells.sum(src, ss, wait)
-    c_p2p = cells.sum(src, ss, d_send) + cells.sum(dst, sr, d_recv)
-    c_send = cells.sum(src, ss)
-    c_recv = cells.sum(dst, sr)
-    st_rank = cells.rank
-    step_all = np.asarray(st["step_ms"], np.float64)
-    busy_all = np.asarray(st["compute_ms"], np.float64)
-    out = []
-    for ranks in _components(src, dst):
-        order = _stage_order(ranks, src, dst, ts, tr, ss, sr)
-        stages = []
-        for k, r in enumerate(order):
-            m = st_rank == r
-            if not m.any():
-                continue
-            step_ms, w = step_all[m], c_wait[m]
-            stages.append(PipelineStage(
-                stage=k, rank=int(r), host=str(run.hosts.get(int(r), "?")), n_steps=int(m.sum()),
-                step_ms=float(np.median(step_ms)), busy_ms=float(np.median(busy_all[m])),
-                wait_ms=float(np.median(w)), wait_pct=100.0 * float(np.median(w / np.maximum(step_ms, 1e-9))),
-                caused_ms=float(np.median(c_caused[m])), p2p_ms=float(np.median(c_p2p[m])),
-                sends_per_step=float(np.median(c_send[m])), recvs_per_step=float(np.median(c_recv[m]))))
-        if len(stages) < 2:
+    src, dst, ss, sr = t["src"], t["dst"], t["ss"], t["sr"]
+    return {"rank": cells.rank, "step_ms": np.asarray(st["step_ms"], np.float64),
+            "busy": np.asarray(st["compute_ms"], np.float64), "wait": cells.sum(dst, sr, t["wait"]),
+            "caused": cells.sum(src, ss, t["wait"]),
+            "p2p": cells.sum(src, ss, t["d_send"]) + cells.sum(dst, sr, t["d_recv"]),
+            "send": cells.sum(src, ss), "recv": cells.sum(dst, sr)}
+
+
+def _stages(run: RunSummary, order: list[int], c: dict[str, np.ndarray]) -> list[PipelineStage]:
+    """The stages of one pipeline, in stage `order`, from the step cells `c` (ranks without steps are left out)."""
+    stages = []
+    for k, r in enumerate(order):
+        m = c["rank"] == r
+        if not m.any():
             continue
-        s0, s1 = order[0], order[1]
-        first_hop = ss[(src == s0) & (dst == s1) & (ss >= 0)]
-        mb = float(np.median(np.unique(first_hop, return_counts=True)[1])) if first_hop.size else 0.0
-        n_st = len(stages)
-        ideal = 100.0 * (n_st - 1) / (mb + n_st - 1) if mb > 0 else None
-        busy = np.array([s.busy_ms for s in stages])
-        bott = stages[int(np.argmax(busy))]
-        med_busy = float(np.median(busy))
-        holds = max(stages, key=lambda s: (s.caused_ms, -s.stage))
-        out.append(Pipeline(
-            ranks=[s.rank for s in stages], stages=stages, micro_batches=mb, ideal_bubble_pct=ideal,
-            bubble_pct=float(np.mean([s.wait_pct for s in stages])), bottleneck_rank=bott.rank,
-            imbalance_pct=100.0 * (bott.busy_ms / med_busy - 1) if med_busy > 0 else 0.0, median_busy_ms=med_busy,
-            holds_rank=holds.rank,
-            n_transfers=int(np.count_nonzero(np.isin(src, ranks)))))
+        step_ms, w = c["step_ms"][m], c["wait"][m]
+        stages.append(PipelineStage(
+            stage=k, rank=int(r), host=str(run.hosts.get(int(r), "?")), n_steps=int(m.sum()),
+            step_ms=float(np.median(step_ms)), busy_ms=float(np.median(c["busy"][m])),
+            wait_ms=float(np.median(w)), wait_pct=100.0 * float(np.median(w / np.maximum(step_ms, 1e-9))),
+            caused_ms=float(np.median(c["caused"][m])), p2p_ms=float(np.median(c["p2p"][m])),
+            sends_per_step=float(np.median(c["send"][m])), recvs_per_step=float(np.median(c["recv"][m]))))
+    return stages
+
+
+def _pipeline(ranks: list[int], order: list[int], stages: list[PipelineStage], t: dict[str, np.ndarray]) -> Pipeline:
+    """One pipeline from its stages: micro-batches, ideal and measured bubble, bottleneck, the stage that holds it."""
+    src, dst, ss = t["src"], t["dst"], t["ss"]
+    s0, s1 = order[0], order[1]
+    first_hop = ss[(src == s0) & (dst == s1) & (ss >= 0)]
+    mb = float(np.median(np.unique(first_hop, return_counts=True)[1])) if first_hop.size else 0.0
+    n_st = len(stages)
+    ideal = 100.0 * (n_st - 1) / (mb + n_st - 1) if mb > 0 else None
+    busy = np.array([s.busy_ms for s in stages])
+    bott = stages[int(np.argmax(busy))]
+    med_busy = float(np.median(busy))
+    holds = max(stages, key=lambda s: (s.caused_ms, -s.stage))
+    return Pipeline(
+        ranks=[s.rank for s in stages], stages=stages, micro_batches=mb, ideal_bubble_pct=ideal,
+        bubble_pct=float(np.mean([s.wait_pct for s in stages])), bottleneck_rank=bott.rank,
+        imbalance_pct=100.0 * (bott.busy_ms / med_busy - 1) if med_busy > 0 else 0.0, median_busy_ms=med_busy,
+        holds_rank=holds.rank,
+        n_transfers=int(np.count_nonzero(np.isin(src, ranks))))
+
+
+def pipelines(run: RunSummary) -> list[Pipeline]:
+    """The run's pipelines (see the module docstring); [] when no ranks send to each other."""
+    t = _transfers(run)
+    if t is None:
+        return []
+    c = _step_cells(run, t)
+    out = []
+    for ranks in _components(t["src"], t["dst"]):
+        order = _stage_order(ranks, t["src"], t["dst"], t["ts"], t["tr"], t["ss"], t["sr"])
+        stages = _stages(run, order, c)
+        if len(stages) >= 2:
+            out.append(_pipeline(ranks, order, stages, t))
     return out
