@@ -234,8 +234,8 @@ def test_multihost_clock_reported(tmp_path):
 
 
 def test_no_torch_import():
-    code = ("import sys, distprof.analysis.summarize.merged, distprof.analysis.align.clock, distprof.analysis.align.matching; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = ("import sys, distprof.analysis.summarize.merged, distprof.analysis.align.clock, "
+            "distprof.analysis.align.matching; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
     code = "import sys, distprof.analysis; assert 'h5py' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
