@@ -165,6 +165,28 @@ class _Window:
     pending: int = 0  # requests handed to the side thread and not finished
 
 
+@dataclass
+class _Serving:
+    """The reference's connections from leaders while it serves them."""
+
+    server: ClockServer
+    sel: selectors.BaseSelector
+    remaining: set[int]  # leaders that have not said goodbye
+    pending: dict[socket.socket, bytearray] = field(default_factory=dict)  # each connection's partial message
+    authed: set[socket.socket] = field(default_factory=set)  # said hello with the run's token
+    rank_of: dict[socket.socket, int] = field(default_factory=dict)  # the leader rank of an authed connection
+
+    def drop(self, c: socket.socket) -> None:
+        """Forget connection `c` and close it."""
+        try:
+            self.sel.unregister(c)
+        except (KeyError, ValueError):
+            pass
+        self.pending.pop(c, None)
+        self.authed.discard(c)
+        _close(c)
+
+
 class ClockSyncError(OSError):
     """A clock exchange failed; the message says with whom, where and why, and that the next one retries."""
 
@@ -360,73 +382,67 @@ class ClockSync:
         sel = selectors.DefaultSelector()
         sel.register(server.sock, selectors.EVENT_READ, "listen")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        pending: dict[socket.socket, bytearray] = {}
-        authed: set[socket.socket] = set()
-        remaining = set(self.roles.leaders) - {self._rank}
-        conn_rank: dict[socket.socket, int] = {}
+        conns = _Serving(server, sel, remaining=set(self.roles.leaders) - {self._rank})
         try:
-            while remaining and not self._stop_serving.is_set():
+            while conns.remaining and not self._stop_serving.is_set():
                 for key, _ in sel.select():
                     if key.data == "wake":
                         os.read(self._wake_r, 64)
-                        continue
-                    if key.data == "listen":
-                        try:
-                            c, _ = server.sock.accept()
-                        except OSError:
-                            continue
-                        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        c.setblocking(False)
-                        pending[c] = bytearray()
-                        sel.register(c, selectors.EVENT_READ, "conn")
-                        continue
-                    c = key.fileobj
-                    try:
-                        data = c.recv(_MSG.size - len(pending[c]))
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except OSError:
-                        data = b""
-                    if not data:  # the leader closed (it reconnects after a failure) or is gone
-                        self._drop(sel, c, pending, authed)
-                        continue
-                    t_remote = self.now()  # first thing once a ping is in
-                    buf = pending[c]
-                    buf += data
-                    if len(buf) < _MSG.size:
-                        continue
-                    kind, a, b, _ = _MSG.unpack(bytes(buf))
-                    buf.clear()
-                    if kind == HELLO and a == server.token:
-                        authed.add(c)
-                        conn_rank[c] = b
-                    elif kind == PING and c in authed:
-                        try:
-                            c.send(_MSG.pack(PONG, a, b, t_remote))  # 32 bytes: the socket buffer takes them
-                        except OSError:
-                            self._drop(sel, c, pending, authed)
-                    elif kind == BYE and c in authed:
-                        remaining.discard(conn_rank.get(c, -1))
-                        self._drop(sel, c, pending, authed)
-                    else:  # not one of ours
-                        self._drop(sel, c, pending, authed)
+                    elif key.data == "listen":
+                        self._accept(conns)
+                    else:
+                        self._on_readable(conns, key.fileobj)
         except Exception as e:  # noqa: BLE001 -- never raised into anything; the leaders' exchanges fail and retry
             log.debug("distprof: clock reference stops serving: %s", e)
         finally:
-            for c in list(pending):
-                self._drop(sel, c, pending, authed)
+            for c in list(conns.pending):
+                conns.drop(c)
             sel.close()
             server.close()
 
-    @staticmethod
-    def _drop(sel, c, pending, authed) -> None:
+    def _accept(self, conns: _Serving) -> None:
+        """A leader connects: its socket joins the selector (non-blocking, no Nagle delay)."""
         try:
-            sel.unregister(c)
-        except (KeyError, ValueError):
-            pass
-        pending.pop(c, None)
-        authed.discard(c)
-        _close(c)
+            c, _ = conns.server.sock.accept()
+        except OSError:
+            return
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        c.setblocking(False)
+        conns.pending[c] = bytearray()
+        conns.sel.register(c, selectors.EVENT_READ, "conn")
+
+    def _on_readable(self, conns: _Serving, c: socket.socket) -> None:
+        """A leader's bytes: a whole message is answered (a ping by a pong stamped as it came in) or ends the
+        connection (goodbye, a closed socket, not one of ours)."""
+        try:
+            data = c.recv(_MSG.size - len(conns.pending[c]))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the leader closed (it reconnects after a failure) or is gone
+            conns.drop(c)
+            return
+        t_remote = self.now()  # first thing once a ping is in
+        buf = conns.pending[c]
+        buf += data
+        if len(buf) < _MSG.size:
+            return
+        kind, a, b, _ = _MSG.unpack(bytes(buf))
+        buf.clear()
+        if kind == HELLO and a == conns.server.token:
+            conns.authed.add(c)
+            conns.rank_of[c] = b
+        elif kind == PING and c in conns.authed:
+            try:
+                c.send(_MSG.pack(PONG, a, b, t_remote))  # 32 bytes: the socket buffer takes them
+            except OSError:
+                conns.drop(c)
+        elif kind == BYE and c in conns.authed:
+            conns.remaining.discard(conns.rank_of.get(c, -1))
+            conns.drop(c)
+        else:  # not one of ours
+            conns.drop(c)
 
     def _wake(self) -> None:
         if self._wake_w >= 0:
