@@ -301,31 +301,47 @@ def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = 
     DecompressionStream, in every current browser) — False inlines the plain bundle.
     """
     figs: dict[str, Any] = {}
-    mem_fig, mem_note = _fig_memory(run, report)
+    body = _chart_sections(report, run, figs)
+    body += _table_sections(report)
+    body += _closing_sections(report)
+    return _page(report, body, figs, compress_js)
+
+
+def _steps_caption(report: dict[str, Any]) -> str:
+    """Caption of the step heatmap: cells are ranks, or (many ranks) the slowest rank of a host or block."""
+    if html_scale.many(len((report.get("run") or {}).get("ranks_present") or [])):
+        return ("Each cell is the slowest rank of a host (or of a block of ranks) in that step (ms); hover for which. "
+                "A row that stays hot is a slow host; a hot column is a slow step everywhere.")
+    return ("Each cell is one rank's step (ms); hover for its breakdown. A row that stays hot is a slow rank; "
+            "a hot column is a slow step everywhere.")
+
+
+def _breakdown_caption(report: dict[str, Any]) -> str:
+    """Caption of the step-time breakdown, with the shares over all ranks when there are recorded steps."""
     summary = report.get("summary") or {}
-    bd_caption = (
+    caption = (
         "Mean per step; the bars add up to the step time. 'overlapped comm' is compute during which communication "
         "also ran (hidden communication); 'exposed comm' is time the rank only waited for communication."
     )
     if summary.get("n_rank_steps"):
-        bd_caption += (f" Over all ranks: compute {_fmt(summary.get('compute_pct'), '{:.0f}')} %, exposed comm "
-                       f"{_fmt(summary.get('exposed_comm_pct'), '{:.0f}')} %, idle "
-                       f"{_fmt(summary.get('idle_pct'), '{:.0f}')} %, "
-                       f"other {_fmt(summary.get('other_pct'), '{:.0f}')} %.")
-    rule_text = ((report.get("straggler_info") or {}).get("rule") or {}).get("text") or ""
-    has_ann_key = "annotations" in report
-    body = [
+        caption += (f" Over all ranks: compute {_fmt(summary.get('compute_pct'), '{:.0f}')} %, exposed comm "
+                    f"{_fmt(summary.get('exposed_comm_pct'), '{:.0f}')} %, idle "
+                    f"{_fmt(summary.get('idle_pct'), '{:.0f}')} %, "
+                    f"other {_fmt(summary.get('other_pct'), '{:.0f}')} %.")
+    return caption
+
+
+def _chart_sections(report: dict[str, Any], run: Any, figs: dict[str, Any]) -> list[str]:
+    """The page's top: header, findings and the charts (their figures added to `figs`, in page order)."""
+    mem_fig, mem_note = _fig_memory(run, report)
+    return [
         _header(report),
         _findings(report),
-        _chart("fig-steps", "Step time per rank and step", _fig_step_heatmap(report), figs,
-               "Each cell is the slowest rank of a host (or of a block of ranks) in that step (ms); hover for which. "
-               "A row that stays hot is a slow host; a hot column is a slow step everywhere."
-               if html_scale.many(len((report.get("run") or {}).get("ranks_present") or []))
-               else "Each cell is one rank's step (ms); hover for its breakdown. A row that stays hot is a slow rank; "
-               "a hot column is a slow step everywhere."),
+        _chart("fig-steps", "Step time per rank and step", _fig_step_heatmap(report), figs, _steps_caption(report)),
         html_watch.section(report, figs, _chart),
         "<div class=\"grid\">",
-        _chart("fig-breakdown", "Where step time goes, per rank", _fig_breakdown(report), figs, bd_caption),
+        _chart("fig-breakdown", "Where step time goes, per rank", _fig_breakdown(report), figs,
+               _breakdown_caption(report)),
         _chart("fig-blame", "Straggler blame per rank, grouped by host", _fig_blame(report), figs,
                "Bars: how long the other ranks waited for this rank at collectives, per step (red = named "
                "straggler). Diamonds: mean lateness against the naming floor (dashed).",
@@ -339,37 +355,40 @@ def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = 
                "Share of communication hidden under compute, and exposed communication as a share of step time."),
         _chart("fig-annotations", "User annotations (record_function regions) per rank", _fig_annotations(report),
                figs, "Milliseconds per step inside each region, per rank.",
-               "No user annotations in this run." if has_ann_key
+               "No user annotations in this run." if "annotations" in report
                else "This report has no annotations table (written by an older distprof)."),
         "</div>",
         _chart("fig-memory", "Memory timeline per rank", mem_fig, figs, mem_note if mem_fig else "", mem_note),
+        _chart("fig-critical-path", "Critical path of one step, across ranks", fig_critical_path(report),
+               figs, critical_path_caption(report), "No step graph: no matched collective or transfer."),
     ]
-    body.append(_chart("fig-critical-path", "Critical path of one step, across ranks", fig_critical_path(report),
-                       figs, critical_path_caption(report), "No step graph: no matched collective or transfer."))
-    wi_table = whatif_table(report)
-    if wi_table:
-        body.append("<section id=\"whatif\"><h2>What if</h2><p class=\"caption\">The step time each change would "
-                    "give, from a replay of the cross-rank step graph (docs/whatif.md).</p>" + wi_table + "</section>")
-    gpu_table = _gpu_time_table(report)
-    if gpu_table:
-        body.append("<section id=\"gpu-time\"><h2>GPU time per rank</h2><p class=\"caption\">HTA's temporal "
-                    "breakdown of each rank's GPU span (idle: no kernel or copy on any stream; non-compute: only "
-                    "communication or memory ran) and the share of communication-kernel time hidden under "
-                    f"compute kernels.</p>{gpu_table}</section>")
-    comm_table = _collectives_table(report)
-    if comm_table:
-        body.append("<section id=\"collectives\"><h2>Collectives per group and op</h2><p class=\"caption\">Per "
-                    "rank and recorded step: calls, bytes, time in the collective and the part of it the rank only "
-                    "waited (exposed); the rank that arrived last most often.</p>" + comm_table + "</section>")
-    pipe_tables = _pipeline_tables(report)
-    if pipe_tables:
-        body.append("<section id=\"pipelines\"><h2>Pipeline stages</h2><p class=\"caption\">Per stage (medians over "
-                    "steps): compute, the time it waited on receives for a peer that had not sent yet (the bubble), "
-                    "and how long the others waited for its sends.</p>" + pipe_tables + "</section>")
-    ann_table = _annotation_table(report)
-    if ann_table:
-        body.append(f"<section id=\"annotation-table\"><h2>Annotation spread</h2>{ann_table}</section>")
-    body += [
+
+
+def _table_sections(report: dict[str, Any]) -> list[str]:
+    """The sections of the tables the report has rows for (what if, GPU time, collectives, pipelines, annotations);
+    a table without rows has no section."""
+    sections = [
+        ("whatif", "What if", "The step time each change would give, from a replay of the cross-rank step graph "
+         "(docs/whatif.md).", whatif_table(report)),
+        ("gpu-time", "GPU time per rank", "HTA's temporal breakdown of each rank's GPU span (idle: no kernel or copy "
+         "on any stream; non-compute: only communication or memory ran) and the share of communication-kernel time "
+         "hidden under compute kernels.", _gpu_time_table(report)),
+        ("collectives", "Collectives per group and op", "Per rank and recorded step: calls, bytes, time in the "
+         "collective and the part of it the rank only waited (exposed); the rank that arrived last most often.",
+         _collectives_table(report)),
+        ("pipelines", "Pipeline stages", "Per stage (medians over steps): compute, the time it waited on receives "
+         "for a peer that had not sent yet (the bubble), and how long the others waited for its sends.",
+         _pipeline_tables(report)),
+        ("annotation-table", "Annotation spread", "", _annotation_table(report)),
+    ]
+    return [f"<section id=\"{sec_id}\"><h2>{title}</h2>" + (f"<p class=\"caption\">{caption}</p>" if caption else "")
+            + f"{table}</section>" for sec_id, title, caption, table in sections if table]
+
+
+def _closing_sections(report: dict[str, Any]) -> list[str]:
+    """The page's end: root cause of the named stragglers, clock alignment, warnings and the footer."""
+    rule_text = ((report.get("straggler_info") or {}).get("rule") or {}).get("text") or ""
+    return [
         f"<section id=\"root-cause\"><h2>Root cause of named stragglers</h2>"
         f"<p class=\"caption\">Ops that took longer on the straggler than the median of its peers (inclusive "
         f"times).</p>{_root_cause(report)}</section>",
@@ -383,6 +402,10 @@ def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = 
         f"{_e(report.get('report_version', ''))} · self-contained page: charts by the inlined plotly.js, "
         f"no network needed</footer>",
     ]
+
+
+def _page(report: dict[str, Any], body: list[str], figs: dict[str, Any], compress_js: bool) -> str:
+    """The whole document around the `body` sections: head with the CSS, the figures' JSON, plotly.js, boot script."""
     run_id = (report.get("run") or {}).get("id", "?")
     page = [
         "<!DOCTYPE html>",
