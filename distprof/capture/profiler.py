@@ -9,6 +9,7 @@ SIGINT are handled by ``signals.py``: what is finished is saved, then the signal
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import threading
@@ -35,6 +36,34 @@ log = logging.getLogger(__name__)
 RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 _active: "RankProfiler | None" = None
 
+#: keys of `RankProfiler._warned_about` (besides ``lost:<kind>``, one per kind of reason a window was lost for)
+WARN_FAILURE = "failure"  # the first failure (a lost window counts: after one, failures are only recorded)
+WARN_MANUAL_STEP = "manual step"  # step() called while steps come from the optimizer hook
+
+
+class ProfilerState(enum.Enum):
+    """Where a RankProfiler is in its life: `RankProfiler._state`, changed only by its ``_mark_*`` methods.
+
+    NEW      built; start() has not run (or raised before it began: --memory-history in strict mode without CUDA).
+             -> STARTED (start()).
+    STARTED  start() has begun: hooks, the shard writer, side threads and signal handlers are (being) installed and
+             steps are profiled, unless a failure has disabled profiling. -> CLOSING (close()).
+    CLOSING  close() has begun: the window in flight is finished, the writer and the side threads are waited for,
+             the status file is written. Nothing begins again: a second close(), the process group's agreement and a
+             signal's flush are ignored. -> CLOSED.
+    CLOSED   close() is done (its last act is to call `on_closed`). Final.
+
+    Whether a failure has stopped profiling (`RankProfiler._disabled`) is not one of these states but kept beside
+    them: it can happen in each (a step() called before start() or after close() fails, so does a window's end while
+    started or the stop in the close), what it changes outlives the close (a step() after it is ignored only then,
+    start() after it still installs the hooks) and it never goes back.
+    """
+
+    NEW = "new"
+    STARTED = "started"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
 
 def active() -> "RankProfiler | None":
     """The profiler of this process that is running now, if any."""
@@ -53,12 +82,12 @@ class RankProfiler:
         self._prof = None
         self._stepper: OptimizerStepper | None = None
         self._writer: ShardWriter | None = None
-        self._disabled = False
-        self._closed = False
-        self._started = False
+        self._state = ProfilerState.NEW
+        self._disabled = False  # a failure stopped profiling (in any state; see ProfilerState): never goes back
         self._strict_error: BaseException | None = None
-        self._warned = False
-        self._warned_manual = False
+        self._warned_about: set[str] = set()  # warnings given once, already given (WARN_*, lost:<kind>)
+        # not a state: True only while torch's on_trace_ready callback runs (inside prof.step()), where a failure
+        # must neither stop the trace torch has already stopped nor count the window as lost in flight
         self._in_callback = False
         self._t_step_call = 0.0  # perf_counter just before the training thread's prof.step()
         self._step_began_ns = 0  # time.time_ns() when the step in flight began
@@ -69,7 +98,9 @@ class RankProfiler:
         self._sampler: schedstat.WaitSampler | None = None  # the training thread's CPU waits while recording
         self._main_tid = threading.get_native_id()
         self._info: dist_info.RankInfo | None = None
-        self._info_final = False  # read while the process group existed (else from the launcher's environment)
+        # not a state: whether _info was read while the process group existed (else from the launcher's
+        # environment, and read again once the group exists)
+        self._info_final = False
         self._clock = clock.ClockSync(config.sync_rounds, config.sync_timeout_s, None,
                                       lambda stage, e: self._fail(stage, e, disable=False))
         self._setup = RunSetup(config, self._clock)
@@ -86,7 +117,6 @@ class RankProfiler:
         self._signal: int | None = None  # the termination signal seen, if any
         self._signal_at: float | None = None  # time.monotonic() when it was seen
         self._depth = 0  # > 0 while the training thread runs profiler code (a signal then waits for it to leave)
-        self._lost_kinds: set[str] = set()  # reasons of lost windows already warned about
         self._extra_lost: list[LostWindow] = []  # lost outside the writer (in flight at a signal, profiling stopped)
         self._cut_short: list[int] = []  # windows saved cut short by the close (a signal, the script's end)
         self._close_began: float | None = None
@@ -127,10 +157,10 @@ class RankProfiler:
 
         from .schedule import to_torch
 
-        if self._started:
+        if self._state is not ProfilerState.NEW:
             return self
         self._setup_memory_history(torch)
-        self._started = True
+        self._mark_started()
         groups.set_default_group_listener(self._on_default_group)
         groups.install()
         p2p.install()
@@ -190,8 +220,7 @@ class RankProfiler:
         """One training iteration is done (explicit API: `p.step()` / `distprof.step()`)."""
         self._raise_strict()
         if self._stepper is not None:
-            if not self._warned_manual:
-                self._warned_manual = True
+            if self._first_warning(WARN_MANUAL_STEP):
                 log.warning(
                     "distprof: rank %s: step() called while steps come from the optimizer hook; ignored "
                     "(run with --step-on manual to drive steps yourself)", self._rank_label())
@@ -206,9 +235,9 @@ class RankProfiler:
 
     def _close(self) -> None:
         global _active
-        if self._closed or not self._started:
+        if self._state is not ProfilerState.STARTED:  # not started, or closing already
             return
-        self._closed = True
+        self._mark_closing()
         self._close_began = time.monotonic()
         left = self._time_left()
         if left is not None:
@@ -253,11 +282,35 @@ class RankProfiler:
             self._clock.close(None if left is None else min(0.1, left))
             self._write_status(final=True)
             self._signals.uninstall()
+            self._mark_closed()
             if self.on_closed is not None:
                 try:
                     self.on_closed(self)
                 except Exception as e:  # noqa: BLE001 -- the closing line never hurts the job
                     log.debug("distprof: closing hook failed: %s", e)
+
+    # -- state transitions (ProfilerState) ---------------------------------------------------------------------
+    def _mark_started(self) -> None:
+        assert self._state is ProfilerState.NEW, self._state
+        self._state = ProfilerState.STARTED
+
+    def _mark_closing(self) -> None:
+        assert self._state is ProfilerState.STARTED, self._state
+        self._state = ProfilerState.CLOSING
+
+    def _mark_closed(self) -> None:
+        assert self._state is ProfilerState.CLOSING, self._state
+        self._state = ProfilerState.CLOSED
+
+    def _close_begun(self) -> bool:
+        """close() has begun (CLOSING) or is done (CLOSED)."""
+        return self._state in (ProfilerState.CLOSING, ProfilerState.CLOSED)
+
+    def _first_warning(self, key: str) -> bool:
+        """Note the once-only warning `key` as given; True if it had not been (the caller gives it then)."""
+        first = key not in self._warned_about
+        self._warned_about.add(key)
+        return first
 
     # -- signals (signals.py calls these) -------------------------------------------------------------------------
     def note_signal(self, sig: int) -> None:
@@ -290,7 +343,7 @@ class RankProfiler:
         """Write what is finished and the status file, without stopping the profiler: before a user's handler runs
         (`blocked` False), or from the watcher while the training thread is stuck outside Python (`blocked`: the
         window in flight is then lost, only the training thread could stop it)."""
-        if self._closed or self._writer is None:
+        if self._close_begun() or self._writer is None:
             return
         left = self._time_left()
         left = FLUSH_S if left is None else left  # a deadline already reached is 0 s left, not a fresh one
@@ -317,7 +370,7 @@ class RankProfiler:
     # -- the agreement ------------------------------------------------------------------------------------------
     def _on_default_group(self, pg, store) -> None:
         """Inside init_process_group, every rank: agree the run id and host roles (never raises into torch)."""
-        if self._closed or self._disabled or self._setup.agreement is not None:
+        if self._close_begun() or self._disabled or self._setup.agreement is not None:
             return
         self._guard("setup", lambda: self._setup.agree(store, pg.rank(), pg.size()))
         self._check_run_dir()
@@ -544,8 +597,7 @@ class RankProfiler:
         message = str(exc) if isinstance(exc, (ClaimError, clock.ClockSyncError)) else f"{type(exc).__name__}: {exc}"
         with self._lock:
             self.errors.append({"stage": stage, "message": message})
-            first = not self._warned
-            self._warned = True
+            first = self._first_warning(WARN_FAILURE)
         if self.config.strict:
             self._strict_error = exc
         elif first:
@@ -570,9 +622,8 @@ class RankProfiler:
         with self._lock:
             self.errors.append({"stage": "write", "message": f"window {lw.window} lost: {lw.reason}"})
             kind = status.kind_of(lw.reason)
-            first = kind not in self._lost_kinds
-            self._lost_kinds.add(kind)
-            self._warned = True
+            first = self._first_warning(f"lost:{kind}")
+            self._warned_about.add(WARN_FAILURE)
         if self.config.strict:
             self._strict_error = OSError(f"window {lw.window} not saved: {lw.reason}")
         elif first:
