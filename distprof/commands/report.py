@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.report.build import build_report
+    from ..analysis.report.build import build_report, watch_only_report
     from ..render import render_console, render_json, write_html, write_json
     from ..render.html import check_html_path
 
@@ -43,14 +43,13 @@ def run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps) if args.steps else None
     if args.html:
         check_html_path(args.html)  # fail before the (long) merge, not after
-    report = _watch_only(args.run_dir)
+    report = watch_only_report(args.run_dir)
     if report is None:
         run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
                              strict=args.strict)
         if run_ is None:  # an MPI process other than rank 0: its share is summarised, rank 0 reports
             return 0
-        report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top)
-        _add_watch(report, args.run_dir, run_)
+        report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top, watch_dir=args.run_dir)
     else:
         run_ = None
     html_path = write_html(report, args.html, run_) if args.html else None
@@ -68,38 +67,3 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(f"HTML report written to {html_path}\n")
     return 0
 
-
-def _add_watch(report: dict, run_dir: str, run_) -> None:
-    """The whole run from the --watch series (RUN_DIR/watch/), when there is one: report["watch"]."""
-    from ..analysis.report.schema import to_jsonable
-    from ..analysis.report.watch import rule_of, watch_report
-
-    cfg = next((a.get("config") for a in run_.attrs.values() if isinstance(a.get("config"), dict)), None)
-    watch = watch_report(run_dir, rule_of(cfg))
-    if watch is not None:
-        report["watch"] = to_jsonable(watch)
-
-
-def _watch_only(run_dir: str) -> dict | None:
-    """A --watch run without any shard (nothing drifted, --schedule none): the report of its series alone; None when
-    the run has shards (the full report) or no series (the usual "no shard files" error follows)."""
-    from pathlib import Path
-
-    from .. import _version
-    from ..analysis.report.schema import REPORT_FORMAT, REPORT_VERSION, to_jsonable
-    from ..analysis.report.watch import watch_report
-    from ..storage import find_shards
-    from ..storage import watchfile as wf
-
-    if not Path(run_dir).is_dir() or find_shards(run_dir) or not wf.list_segments(Path(run_dir)):
-        return None
-    watch = watch_report(run_dir)
-    ranks = [p["rank"] for p in watch.get("per_rank", [])]
-    return to_jsonable({
-        "format": REPORT_FORMAT, "report_version": REPORT_VERSION, "distprof_version": _version.__version__,
-        "verdict": "", "findings": [],
-        "run": {"id": Path(run_dir).name, "world_size": len(ranks), "ranks_present": ranks, "ranks_missing": [],
-                "hosts": {}, "n_hosts": 0, "windows": [], "n_steps": 0},
-        "watch": watch,
-        "warnings": ["no profile window was recorded (no shard): only the --watch series is reported"],
-    })

@@ -1,19 +1,24 @@
 """The report: every analysis of a summarised run in one JSON-serialisable dict (docs/report-format.md).
 
     run = distprof.load("out/my-run")            # RunSummary
-    report = build_report(run, peak_tflops=None, top=3)
+    report = build_report(run, peak_tflops=None, top=3, watch_dir="out/my-run")
+    report = watch_only_report("out/my-run")    # a --watch run that recorded no window (None otherwise)
 
-Pure: no I/O, no torch; renderers (``distprof.render``) turn the dict into text or a file.
+No torch. The analyses are pure functions of the RunSummary; the only files read here are the run's ``--watch``
+series (``watch_dir``), one segment at a time. Renderers (``distprof.render``) turn the dict into text or a file.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ... import _version
+from ...storage import watchfile as wf
+from ...storage.reader import find_shards
 from ..cross.annotations import annotations
 from ..cross.comm_table import comm_table
 from ..cross.gpu_time import gpu_time
@@ -31,13 +36,14 @@ from ..graph.whatif import annotate_findings
 from ..graph.whatif import standard as whatif_table
 from ..rank.breakdown import BREAKDOWN_COLUMNS
 from .schema import REPORT_FORMAT, REPORT_VERSION, to_jsonable
+from .watch import rule_of, watch_report
 
 if TYPE_CHECKING:
     from ..types import RunSummary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_report"]
+__all__ = ["build_report", "watch_only_report"]
 
 
 def _summary(bd: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -116,11 +122,12 @@ def _p2p_section(run: RunSummary) -> dict[str, int]:
 
 
 def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int = 3, rule: StragglerRule | None = None,
-                 finding_rules: FindingRules | None = None) -> dict[str, Any]:
+                 finding_rules: FindingRules | None = None, watch_dir: str | Path | None = None) -> dict[str, Any]:
     """Run every analysis on `run` and return the report dict (JSON-serialisable; keys in docs/report-format.md).
 
     `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
-    `finding_rules` overrides the thresholds of the findings (``analysis/findings/``).
+    `finding_rules` overrides the thresholds of the findings (``analysis/findings/``); `watch_dir`, the run
+    directory, adds the ``watch`` section when it holds a --watch series.
     """
     warnings = list(run.warnings)
     bd = run.steps
@@ -171,4 +178,33 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
     }
     if not mfu_rows:
         report["mfu_note"] = "device peak unknown (CPU or unlisted device): pass --peak-tflops to compute MFU"
+    watch = _watch_section(run, watch_dir)
+    if watch is not None:
+        report["watch"] = watch
     return to_jsonable(report)
+
+
+def _watch_section(run: RunSummary, run_dir: str | Path | None) -> dict[str, Any] | None:
+    """The whole run from its --watch series (RUN_DIR/watch/), judged by the drift rule the job ran with; None
+    without `run_dir` or without a series."""
+    if run_dir is None:
+        return None
+    cfg = next((a.get("config") for a in run.attrs.values() if isinstance(a.get("config"), dict)), None)
+    return watch_report(run_dir, rule_of(cfg))
+
+
+def watch_only_report(run_dir: str | Path) -> dict[str, Any] | None:
+    """A --watch run without any shard (nothing drifted, --schedule none): the report of its series alone; None when
+    the run has shards (the full report) or no series (the usual "no shard files" error follows)."""
+    if not Path(run_dir).is_dir() or find_shards(run_dir) or not wf.list_segments(Path(run_dir)):
+        return None
+    watch = watch_report(run_dir)
+    ranks = [p["rank"] for p in watch.get("per_rank", [])]
+    return to_jsonable({
+        "format": REPORT_FORMAT, "report_version": REPORT_VERSION, "distprof_version": _version.__version__,
+        "verdict": "", "findings": [],
+        "run": {"id": Path(run_dir).name, "world_size": len(ranks), "ranks_present": ranks, "ranks_missing": [],
+                "hosts": {}, "n_hosts": 0, "windows": [], "n_steps": 0},
+        "watch": watch,
+        "warnings": ["no profile window was recorded (no shard): only the --watch series is reported"],
+    })
