@@ -1,5 +1,5 @@
 """Planning the timeline of a RunSummary: which ranks, windows and steps go in, what the budget cuts, the tracks,
-the origin and the counts — one rank's events read at a time (``analysis.run.rank_merged``).
+the origin and the counts — one rank's events read at a time (``analysis.summarize.merged.rank_merged``).
 """
 
 from __future__ import annotations
