@@ -7,7 +7,7 @@
 Memory grows with ranks × events: the analyses and ``distprof report`` use the bounded per-rank path instead
 (``distprof.load`` → ``engine.summarize``). Steps: scan the shards (``catalog.scan_run``) → read each rank
 (``rankdata.read_rank``) → match the collectives and build the clock model exactly as the summaries do
-(``runsummary.join``) → one string table, ``comms.row`` pointing into the merged events → align every time column →
+(``align.reduce.join``) → one string table, ``comms.row`` pointing into the merged events → align every time column →
 filter steps → sort events by (rank, ts_ns).
 """
 
@@ -128,7 +128,7 @@ def load_run(
 
 def rank_merged(run, rank: int, *, columns: Mapping[str, Iterable[str] | None] | None = None
                 ) -> tuple[MergedRun, np.ndarray]:
-    """One rank of a summarised run (``runsummary.RunSummary``) as a MergedRun on the aligned clock, with the run's
+    """One rank of a summarised run (``types.RunSummary``) as a MergedRun on the aligned clock, with the run's
     steps selection applied — what the timeline and the export stream, rank by rank — and, per event row, its row
     in the rank's unfiltered events (``summary.collective_rows``' ``ev_row``)."""
     cat = run.catalog
