@@ -7,8 +7,8 @@
 Memory grows with ranks × events: the analyses and ``distprof report`` use the bounded per-rank path instead
 (``distprof.load`` → ``engine.summarize``). Steps: scan the shards (``catalog.scan_run``) → read each rank
 (``rankdata.read_rank``) → match the collectives and build the clock model exactly as the summaries do
-(``align.reduce.join``) → one string table, ``comms.row`` pointing into the merged events → align every time column →
-filter steps → sort events by (rank, ts_ns).
+(``align.reduce.join``) → one string table, ``comms.row`` pointing into the merged events → align every time
+column → filter steps → sort events by (rank, ts_ns).
 """
 
 from __future__ import annotations
