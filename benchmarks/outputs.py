@@ -107,7 +107,8 @@ def main() -> None:
         ]
         n_events, n_rank_steps = map(int, timed(jobs[0][1], tmp)[1].split())  # warm-up, untimed: page cache, .pyc
         print(f"  {n_events:,} events, {n_rank_steps:,} rank-steps")
-        startup = min(timed([py, "-c", "import distprof.analysis.summarize.merged"], tmp)[0] for _ in range(args.repeat))
+        startup = min(timed([py, "-c", "import distprof.analysis.summarize.merged"], tmp)[0]
+                      for _ in range(args.repeat))
         base = None
         for name, cmd, product in jobs:
             best = math.inf
@@ -124,7 +125,8 @@ def main() -> None:
             size = f"  -> {human(size_of(product))}" if product is not None else ""
             net = f" ({(best - startup) / (base - startup):.2f}x net of start)" if base - startup > 0.05 else ""
             print(f"  {name:22s} {best:6.2f} s  = {best / base:.2f}x load{net}{size}")
-        print(f"  start = interpreter + importing distprof.analysis.summarize.merged: {startup:.2f} s, inside every figure")
+        print(f"  start = interpreter + importing distprof.analysis.summarize.merged: {startup:.2f} s, "
+              "inside every figure")
 
 
 if __name__ == "__main__":

@@ -53,8 +53,8 @@ def step() -> None:
 
 
 def load(run_dir, **kwargs: Any):
-    """Summarise every rank of a run on one clock (``distprof.analysis.summarize.engine.summarize``): what every analysis in
-    ``distprof.analysis`` and ``build_report`` take. Bounded memory: one rank's events at a time. Keywords: ``steps``
+    """Summarise every rank of a run on one clock (``distprof.analysis.summarize.engine.summarize``): what every
+    analysis in ``distprof.analysis`` and ``build_report`` take. Bounded memory: one rank's events at a time. Keywords: ``steps``
     (lo, hi), ``progress``, ``rules`` (FindingRules), ``comm`` (an mpi4py communicator)."""
     from .analysis.summarize.engine import summarize
 

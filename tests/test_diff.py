@@ -1,5 +1,5 @@
-"""``distprof diff`` (analysis/report/diff.py): parts that add up, noise bands, the verdict — on synthetic runs and on real
-torchrun jobs (a 25 ms straggler against the same job without it; two runs of the unchanged job)."""
+"""``distprof diff`` (analysis/report/diff.py): parts that add up, noise bands, the verdict — on synthetic runs and
+on real torchrun jobs (a 25 ms straggler against the same job without it; two runs of the unchanged job)."""
 
 from __future__ import annotations
 

@@ -337,7 +337,7 @@ def _shipped(sub: str, names: list[str]) -> Path | None:
     return d if all((d / n).exists() for n in names) else None
 
 
-# HTA's figures on the originals (HTA 0.5 run on them, as noted in tests/data/hta/README.md): rank -> (idle %, overlap %)
+# HTA's figures on the originals (HTA 0.5 run on them, see tests/data/hta/README.md): rank -> (idle %, overlap %)
 ROUND_TRIPS = {
     "trace_filter": (["sampled_rank-0.json.gz", "sampled_rank-1.json.gz"], {0: (53.56, 11.81), 1: (54.72, 20.05)}),
     "nccl_parser_config": (["nccl_data.json.gz"], {0: (77.78, 14.31)}),

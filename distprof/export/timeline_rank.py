@@ -1,6 +1,7 @@
 """One rank of the timeline: its tracks, the arguments of its communication slices, the arrows that stay on the rank
 (enqueue -> execution, launch -> kernel) and its slices' durations on the aligned clock. Every function takes a
-MergedRun holding (at least) that rank — the timeline passes one rank at a time (``analysis.summarize.merged.rank_merged``).
+MergedRun holding (at least) that rank — the timeline passes one rank at a time
+(``analysis.summarize.merged.rank_merged``).
 """
 
 from __future__ import annotations
