@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, job_env
+from conftest import ROOT, job_env, require_slow
 from distprof.capture import trigger_files as tf
 from distprof.capture.schedule import Action, TriggeredWindow, WindowPlan
 from distprof.config import ProfileConfig, ScheduleConfig, config_from_mapping
@@ -302,6 +302,7 @@ class Job:
     """A job under torchrun + distprof.launch running tests/trigger_job.py until its stop file appears."""
 
     def __init__(self, tmp_path: Path, launch_args: list[str], job_args: list[str]) -> None:
+        require_slow("a torchrun job")
         self.cwd = tmp_path
         self.stop_file = tmp_path / "stop"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import job_env
+from conftest import job_env, require_slow
 
 from distprof.errors import BadShardError
 from distprof.storage import find_shards, schema
@@ -48,6 +48,7 @@ def torchrun_job(cwd: Path, fault: list[str], *, nproc: int = 2, steps: int = 12
                  preexec_fn=None, start: bool = False):
     """fault_train.py under torchrun (with distprof.launch unless `distprof` is False). `start`: return the Popen
     and its start time instead of waiting."""
+    require_slow("a torchrun job")
     target = (["-m", "distprof.launch", "--out", out, *SCHEDULE, *(launch or [])] if distprof else [])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *target,
            str(FAULT_SCRIPT), "--steps", str(steps), *fault]
