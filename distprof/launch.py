@@ -40,6 +40,19 @@ def get_args_parser() -> argparse.ArgumentParser:
         "Test-only: DISTPROF_SIM_HOSTS / DISTPROF_SIM_CLOCKS simulate several hosts (docs/shard-format.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    _add_output_args(p, d)
+    _add_schedule_args(p, d, s)
+    _add_record_args(p, d)
+    _add_behaviour_args(p, d)
+    _add_trigger_args(p, d)
+    _add_watch_args(p, d)
+    p.add_argument("script", help="the training script, run unchanged as __main__")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    return p
+
+
+def _add_output_args(p: argparse.ArgumentParser, d: ProfileConfig) -> None:
+    """The options of where the shards go and how they are compressed (defaults shown from `d`)."""
     g = p.add_argument_group("output")
     g.add_argument("--out", default=None, help=f"directory for runs; the run goes to OUT/<run-id> [{d.out}]")
     g.add_argument("--run-id", default=None,
@@ -47,18 +60,27 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--codec", choices=("zstd", "gzip"), default=None,
                    help=f"shard compression: zstd (smallest, fastest; needs hdf5plugin to read) or gzip (readable "
                         f"by any HDF5 tool) [{d.codec}]")
+
+
+def _add_schedule_args(p: argparse.ArgumentParser, d: ProfileConfig, s: ScheduleConfig) -> None:
+    """The options of which global steps are recorded, and what advances a step (defaults shown from `d`, `s`)."""
     g = p.add_argument_group("schedule (global steps; same meaning as torch.profiler.schedule)")
     g.add_argument("--wait", type=int, default=None, help=f"idle steps at the start of each cycle [{s.wait}]")
     g.add_argument("--warmup", type=int, default=None, help=f"warm-up steps before recording [{s.warmup}]")
     g.add_argument("--active", type=int, default=None, help=f"recorded steps per window [{s.active}]")
     g.add_argument("--repeat", type=int, default=None, help=f"number of windows, 0 = until the job ends [{s.repeat}]")
-    g.add_argument("--skip-first", type=int, default=None, help=f"steps to skip before the first cycle [{s.skip_first}]")
+    g.add_argument("--skip-first", type=int, default=None,
+                   help=f"steps to skip before the first cycle [{s.skip_first}]")
     g.add_argument("--schedule", choices=("steps", "none"), default=None,
                    help="steps: the windows above; none: no window of its own, only those asked for with "
                         f"`distprof trigger` [{s.kind}]")
     g.add_argument("--step-on", choices=("optimizer", "manual"), default=None,
                    help="what advances a step: the optimizer-step hook (no code change), or distprof.step() "
                         f"[{d.step_on}]")
+
+
+def _add_record_args(p: argparse.ArgumentParser, d: ProfileConfig) -> None:
+    """The options of what torch.profiler and distprof record in a window (defaults shown from `d`)."""
     g = p.add_argument_group("what to record")
     _bool(g, "flops", d.flops, "FLOPs of matmul/conv ops (with_flops)")
     _bool(g, "memory", d.memory, "allocator events, memory timeline and per-step peaks (profile_memory)")
@@ -73,6 +95,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--cpu-sample-ms", dest="cpu_sample_ms", type=float, default=None,
                    help="while recording, sample the training thread's wait for a CPU this often (ms; 0 off): tells "
                         f"a rank's own work from time the host's other processes held its cores [{d.cpu_sample_ms:g}]")
+
+
+def _add_behaviour_args(p: argparse.ArgumentParser, d: ProfileConfig) -> None:
+    """The options of strict mode and the clock sync (defaults shown from `d`)."""
     g = p.add_argument_group("behaviour")
     _bool(g, "strict", d.strict, "raise on profiler errors instead of warning and letting training go on")
     g.add_argument("--sync-rounds", type=int, default=None,
@@ -80,16 +106,25 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--sync-timeout", dest="sync_timeout_s", type=float, default=None,
                    help="seconds a clock-sync message may wait for its peer (on a side thread; training never "
                         f"waits for it), and the reference rank for the host leaders at close [{d.sync_timeout_s:g}]")
+
+
+def _add_trigger_args(p: argparse.ArgumentParser, d: ProfileConfig) -> None:
+    """The options of on-demand windows, asked for with `distprof trigger` (defaults shown from `d`)."""
     g = p.add_argument_group("on-demand windows (distprof trigger RUN_DIR)")
     _bool(g, "trigger", d.trigger, "answer `distprof trigger`: rank 0 looks for a request in the run directory, the "
                                    "other ranks learn the window through the c10d store, on side threads")
     g.add_argument("--trigger-poll", dest="trigger_poll_s", type=float, default=None,
                    help="seconds between two looks for a request (rank 0) and, at least, between two store checks of "
-                        f"each other rank (more apart with many ranks: at most 200 checks/s in all) [{d.trigger_poll_s:g}]")
+                        "each other rank (more apart with many ranks: at most 200 checks/s in all) "
+                        f"[{d.trigger_poll_s:g}]")
     g.add_argument("--trigger-margin", type=int, default=None,
                    help="fewest steps between rank 0 taking a request and the window's first (warm-up) step; more "
                         "when the ranks need longer to hear of it at the job's step rate (`distprof trigger --in` "
                         f"overrides it per request) [{d.trigger_margin}]")
+
+
+def _add_watch_args(p: argparse.ArgumentParser, d: ProfileConfig) -> None:
+    """The options of the always-on watch (defaults shown from `d`)."""
     g = p.add_argument_group("always-on watch (docs/watch.md)")
     _bool(g, "watch", d.watch, "time every step on every rank (step, data wait, optimizer, blocked in communication, "
                                "device memory peak) into RUN_DIR/watch/, and ask for a window when a rank drifts")
@@ -103,9 +138,6 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help=f"... for this many consecutive steps [{d.watch_steps}]")
     g.add_argument("--watch-cooldown", dest="watch_cooldown_s", type=float, default=None,
                    help=f"seconds between two windows asked for by the watch [{d.watch_cooldown_s:g}]")
-    p.add_argument("script", help="the training script, run unchanged as __main__")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
-    return p
 
 
 def _bool(group, name: str, default: bool, help_text: str) -> None:
