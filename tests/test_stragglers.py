@@ -421,7 +421,7 @@ def test_a_named_rank_that_faults_every_step_is_said_so():
 
 @pytest.mark.parametrize("k, n, p", [(5, 5, 1 / 32), (0, 3, 1.0), (2, 3, 0.5), (8, 8, 1 / 256), (3, 0, 1.0)])
 def test_the_sign_test_tail(k, n, p):
-    from distprof.analysis.cross.stragglers import _binomial_half_tail
+    from distprof.analysis.cross.stragglers.sign_test import _binomial_half_tail
 
     assert _binomial_half_tail(k, n) == pytest.approx(p)
     assert _binomial_half_tail(3000, 5000) < 1e-40 and _binomial_half_tail(2500, 5000) == pytest.approx(0.5, abs=0.01)

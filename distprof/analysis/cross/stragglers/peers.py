@@ -1,0 +1,52 @@
+"""Values against a member's peers: the median of the *other* members of its group, never its own.
+
+Every comparison of the straggler rule sets a value against the median of the others in the same group (an
+instance's other members, a step's other ranks): a rank's own value would pull the reference toward itself, and the
+median is robust to the odd late peer. ``MAD_TO_SIGMA`` turns a median absolute deviation into a σ estimate (the
+ranks' arrival jitter, the run's step-to-step noise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["MAD_TO_SIGMA", "excess_by", "group_bounds", "median_of_others"]
+
+MAD_TO_SIGMA = 1.4826
+
+
+def group_bounds(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For a sorted, non-empty key: per row (its group's first row, its group's size, its position in the group)."""
+    new = np.r_[True, key[1:] != key[:-1]]
+    f_of = np.flatnonzero(new)
+    n_of = np.diff(np.r_[f_of, key.size])
+    gi = np.cumsum(new) - 1
+    first, n = f_of[gi], n_of[gi]
+    return first, n, np.arange(key.size) - first
+
+
+def median_of_others(first: np.ndarray, n: np.ndarray, pos: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """For rows sorted by (group, x): median of the group's x without the row itself (rows of groups with n ≥ 2)."""
+    m = n - 1  # values left
+    lo = (m - 1) // 2
+    hi = m // 2
+
+    def rem(j: np.ndarray) -> np.ndarray:  # j-th smallest of the others
+        return x[first + j + (j >= pos)]
+
+    return (rem(lo).astype(np.float64) + rem(hi).astype(np.float64)) / 2
+
+
+def excess_by(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Each value minus the median of the other values with the same key (0 subtracted where it is alone)."""
+    if key.size == 0:
+        return np.zeros(0)
+    o = np.lexsort((values, key))
+    st, v = key[o], values[o]
+    first, n, pos = group_bounds(st)
+    ref = np.zeros(st.size)
+    many = n >= 2
+    ref[many] = median_of_others(first[many], n[many], pos[many], v)
+    out = np.empty(st.size)
+    out[o] = v - ref
+    return out
