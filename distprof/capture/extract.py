@@ -66,35 +66,27 @@ def _event_comm_args(ev):
 
 @dataclass
 class _Raw:
-    """One window's Kineto events as per-event columns (input order), memory events included."""
+    """One window's Kineto events in input order, memory events included."""
 
     strings: Strings
-    name_id: np.ndarray
-    kind: np.ndarray
-    tid: np.ndarray
-    device: np.ndarray
-    ts: np.ndarray
-    dur: np.ndarray
-    flops: np.ndarray
-    corr: np.ndarray
+    cols: Columns  # every event's columns (a memory event's flops, corr and msg_bytes stay unset)
     is_mem: np.ndarray  # a ``[memory]`` (allocator) event
     nbytes: np.ndarray  # allocator events: bytes allocated (< 0: freed)
-    msg_bytes: np.ndarray  # collective message size, filled for communication events only
-    comm_meta: dict[int, Any]  # event index -> collective arguments from its Kineto metadata
 
 
 def _read_events(events: Iterable[Any]) -> _Raw:
     """One Python pass over torch's `_KinetoEvent` objects, filling preallocated columns."""
     evs = list(events)
     n = len(evs)
-    raw = _Raw(strings=Strings(), name_id=np.empty(n, np.uint32), kind=np.zeros(n, np.uint8),
-               tid=np.empty(n, np.int64), device=np.full(n, -1, np.int16), ts=np.empty(n, np.int64),
-               dur=np.empty(n, np.int64), flops=np.zeros(n, np.int64), corr=np.zeros(n, np.int64),
-               is_mem=np.zeros(n, bool), nbytes=np.zeros(n, np.int64), msg_bytes=np.full(n, -1, np.int64),
-               comm_meta={})
-    strings, name_id, kind, tid, device = raw.strings, raw.name_id, raw.kind, raw.tid, raw.device
-    ts, dur, flops, corr, is_mem, nbytes = raw.ts, raw.dur, raw.flops, raw.corr, raw.is_mem, raw.nbytes
-    msg_bytes, comm_meta = raw.msg_bytes, raw.comm_meta
+    raw = _Raw(strings=Strings(), cols=Columns(
+        name_id=np.empty(n, np.uint32), kind=np.zeros(n, np.uint8), tid=np.empty(n, np.int64),
+        device=np.full(n, -1, np.int16), ts=np.empty(n, np.int64), dur=np.empty(n, np.int64),
+        flops=np.zeros(n, np.int64), corr=np.zeros(n, np.int64),
+        msg_bytes=np.full(n, -1, np.int64),  # collective message size, filled for communication events only
+    ), is_mem=np.zeros(n, bool), nbytes=np.zeros(n, np.int64))
+    c, strings, is_mem, nbytes = raw.cols, raw.strings, raw.is_mem, raw.nbytes
+    name_id, kind, tid, device, ts, dur, flops, corr = c.name_id, c.kind, c.tid, c.device, c.ts, c.dur, c.flops, c.corr
+    msg_bytes, comm_meta = c.msg_bytes, c.comm_meta
     kind_code = schema.KIND_CODE
     role_cache: dict[str, int] = {}
     from torch._C._autograd import DeviceType
@@ -134,15 +126,16 @@ def _read_events(events: Iterable[Any]) -> _Raw:
 
 def _columns(raw: _Raw, ts: np.ndarray) -> tuple[Columns, np.ndarray]:
     """The non-memory events as build_tables columns (times `ts`), and the memory events' indices in time order."""
+    c = raw.cols
     mem_idx = np.flatnonzero(raw.is_mem)
     ev_idx = np.flatnonzero(~raw.is_mem)
     mem_order = mem_idx[np.argsort(ts[mem_idx], kind="stable")]
     pos = np.full(len(ts), -1, np.int64)
     pos[ev_idx] = np.arange(len(ev_idx))
     cols = Columns(
-        name_id=raw.name_id[ev_idx], kind=raw.kind[ev_idx], tid=raw.tid[ev_idx], device=raw.device[ev_idx],
-        ts=ts[ev_idx], dur=raw.dur[ev_idx], flops=raw.flops[ev_idx], corr=raw.corr[ev_idx],
-        msg_bytes=raw.msg_bytes[ev_idx], comm_meta={int(pos[i]): m for i, m in raw.comm_meta.items()},
+        name_id=c.name_id[ev_idx], kind=c.kind[ev_idx], tid=c.tid[ev_idx], device=c.device[ev_idx],
+        ts=ts[ev_idx], dur=c.dur[ev_idx], flops=c.flops[ev_idx], corr=c.corr[ev_idx],
+        msg_bytes=c.msg_bytes[ev_idx], comm_meta={int(pos[i]): m for i, m in c.comm_meta.items()},
     )
     return cols, mem_order
 
@@ -152,7 +145,7 @@ def _memory_table(raw: _Raw, ts: np.ndarray, mem_order: np.ndarray, cuda_baselin
     """The memory table: allocator events in time order, with each device's running total and their step."""
     m_ts = ts[mem_order]
     m_bytes = raw.nbytes[mem_order]
-    m_dev = raw.device[mem_order]
+    m_dev = raw.cols.device[mem_order]
     m_total = np.zeros(len(mem_order), np.int64)
     for d in np.unique(m_dev).tolist():
         sel = m_dev == d
@@ -215,7 +208,7 @@ def extract(
     """
     raw = _read_events(events)
     simulated = sim is not None and not sim.is_identity
-    ts = sim.apply(raw.ts) if simulated else raw.ts
+    ts = sim.apply(raw.cols.ts) if simulated else raw.cols.ts
     cols, mem_order = _columns(raw, ts)
     if step_end_ns and simulated:
         step_end_ns = {k: int(sim.apply(int(t))) for k, t in step_end_ns.items()}
