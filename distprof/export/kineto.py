@@ -236,17 +236,11 @@ def _rank_rows(tab: dict[str, np.ndarray], rank: int) -> np.ndarray:
 
 @dataclass
 class _RankEvents:
-    """One rank's event columns as exported (int64), its synthesised ProfilerStep rows included, by (ts, -dur)."""
+    """One rank's events as exported, its synthesised ProfilerStep rows included, sorted by (ts, -dur)."""
 
-    name_id: np.ndarray  # ids past run.names index extra_names
-    kind: np.ndarray
-    tid: np.ndarray
-    device: np.ndarray
-    ts: np.ndarray
-    dur: np.ndarray
-    flops: np.ndarray
-    corr: np.ndarray
-    src: np.ndarray  # position in `rows`; -1 for synthesised rows
+    #: int64 columns name_id (ids past run.names index extra_names), kind, tid, device, ts, dur, flops, corr, and src
+    #: (position in `rows`; -1 for synthesised rows)
+    cols: dict[str, np.ndarray]
     rows: np.ndarray  # the rank's rows of run.events
     main_tid: int
     extra_names: list[str]
@@ -301,7 +295,7 @@ def _rank_events(run: MergedRun, rank: int, threads: dict[tuple[int, int], tuple
                  "flops": np.zeros(m, np.int64), "corr": np.zeros(m, np.int64), "src": np.full(m, -1, np.int64)}
         cols = {k: np.concatenate([v, added[k]]) for k, v in cols.items()}
     order = np.lexsort((-cols["dur"], cols["ts"]))
-    return _RankEvents(**{k: v[order] for k, v in cols.items()}, rows=rows, main_tid=main_tid,
+    return _RankEvents({k: v[order] for k, v in cols.items()}, rows=rows, main_tid=main_tid,
                        extra_names=[s[0] for s in syn])
 
 
@@ -320,17 +314,19 @@ class _Links:
 
 def _links(evs: _RankEvents) -> _Links:
     """Kinds, device/runtime/op flags, External ids and launches of the rows of `evs`."""
+    c = evs.cols
+    kind, device, tid, ts, corr = c["kind"], c["device"], c["tid"], c["ts"], c["corr"]
     kinds = np.array(schema.KINDS, dtype=object)
-    kind_clip = np.where((evs.kind >= 0) & (evs.kind < len(kinds)), evs.kind, 0)
+    kind_clip = np.where((kind >= 0) & (kind < len(kinds)), kind, 0)
     kind_s = kinds[kind_clip]
-    is_dev = np.isin(kind_s, list(DEVICE_KINDS)) | (evs.device >= 0)
+    is_dev = np.isin(kind_s, list(DEVICE_KINDS)) | (device >= 0)
     is_rt = np.isin(kind_s, list(RUNTIME_KINDS)) & ~is_dev
     is_op = np.isin(kind_s, list(EXTERNAL_ID_KINDS)) & ~is_dev
     is_linked = np.isin(kind_s, list(LINKED_DEVICE_KINDS))
-    ext = _enclosing_external_ids(evs.tid, evs.ts, evs.ts + evs.dur, evs.corr, is_op, is_rt)
-    linked = np.flatnonzero(is_linked & (evs.corr > 0))
-    launch_of = np.full(len(evs.ts), -1, np.int64)  # each device row's launch (same order as the columns here)
-    launch_of[linked] = launch_rows(evs.kind, evs.device, evs.corr, linked)
+    ext = _enclosing_external_ids(tid, ts, ts + c["dur"], corr, is_op, is_rt)
+    linked = np.flatnonzero(is_linked & (corr > 0))
+    launch_of = np.full(len(ts), -1, np.int64)  # each device row's launch (same order as the columns here)
+    launch_of[linked] = launch_rows(kind, device, corr, linked)
     for i in linked.tolist():  # a device row inherits its launch's External id
         j = int(launch_of[i])
         if j >= 0:
@@ -348,17 +344,18 @@ def _events(run: MergedRun, rank: int, base_ns: int) -> Iterator[dict[str, Any]]
     evs = _rank_events(run, rank, threads)
     lk = _links(evs)
     comm_args = _comm_args(run, rank, evs.rows)
-    n, is_dev, launch_of = len(evs.ts), lk.is_dev, lk.launch_of
-    ts_us = ((evs.ts - base_ns) / 1e3).tolist()
-    dur_us = (evs.dur / 1e3).tolist()
-    pid = np.where(is_dev, np.maximum(evs.device, 0), cpu_pid).tolist()
-    name_l = [str(names[i]) if i < len(names) else evs.extra_names[i - len(names)] for i in evs.name_id.tolist()]
-    kind_l, tid_l, dev_l = lk.kind_s.tolist(), evs.tid.tolist(), evs.device.tolist()
-    corr_l, ext_l, flops_l, src_l = evs.corr.tolist(), lk.ext.tolist(), evs.flops.tolist(), evs.src.tolist()
+    cols, is_dev, launch_of = evs.cols, lk.is_dev, lk.launch_of
+    tid, device, n = cols["tid"], cols["device"], len(cols["ts"])
+    ts_us = ((cols["ts"] - base_ns) / 1e3).tolist()
+    dur_us = (cols["dur"] / 1e3).tolist()
+    pid = np.where(is_dev, np.maximum(device, 0), cpu_pid).tolist()
+    name_l = [str(names[i]) if i < len(names) else evs.extra_names[i - len(names)] for i in cols["name_id"].tolist()]
+    kind_l, tid_l, dev_l = lk.kind_s.tolist(), tid.tolist(), device.tolist()
+    corr_l, ext_l, flops_l, src_l = cols["corr"].tolist(), lk.ext.tolist(), cols["flops"].tolist(), cols["src"].tolist()
     is_rt_l, is_op_l, is_linked_l = lk.is_rt.tolist(), lk.is_op.tolist(), lk.is_linked.tolist()
     is_dev_l = is_dev.tolist()
-    yield from _metadata(rank, cpu_pid, threads, sorted({int(t) for t in evs.tid[~is_dev]} | {evs.main_tid}),
-                         sorted({(int(d), int(s)) for d, s in zip(np.maximum(evs.device[is_dev], 0), evs.tid[is_dev])}),
+    yield from _metadata(rank, cpu_pid, threads, sorted({int(t) for t in tid[~is_dev]} | {evs.main_tid}),
+                         sorted({(int(d), int(s)) for d, s in zip(np.maximum(device[is_dev], 0), tid[is_dev])}),
                          attrs, ts_us[0] if n else 0.0)
 
     flows: list[dict[str, Any]] = []
