@@ -25,93 +25,125 @@ from .rules import pct
 
 def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts: dict[int, str],
                         median_step_ms: float, rules: FindingRules) -> list[dict[str, Any]]:
+    """The ``straggler_host`` findings, then a ``straggler_rank`` finding per named rank that no host finding covers
+    (see the module docstring); `hosts` maps each rank to its host, `root_cause` is ``root_cause(run, named)``."""
     ranks = {d["rank"]: d for d in stragglers.get("ranks", [])}
-    named = [d for d in stragglers.get("ranks", []) if d.get("named")]
     thr = (stragglers.get("rule") or {}).get("threshold_ms")
+    out, covered = _host_findings(stragglers, ranks, hosts, median_step_ms, rules, thr)
+    rc = {d["rank"]: d for d in root_cause}
+    for d in stragglers.get("ranks", []):
+        if d.get("named") and d["rank"] not in covered:
+            out.append(_rank_finding(d, (rc.get(d["rank"]) or {}).get("ops") or [], len(ranks), median_step_ms,
+                                     rules, thr))
+    return out
+
+
+def _host_findings(stragglers: dict[str, Any], ranks: dict[int, dict], hosts: dict[int, str], median_step_ms: float,
+                   rules: FindingRules, thr: float | None) -> tuple[list[dict[str, Any]], set[int]]:
+    """(A ``straggler_host`` finding per host whose ranks are late together, the named ranks those findings cover)."""
     out: list[dict[str, Any]] = []
-    n_hosts = len(set(hosts.values()))
     covered: set[int] = set()
+    n_hosts = len(set(hosts.values()))
     host_rows = {h["host"]: h for h in stragglers.get("hosts", [])}
     by_host: dict[str, list[int]] = {}
     for r, h in hosts.items():
         by_host.setdefault(h, []).append(r)
     for host, members in sorted(by_host.items()):
         late = [r for r in members if r in ranks and ranks[r].get("named")]
-        h = host_rows.get(host, {})
         if n_hosts < 2 or len(members) < 2 or len(late) < rules.host_min_fraction * len(members):
             continue
         covered.update(late)
-        lat = h.get("mean_lateness_ms") or (float(np.mean([ranks[r]["mean_lateness_ms"] for r in late])) if late else 0)
-        blame = sum(ranks[r]["blame_ms_per_step"] for r in members if r in ranks)
-        cost = max((float(ranks[r].get("cost_ms_per_step", lat)) for r in late), default=float(lat))
-        impact = pct(cost, median_step_ms)
-        n_others = max(len(ranks) - len(members), 1)
-        out.append({
-            "id": "straggler_host", "severity": rules.severity(impact), "rank": None, "host": host,
-            "title": f"Slow host {host}: ranks {rank_ranges(members, sep=',')} are late together",
-            "evidence": (f"{len(late)} of its {len(members)} ranks are named stragglers; the host arrives "
-                         f"{lat:.1f} ms after the other hosts on average (last in "
-                         f"{100 * (h.get('late_fraction') or 0):.0f} % of collectives); the steps lose {cost:.1f} ms "
-                         f"to it ({impact:.0f} % of the {median_step_ms:.1f} ms median step) and the ranks of the "
-                         f"other hosts wait {blame / n_others:.1f} ms each per step for it on average. Rule: >= {100 * rules.host_min_fraction:.0f} % of its ranks (at least 2) are named "
-                         f"stragglers, on a run with at least 2 hosts."),
-            "advice": ("The node itself is slower: check it for thermal or power throttling (nvidia-smi -q -d "
-                       "PERFORMANCE), other jobs or processes, a different device, driver or CPU model, and its "
-                       "network link; exclude it from the job (e.g. Slurm --exclude) until fixed."),
-            "metrics": {"mean_lateness_ms": float(lat), "late_fraction": float(h.get("late_fraction") or 0.0),
-                        "blame_ms_per_step": float(blame), "wait_ms_per_step_each": blame / n_others,
-                        "cost_ms_per_step": cost, "n_ranks": float(len(members)),
-                        "n_late_ranks": float(len(late)), "impact_pct": impact, "median_step_ms": median_step_ms,
-                        "threshold_ms": float(thr or 0.0), "threshold_host_fraction": rules.host_min_fraction},
-        })
-    rc = {d["rank"]: d for d in root_cause}
-    n_ranks = len(ranks)
-    for d in named:
-        r = d["rank"]
-        if r in covered:
-            continue
-        cost = float(d.get("cost_ms_per_step", d["lost_ms_per_step"]))
-        impact = pct(cost, median_step_ms)
-        wait_each = d["blame_ms_per_step"] / max(n_ranks - 1, 1)
-        ops = (rc.get(r) or {}).get("ops") or []
-        cause = "; ".join(f"{display_name(o['name'])} +{o['excess_ms_per_step']:.1f} ms/step ({o['rank_ms_per_step']:.1f} vs "
-                          f"{o['others_median_ms_per_step']:.1f})" for o in ops[:3])
-        top = ops[0] if ops else None
-        out.append({
-            "id": "straggler_rank", "severity": rules.severity(impact), "rank": r, "host": d.get("host"),
-            "title": f"Straggler: rank {r} (host {d.get('host')}) is late in {100 * d['late_step_fraction']:.0f} % of "
-                     f"steps, costing {cost:.1f} ms per step",
-            "evidence": (f"rank {r} arrives {d['mean_lateness_ms']:.1f} ms after the median of the other ranks per "
-                         f"step, in excess of them in {100 * d['excess_step_fraction']:.0f} % of its "
-                         f"{d['n_steps']} steps; the steps lose {cost:.1f} ms to it ({impact:.0f} % of the "
-                         f"{median_step_ms:.1f} ms median step) and "
-                         + (f"the other rank waits {wait_each:.1f} ms per step for it" if n_ranks == 2 else
-                            f"each of the other {n_ranks - 1} ranks waits {wait_each:.1f} ms per step for it on "
-                            f"average")
-                         + (f"; it differs most in: {cause}" if cause else "")
-                         + (f"; its training thread used {d['cpu_time_ratio']:.2f}x the CPU time per step of the other "
-                            f"ranks' median: the same work ran slower on its CPU (a core shared with another "
-                            f"process, throttled, or slower)" if (d.get("cpu_time_ratio") or 0) >= SLOW_CPU_RATIO
-                            else "")
-                         + _cpu_wait_note(d, thr)
-                         + _page_fault_note(d)
-                         + _own_work_note(d)
-                         + f". Rule: the stragglers naming rule (floor {thr or 0:.2f} ms, see straggler_info)."),
-            "advice": _rank_advice(r, top),
-            "metrics": {"mean_lateness_ms": d["mean_lateness_ms"], "late_fraction": d["late_fraction"],
-                        "late_step_fraction": d["late_step_fraction"], "blame_ms_per_step": d["blame_ms_per_step"],
-                        "wait_ms_per_step_each": wait_each, "cost_ms_per_step": cost,
-                        "lost_ms_per_step": d["lost_ms_per_step"], "impact_pct": impact,
-                        "median_step_ms": median_step_ms, "threshold_ms": float(thr or 0.0),
-                        "cpu_wait_excess_ms": float(d.get("cpu_wait_excess_ms") or 0.0),
-                        **({"own_excess_ms": d["own_excess_ms"]} if d.get("own_excess_ms") is not None else {}),
-                        **({"top_excess_ms_per_step": top["excess_ms_per_step"]} if top else {})},
-        })
-    return out
+        out.append(_host_finding(host, members, late, host_rows.get(host, {}), ranks, median_step_ms, rules, thr))
+    return out, covered
+
+
+def _host_finding(host: str, members: list[int], late: list[int], h: dict[str, Any], ranks: dict[int, dict],
+                  median_step_ms: float, rules: FindingRules, thr: float | None) -> dict[str, Any]:
+    """The ``straggler_host`` finding of one host: its ranks `members`, of which `late` are named; `h` is its row of
+    the stragglers host table (empty when it has none)."""
+    lat = h.get("mean_lateness_ms") or (float(np.mean([ranks[r]["mean_lateness_ms"] for r in late])) if late else 0)
+    blame = sum(ranks[r]["blame_ms_per_step"] for r in members if r in ranks)
+    cost = max((float(ranks[r].get("cost_ms_per_step", lat)) for r in late), default=float(lat))
+    impact = pct(cost, median_step_ms)
+    n_others = max(len(ranks) - len(members), 1)
+    return {
+        "id": "straggler_host", "severity": rules.severity(impact), "rank": None, "host": host,
+        "title": f"Slow host {host}: ranks {rank_ranges(members, sep=',')} are late together",
+        "evidence": (f"{len(late)} of its {len(members)} ranks are named stragglers; the host arrives "
+                     f"{lat:.1f} ms after the other hosts on average (last in "
+                     f"{100 * (h.get('late_fraction') or 0):.0f} % of collectives); the steps lose {cost:.1f} ms "
+                     f"to it ({impact:.0f} % of the {median_step_ms:.1f} ms median step) and the ranks of the "
+                     f"other hosts wait {blame / n_others:.1f} ms each per step for it on average. Rule: >= "
+                     f"{100 * rules.host_min_fraction:.0f} % of its ranks (at least 2) are named "
+                     f"stragglers, on a run with at least 2 hosts."),
+        "advice": ("The node itself is slower: check it for thermal or power throttling (nvidia-smi -q -d "
+                   "PERFORMANCE), other jobs or processes, a different device, driver or CPU model, and its "
+                   "network link; exclude it from the job (e.g. Slurm --exclude) until fixed."),
+        "metrics": {"mean_lateness_ms": float(lat), "late_fraction": float(h.get("late_fraction") or 0.0),
+                    "blame_ms_per_step": float(blame), "wait_ms_per_step_each": blame / n_others,
+                    "cost_ms_per_step": cost, "n_ranks": float(len(members)),
+                    "n_late_ranks": float(len(late)), "impact_pct": impact, "median_step_ms": median_step_ms,
+                    "threshold_ms": float(thr or 0.0), "threshold_host_fraction": rules.host_min_fraction},
+    }
+
+
+def _rank_finding(d: dict[str, Any], ops: list[dict], n_ranks: int, median_step_ms: float, rules: FindingRules,
+                  thr: float | None) -> dict[str, Any]:
+    """The ``straggler_rank`` finding of a named rank (its stragglers row `d`, its root-cause ops, most first)."""
+    r = d["rank"]
+    cost = float(d.get("cost_ms_per_step", d["lost_ms_per_step"]))
+    impact = pct(cost, median_step_ms)
+    wait_each = d["blame_ms_per_step"] / max(n_ranks - 1, 1)
+    top = ops[0] if ops else None
+    return {
+        "id": "straggler_rank", "severity": rules.severity(impact), "rank": r, "host": d.get("host"),
+        "title": f"Straggler: rank {r} (host {d.get('host')}) is late in {100 * d['late_step_fraction']:.0f} % of "
+                 f"steps, costing {cost:.1f} ms per step",
+        "evidence": _rank_evidence(d, ops, n_ranks, cost, impact, wait_each, median_step_ms, thr),
+        "advice": _rank_advice(r, top),
+        "metrics": {"mean_lateness_ms": d["mean_lateness_ms"], "late_fraction": d["late_fraction"],
+                    "late_step_fraction": d["late_step_fraction"], "blame_ms_per_step": d["blame_ms_per_step"],
+                    "wait_ms_per_step_each": wait_each, "cost_ms_per_step": cost,
+                    "lost_ms_per_step": d["lost_ms_per_step"], "impact_pct": impact,
+                    "median_step_ms": median_step_ms, "threshold_ms": float(thr or 0.0),
+                    "cpu_wait_excess_ms": float(d.get("cpu_wait_excess_ms") or 0.0),
+                    **({"own_excess_ms": d["own_excess_ms"]} if d.get("own_excess_ms") is not None else {}),
+                    **({"top_excess_ms_per_step": top["excess_ms_per_step"]} if top else {})},
+    }
+
+
+def _rank_evidence(d: dict[str, Any], ops: list[dict], n_ranks: int, cost: float, impact: float, wait_each: float,
+                   median_step_ms: float, thr: float | None) -> str:
+    """What a named rank's finding says: its lateness and what it costs, how it differs, and the notes that apply."""
+    r = d["rank"]
+    cause = "; ".join(f"{display_name(o['name'])} +{o['excess_ms_per_step']:.1f} ms/step "
+                      f"({o['rank_ms_per_step']:.1f} vs {o['others_median_ms_per_step']:.1f})" for o in ops[:3])
+    return (f"rank {r} arrives {d['mean_lateness_ms']:.1f} ms after the median of the other ranks per "
+            f"step, in excess of them in {100 * d['excess_step_fraction']:.0f} % of its "
+            f"{d['n_steps']} steps; the steps lose {cost:.1f} ms to it ({impact:.0f} % of the "
+            f"{median_step_ms:.1f} ms median step) and "
+            + (f"the other rank waits {wait_each:.1f} ms per step for it" if n_ranks == 2 else
+               f"each of the other {n_ranks - 1} ranks waits {wait_each:.1f} ms per step for it on "
+               f"average")
+            + (f"; it differs most in: {cause}" if cause else "")
+            + _slow_cpu_note(d)
+            + _cpu_wait_note(d, thr)
+            + _page_fault_note(d)
+            + _own_work_note(d)
+            + f". Rule: the stragglers naming rule (floor {thr or 0:.2f} ms, see straggler_info).")
 
 
 #: A named rank whose training thread needs this many times its peers' CPU time per step is said to run on a slower CPU.
 SLOW_CPU_RATIO = 1.2
+def _slow_cpu_note(d: dict) -> str:
+    """Said when the rank's training thread needed at least SLOW_CPU_RATIO times its peers' CPU time per step."""
+    if (d.get("cpu_time_ratio") or 0) >= SLOW_CPU_RATIO:
+        return (f"; its training thread used {d['cpu_time_ratio']:.2f}x the CPU time per step of the other "
+                f"ranks' median: the same work ran slower on its CPU (a core shared with another "
+                f"process, throttled, or slower)")
+    return ""
+
+
 #: A named rank's extra wait for a CPU is stated once it is this share of its lateness (and above the floor). It is a
 #: fact beside the lateness, not its measured cause: on FSDP2 a rank slowed by a sleep before its all-gathers also
 #: waited 6-24 ms longer for a CPU beside a busy process (it computes while its peer's wait is blocked, not runnable).
