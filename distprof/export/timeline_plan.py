@@ -252,24 +252,22 @@ def plan_timeline(
 
 def _selected_ranks(run, ranks: Sequence[int] | None) -> list[int]:
     """The ranks of the selection, sorted (every rank of the run when None); ConfigError if the run lacks one."""
-    run_ranks = sorted(int(r) for r in run.ranks_present)
-    sel_ranks = run_ranks if ranks is None else sorted({int(r) for r in ranks})
-    absent = [r for r in sel_ranks if r not in run_ranks]
-    if absent:
-        raise ConfigError(f"--ranks {format_ranges(absent)}: not in this run (it has rank(s) "
-                          f"{format_ranges(run_ranks)})")
-    return sel_ranks
+    return _selected("--ranks", "rank", sorted(int(r) for r in run.ranks_present), ranks)
 
 
 def _selected_windows(run, windows: Sequence[int] | None) -> list[int]:
     """The windows of the selection, sorted (every window of the run when None); ConfigError if the run lacks one."""
-    run_windows = _windows_of(run)
-    sel_windows = run_windows if windows is None else sorted({int(w) for w in windows})
-    absent = [w for w in sel_windows if w not in run_windows]
+    return _selected("--window", "window", _windows_of(run), windows)
+
+
+def _selected(flag: str, noun: str, have: list[int], wanted: Sequence[int] | None) -> list[int]:
+    """`wanted` sorted (`have` when None); ConfigError naming `flag` and what the run has if one is not in `have`."""
+    sel = have if wanted is None else sorted({int(x) for x in wanted})
+    absent = [x for x in sel if x not in have]
     if absent:
-        raise ConfigError(f"--window {format_ranges(absent)}: not in this run (it has window(s) "
-                          f"{format_ranges(run_windows)})")
-    return sel_windows
+        raise ConfigError(f"{flag} {format_ranges(absent)}: not in this run (it has {noun}(s) "
+                          f"{format_ranges(have)})")
+    return sel
 
 
 def _fit_budget(run, plan: TimelinePlan, cells: dict[int, _RankCells], budget: int) -> None:
