@@ -296,7 +296,7 @@ def _chart(fig_id: str, title: str, fig: dict[str, Any] | None, figs: dict[str, 
 def render_html(report: dict[str, Any], run: Any = None, *, compress_js: bool = True) -> str:
     """The report as one self-contained HTML page (str).
 
-    `run` (the MergedRun the report was built from) adds the memory timeline; without it the page says so.
+    `run` (the RunSummary the report was built from) adds the memory timeline; without it the page says so.
     `compress_js` inlines plotly.js gzip+base64 (about 2.0 MB instead of 4.8 MB; unpacked by the browser's
     DecompressionStream, in every current browser) — False inlines the plain bundle.
     """
