@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES, only_run_dir, torchrun
-from distprof.analysis.types import RunSummary
+from distprof.analysis.types import FindingRules, RunSummary
 from distprof.analysis.summarize.engine import summarize_merged
 from distprof.analysis.cross.annotations import annotations
-from distprof.analysis.findings import FindingRules, findings, is_sync_call
+from distprof.analysis.findings import findings
+from distprof.analysis.names import is_sync_call
 from distprof.analysis.report.build import build_report
 from distprof.analysis.cross.rootcause import root_cause
 from distprof.analysis.cross.stragglers import find_stragglers

@@ -31,19 +31,10 @@ import numpy as np
 
 from ..cross.pipeline import Pipeline
 from ..cross.pipeline import pipelines as find_pipelines
-from ..names import DATALOADER_PREFIX, SYNC_CALL_RE, is_sync_call
-from ..rank.measures import rank_measures
 from ..types import FindingRules
 from .communication import exposed_comm, exposed_comm_text
 from .cpu import cpu_contention, cpu_contention_text
-from .device import (
-    IDLE_CAUSES,
-    device_idle,
-    device_idle_text,
-    dominant_idle_cause,
-    host_sync,
-    host_sync_text,
-)
+from .device import device_idle, device_idle_text, host_sync, host_sync_text
 from .input_wait import input_wait, input_wait_text
 from .memory import memory_churn, memory_churn_text
 from .ops import tiny_ops, tiny_ops_text
@@ -56,8 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FindingRules", "findings", "rank_measures", "DATALOADER_PREFIX", "SYNC_CALL_RE", "is_sync_call",
-           "IDLE_CAUSES", "dominant_idle_cause"]
+__all__ = ["findings"]
 
 
 def findings(

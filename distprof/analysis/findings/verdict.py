@@ -22,7 +22,7 @@ from typing import Any
 
 from ..cross.rootcause import IDLE_NAME
 from ..names import display_name
-from . import dominant_idle_cause
+from .device import dominant_idle_cause
 
 __all__ = ["verdict"]
 

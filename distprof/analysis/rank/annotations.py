@@ -1,7 +1,7 @@
 """One rank's user annotations: total time and calls of each ``record_function`` region in the rank's steps.
 
 Which events count: CPU ``user_annotation`` events (``with torch.profiler.record_function("forward"):``) whose name
-is not a framework-internal region. Framework names (``FRAMEWORK_PREFIXES``) are excluded: the profiler's
+is not a framework-internal region. Framework names (``names.FRAMEWORK_PREFIXES``) are excluded: the profiler's
 ``ProfilerStep#N``, the optimizer's ``Optimizer.step#…``/``Optimizer.zero_grad#…``, the DataLoader's
 ``enumerate(DataLoader)#…`` (the ``input_wait`` finding reports those), DDP/FSDP wrappers
 (``DistributedDataParallel.*``, ``FullyShardedDataParallel.*``), torch.compile regions (``Torch-Compiled Region*``,

@@ -29,7 +29,7 @@ from ..cross.parallelism import advice_for_exposed, detect_parallelism
 from ..cross.pipeline import pipelines
 from ..cross.rootcause import root_cause
 from ..cross.stragglers import StragglerRule, find_stragglers
-from ..findings import FindingRules, findings
+from ..findings import findings
 from ..findings.verdict import verdict
 from ..graph.critical_path import critical_path_report, step_graph
 from ..graph.whatif import annotate_findings
@@ -39,7 +39,7 @@ from .schema import REPORT_FORMAT, REPORT_VERSION, to_jsonable
 from .watch import rule_of, watch_report
 
 if TYPE_CHECKING:
-    from ..types import RunSummary
+    from ..types import FindingRules, RunSummary
 
 logger = logging.getLogger(__name__)
 
