@@ -23,6 +23,7 @@ from golden_cases import CASES, EXPECTED
 
 import distprof
 from distprof.analysis.report.build import build_report
+from distprof.analysis.report.model import Report
 from distprof.cli import main
 from distprof.render import render_console
 
@@ -70,7 +71,9 @@ def _check(path: Path, got: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_report_and_summary(built, name):
-    rep = json.loads(json.dumps(build_report(distprof.load(built[name], progress=False))))
+    report = build_report(distprof.load(built[name], progress=False))
+    rep = json.loads(json.dumps(report.to_json()))
+    assert Report.from_json(rep).to_json() == rep, "Report.from_json(report.json) writes back something else"
     rep.pop("distprof_version")
     path = EXPECTED / name / "report.json"
     if UPDATE:
@@ -80,7 +83,9 @@ def test_report_and_summary(built, name):
         want.pop("distprof_version", None)
         problems = _diff(rep, want)
         assert not problems, f"{name}: {len(problems)} difference(s):\n" + "\n".join(problems[:40])
-    _check(EXPECTED / name / "console.txt", render_console(rep))
+    _check(EXPECTED / name / "console.txt", render_console(report))
+    if not UPDATE:  # a report read back from its JSON prints the same
+        assert render_console(Report.from_json(json.loads(json.dumps(report.to_json())))) == render_console(report)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("drift", ("distprof.drift",)),
     ("events", ("distprof.events",)),
     ("storage", ("distprof.storage", "distprof.atomic")),
-    ("util", ("distprof.errors", "distprof.config", "distprof.progress", "distprof.parallel", "distprof._version")),
+    ("util", ("distprof.errors", "distprof.config", "distprof.runid", "distprof.progress", "distprof.parallel",
+              "distprof._version", "distprof.record")),
 ]
 #: Pairs of layers that never import each other, whatever their order.
 APART = [("distprof.analysis", "distprof.capture")]

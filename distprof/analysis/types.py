@@ -24,6 +24,7 @@ from ..storage.schema import TABLES
 
 if TYPE_CHECKING:
     from .align.clock import ClockModel
+    from .rank.gpu_time import GpuTime
     from .align.matching import Collectives
     from .load.catalog import RunCatalog
 
@@ -177,7 +178,7 @@ class RankSummary:
     op_kinds: list[str]  # kind of each op name
     annotations: dict[str, tuple[float, float]]  # name -> (total ms, calls) in the rank's steps
     measures: dict[str, Any] | None
-    gpu_time: dict[str, Any] | None
+    gpu_time: GpuTime | None
     used_devices: list[int]
     reserved_peak_bytes: float | None
     memory_series: dict[int, tuple[np.ndarray, np.ndarray]]  # window -> (ts_ns, total bytes), one device

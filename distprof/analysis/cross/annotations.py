@@ -11,20 +11,40 @@ Names are ranked by their mean ``ms_per_step`` over ranks, largest first.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
+
+from ...record import Record
 
 if TYPE_CHECKING:
     from ..types import RunSummary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["annotations", "combine"]
+__all__ = ["annotations", "combine", "Annotation", "AnnotationRank"]
 
 
-def annotations(run: "RunSummary", *, max_names: int = 50) -> list[dict[str, Any]]:
-    """Per user annotation: ``{name, ranks: {"<rank>": {ms_per_step, count_per_step}}, spread_pct}``, largest first.
+@dataclass
+class AnnotationRank(Record):
+    """One annotation on one rank, per step it recorded."""
+
+    ms_per_step: float
+    count_per_step: float
+
+
+@dataclass
+class Annotation(Record):
+    """One user annotation across ranks."""
+
+    name: str
+    ranks: dict[str, AnnotationRank]  # "<rank>" -> its figures (every rank that recorded steps)
+    spread_pct: float | None  # 100 (max - min) / mean of ms_per_step; None with < 2 ranks or a zero mean
+
+
+def annotations(run: "RunSummary", *, max_names: int = 50) -> list[Annotation]:
+    """Per user annotation its figures on every rank, largest first.
 
     At most `max_names` names are returned (the largest); see the module docstring for what counts.
     """
@@ -34,7 +54,7 @@ def annotations(run: "RunSummary", *, max_names: int = 50) -> list[dict[str, Any
 
 
 def combine(per_rank: Mapping[int, Mapping[str, tuple[float, float]]], n_steps: Mapping[int, int], *,
-            max_names: int = 50) -> list[dict[str, Any]]:
+            max_names: int = 50) -> list[Annotation]:
     """:func:`annotations` from `per_rank` (rank -> ``rank_annotations``) and `n_steps` (rank -> steps recorded)."""
     ranks = np.array(sorted(n_steps), dtype=np.int64)
     all_names = sorted({n for a in per_rank.values() for n in a})
@@ -60,14 +80,8 @@ def combine(per_rank: Mapping[int, Mapping[str, tuple[float, float]]], n_steps: 
     for k in order:
         m = float(mean[k])
         spread = 100.0 * float(per_step[k].max() - per_step[k].min()) / m if nr >= 2 and m > 0 else None
-        out.append(
-            {
-                "name": all_names[k],
-                "ranks": {
-                    str(int(r)): {"ms_per_step": float(per_step[k, j]), "count_per_step": float(calls[k, j])}
-                    for j, r in enumerate(ranks)
-                },
-                "spread_pct": spread,
-            }
-        )
+        out.append(Annotation(
+            name=all_names[k],
+            ranks={str(int(r)): AnnotationRank(float(per_step[k, j]), float(calls[k, j])) for j, r in enumerate(ranks)},
+            spread_pct=spread))
     return out

@@ -16,10 +16,12 @@ Rows are sorted by exposed time, then time. Pure: reads ``RunSummary.collective_
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ...record import Record
 
 if TYPE_CHECKING:
     from ..types import RunSummary
@@ -30,7 +32,9 @@ NS_PER_MS = 1e6
 
 
 @dataclass
-class CommRow:
+class CommRow(Record):
+    """One (group kind, op): see the module docstring."""
+
     group: str  # the group kind (see the module docstring)
     n_groups: int
     group_size: int  # ranks per group (the largest)
@@ -43,9 +47,6 @@ class CommRow:
     slowest_rank: int | None
     slowest_share: float | None
     median_skew_ms: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def group_kind(g: dict[str, Any]) -> str:

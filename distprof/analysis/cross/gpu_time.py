@@ -7,22 +7,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..load.rankdata import filter_steps, read_rank
+from ..rank.gpu_time import GpuTime, rank_gpu_time
 
 if TYPE_CHECKING:
     from ..types import RunSummary
 
 logger = logging.getLogger(__name__)
 
-from ..rank.gpu_time import rank_gpu_time
-
 __all__ = ["gpu_time"]
 
 
 def gpu_time(run: "RunSummary", *, steps: tuple[int, int] | None = None, drop_last_step: bool = False,
-             whole_us: bool = False) -> list[dict[str, Any]]:
+             whole_us: bool = False) -> list[GpuTime]:
     """:func:`rank_gpu_time` of every device rank of a summarised run. The defaults come from the summaries; other
     selections read each device rank's events again, one rank at a time."""
     if steps is None and not drop_last_step and not whole_us:

@@ -11,9 +11,12 @@ min, mean, max, ``max_rank``, ``min_rank``, ``lambda = L_max/L̄ − 1`` (percen
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from ...record import Record, json_key, omit_if_none
 
 Table = dict[str, np.ndarray]
 
@@ -22,9 +25,47 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["per_rank_metrics", "imbalance_stats", "imbalance", "METRICS"]
+__all__ = ["per_rank_metrics", "imbalance_stats", "imbalance", "METRICS", "Imbalance", "ImbalanceRank",
+           "ImbalanceStats"]
 
 METRICS = ("compute_ms", "flops", "tflops", "peak_mem_bytes", "step_ms")
+
+
+@dataclass
+class ImbalanceStats(Record):
+    """One metric over the ranks (see the module docstring); every value None when no rank has the metric."""
+
+    min: float | None = None
+    mean: float | None = None
+    max: float | None = None
+    max_rank: int | None = None
+    min_rank: int | None = None
+    lambda_: float | None = json_key("lambda")  # L_max / mean - 1
+    cv: float | None = None
+    lb: float | None = None
+    max_over_min: float | None = None
+
+
+@dataclass
+class ImbalanceRank(Record):
+    """One rank's metrics (means per step; peak memory the max over steps)."""
+
+    rank: int
+    n_steps: int
+    compute_ms: float
+    flops: float
+    tflops: float | None  # None without step time
+    peak_mem_bytes: float
+    step_ms: float
+    reserved_peak_bytes: float | None = omit_if_none()  # with --memory-history only (absent for a rank without)
+
+
+@dataclass
+class Imbalance(Record):
+    """The ``imbalance`` section: per rank its metrics, per metric its spread over the ranks."""
+
+    per_rank: list[ImbalanceRank] = field(default_factory=list)
+    metrics: dict[str, ImbalanceStats] = field(default_factory=dict)  # METRICS (+ reserved_peak_bytes) -> stats
 
 
 def per_rank_metrics(bd: Table) -> Table:
@@ -53,49 +94,48 @@ def per_rank_metrics(bd: Table) -> Table:
     }
 
 
-def imbalance_stats(values, ranks) -> dict[str, Any]:
+def imbalance_stats(values, ranks) -> ImbalanceStats:
     """min/mean/max/max_rank/min_rank/lambda/cv/lb/max_over_min of one metric (NaN values ignored)."""
     v = np.asarray(values, np.float64)
     r = np.asarray(ranks)
     ok = np.isfinite(v)
     v, r = v[ok], r[ok]
     if v.size == 0:
-        return {k: None for k in ("min", "mean", "max", "max_rank", "min_rank", "lambda", "cv", "lb", "max_over_min")}
+        return ImbalanceStats()
     mean = float(v.mean())
     vmax, vmin = float(v.max()), float(v.min())
-    return {
-        "min": vmin,
-        "mean": mean,
-        "max": vmax,
-        "max_rank": int(r[int(np.argmax(v))]),
-        "min_rank": int(r[int(np.argmin(v))]),
-        "lambda": vmax / mean - 1.0 if mean > 0 else None,
-        "cv": float(v.std()) / mean if mean > 0 else None,
-        "lb": mean / vmax if vmax > 0 else None,
-        "max_over_min": vmax / vmin if vmin > 0 else None,
-    }
+    return ImbalanceStats(
+        min=vmin, mean=mean, max=vmax, max_rank=int(r[int(np.argmax(v))]), min_rank=int(r[int(np.argmin(v))]),
+        lambda_=vmax / mean - 1.0 if mean > 0 else None, cv=float(v.std()) / mean if mean > 0 else None,
+        lb=mean / vmax if vmax > 0 else None, max_over_min=vmax / vmin if vmin > 0 else None)
 
 
-def imbalance(run: RunSummary) -> dict[str, Any]:
-    """``{"per_rank": [{rank, n_steps, <metrics>}], "metrics": {metric: stats}}``."""
+def imbalance(run: RunSummary) -> Imbalance:
+    """Per rank its metrics, per metric its spread over the ranks."""
     pr = per_rank_metrics(run.steps)
     per_rank = [
-        {"rank": int(pr["rank"][i]), "n_steps": int(pr["n_steps"][i]), **{m: float(pr[m][i]) for m in METRICS}}
+        ImbalanceRank(rank=int(pr["rank"][i]), n_steps=int(pr["n_steps"][i]),
+                      **{m: _finite_or_none(pr[m][i]) if m == "tflops" else float(pr[m][i]) for m in METRICS})
         for i in range(pr["rank"].size)
     ]
-    out = {"per_rank": per_rank, "metrics": {m: imbalance_stats(pr[m], pr["rank"]) for m in METRICS}}
+    out = Imbalance(per_rank, {m: imbalance_stats(pr[m], pr["rank"]) for m in METRICS})
     _add_reserved_peaks(run, out)
     return out
 
 
-def _add_reserved_peaks(run: RunSummary, out: dict[str, Any]) -> None:
+def _finite_or_none(x: float) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+def _add_reserved_peaks(run: RunSummary, out: Imbalance) -> None:
     """With --memory-history: per rank the allocator's reserved peak (max over steps and devices), the footprint
-    that decides OOMs; added as metric ``reserved_peak_bytes`` (None for ranks without history)."""
+    that decides OOMs; added as metric ``reserved_peak_bytes`` (left out for ranks without history)."""
     by_rank = {r: s.reserved_peak_bytes for r, s in run.ranks.items() if s.reserved_peak_bytes is not None}
     if not by_rank:
         return
-    for row in out["per_rank"]:
-        row["reserved_peak_bytes"] = by_rank.get(row["rank"])
-    vals = [r["reserved_peak_bytes"] for r in out["per_rank"] if r["reserved_peak_bytes"] is not None]
-    rks = [r["rank"] for r in out["per_rank"] if r["reserved_peak_bytes"] is not None]
-    out["metrics"]["reserved_peak_bytes"] = imbalance_stats(vals, rks)
+    for row in out.per_rank:
+        row.reserved_peak_bytes = by_rank.get(row.rank)
+    have = [r for r in out.per_rank if r.reserved_peak_bytes is not None]
+    out.metrics["reserved_peak_bytes"] = imbalance_stats([r.reserved_peak_bytes for r in have],
+                                                         [r.rank for r in have])

@@ -11,10 +11,12 @@ whose device is not in the table (every CPU) has no MFU unless overridden. torch
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
+from ...record import Record
 from ..types import device_properties
 from .imbalance import per_rank_metrics
 
@@ -23,7 +25,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PEAK_TFLOPS", "peak_tflops_for", "device_names", "mfu"]
+__all__ = ["PEAK_TFLOPS", "peak_tflops_for", "device_names", "mfu", "MfuRow"]
+
+
+@dataclass
+class MfuRow(Record):
+    """One rank's model FLOPs utilisation (a rank without a known peak has none)."""
+
+    rank: int
+    device: str  # the device name the peak was found for
+    peak_tflops: float
+    peak_source: str  # "override" (--peak-tflops), "run" (the shards), "table" (PEAK_TFLOPS)
+    achieved_tflops: float | None
+    mfu: float | None  # achieved / peak, a fraction
 
 #: (substring of the device name, dense BF16 TFLOP/s). Ordered: more specific names first.
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -69,8 +83,8 @@ def device_names(attrs: dict[str, Any], used: Iterable[int] = ()) -> list[str]:
     return [n for i, n in enumerate(out) if n and n not in out[:i]]
 
 
-def mfu(run: RunSummary, *, peak_tflops: float | None = None) -> list[dict[str, Any]]:
-    """Per rank where a peak is known: ``{rank, device, peak_tflops, peak_source, achieved_tflops, mfu}``.
+def mfu(run: RunSummary, *, peak_tflops: float | None = None) -> list[MfuRow]:
+    """One row per rank where a peak is known.
 
     Peak source, first match: ``override`` (`peak_tflops`), ``run`` (``run.device_peak_tflops``), ``table``.
     """
@@ -94,14 +108,7 @@ def mfu(run: RunSummary, *, peak_tflops: float | None = None) -> list[dict[str, 
         if peak is None or peak <= 0:
             continue
         achieved = float(pr["tflops"][i])
-        out.append(
-            {
-                "rank": int(r),
-                "device": device,
-                "peak_tflops": peak,
-                "peak_source": src,
-                "achieved_tflops": achieved if np.isfinite(achieved) else None,
-                "mfu": achieved / peak if np.isfinite(achieved) else None,
-            }
-        )
+        ok = bool(np.isfinite(achieved))
+        out.append(MfuRow(rank=int(r), device=device, peak_tflops=peak, peak_source=src,
+                          achieved_tflops=achieved if ok else None, mfu=achieved / peak if ok else None))
     return out

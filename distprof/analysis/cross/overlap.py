@@ -11,9 +11,12 @@ overlapped by compute or memcpy. ``exposed_pct`` = exposed communication as a sh
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from ...record import Record
 
 Table = dict[str, np.ndarray]
 
@@ -22,7 +25,23 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["overlap_by_step", "overlap_by_rank"]
+__all__ = ["OverlapRow", "overlap_by_step", "overlap_by_rank"]
+
+
+@dataclass
+class OverlapRow(Record):
+    """One rank's communication over its analysed steps: totals (ms), shares (%) and the per-step means."""
+
+    rank: int
+    mode: str  # "device" (communication kernels) or "cpu" (gloo work on the main thread)
+    n_steps: int
+    comm_ms: float
+    overlapped_ms: float
+    exposed_comm_ms: float
+    overlap_pct: float | None  # None without communication
+    exposed_pct: float | None  # of step time; None without step time
+    comm_ms_per_step: float
+    exposed_comm_ms_per_step: float
 
 
 def _pct(num: float, den: float) -> float | None:
@@ -44,8 +63,8 @@ def overlap_by_step(breakdown: Table) -> Table:
     }
 
 
-def overlap_by_rank(run: RunSummary) -> list[dict[str, Any]]:
-    """One dict per rank: totals over its analysed steps and the per-step means."""
+def overlap_by_rank(run: RunSummary) -> list[OverlapRow]:
+    """One row per rank: totals over its analysed steps and the per-step means."""
     bd = run.steps
     dev = run.device_rank_set
     out = []
@@ -56,18 +75,8 @@ def overlap_by_rank(run: RunSummary) -> list[dict[str, Any]]:
         ovl = float(bd["overlapped_ms"][m].sum())
         exp_ = float(bd["exposed_comm_ms"][m].sum())
         step = float(bd["step_ms"][m].sum())
-        out.append(
-            {
-                "rank": int(r),
-                "mode": "device" if int(r) in dev else "cpu",
-                "n_steps": n,
-                "comm_ms": comm,
-                "overlapped_ms": ovl,
-                "exposed_comm_ms": exp_,
-                "overlap_pct": _pct(ovl, comm),
-                "exposed_pct": _pct(exp_, step),
-                "comm_ms_per_step": comm / n if n else 0.0,
-                "exposed_comm_ms_per_step": exp_ / n if n else 0.0,
-            }
-        )
+        out.append(OverlapRow(rank=int(r), mode="device" if int(r) in dev else "cpu", n_steps=n, comm_ms=comm,
+                              overlapped_ms=ovl, exposed_comm_ms=exp_, overlap_pct=_pct(ovl, comm),
+                              exposed_pct=_pct(exp_, step), comm_ms_per_step=comm / n if n else 0.0,
+                              exposed_comm_ms_per_step=exp_ / n if n else 0.0))
     return out

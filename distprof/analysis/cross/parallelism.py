@@ -16,9 +16,10 @@ communication finding advice that fits the collectives that are exposed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ...record import Record
 from .comm_table import CommRow, group_kind
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def dim_role(dim: str) -> str:
 
 
 @dataclass
-class Parallelism:
+class Parallelism(Record):
     styles: list[str]  # e.g. ["FSDP2", "TP"], in the order DDP, FSDP, FSDP2, TP, PP, EP
     evidence: dict[str, str]  # style -> what showed it
     mesh: dict[str, int] = field(default_factory=dict)  # DeviceMesh dimension -> size
@@ -50,8 +51,8 @@ class Parallelism:
         mesh = " x ".join(f"{d}={n}" for d, n in self.mesh.items())
         return (" + ".join(self.styles) or "no parallelism recognised") + (f" (mesh {mesh})" if mesh else "")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "label": self.label}
+    def _json_extra(self) -> dict[str, Any]:
+        return {"label": self.label}
 
 
 def _names(run: RunSummary) -> set[str]:

@@ -21,10 +21,12 @@ The ``pipeline_bubble`` finding reads this (``findings.pipeline``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from ...record import Record
 
 if TYPE_CHECKING:
     from ..types import RunSummary
@@ -35,7 +37,7 @@ NS_PER_MS = 1e6
 
 
 @dataclass
-class PipelineStage:
+class PipelineStage(Record):
     stage: int
     rank: int
     host: str
@@ -51,7 +53,7 @@ class PipelineStage:
 
 
 @dataclass
-class Pipeline:
+class Pipeline(Record):
     ranks: list[int]  # in stage order
     stages: list[PipelineStage]
     micro_batches: float
@@ -62,9 +64,6 @@ class Pipeline:
     median_busy_ms: float
     holds_rank: int  # the stage whose sends the others waited for most
     n_transfers: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _components(src: np.ndarray, dst: np.ndarray) -> list[list[int]]:

@@ -13,21 +13,47 @@ the step breakdown's ``idle_ms`` (main thread, or device, in no event and not wa
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+from ...record import Record
 
 if TYPE_CHECKING:
     from ..types import RunSummary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["root_cause", "IDLE_NAME"]
+__all__ = ["root_cause", "IDLE_NAME", "RootCause", "RootCauseOp"]
 
 NS_PER_MS = 1e6
 IDLE_NAME = "[idle]"
 _MAX_CELLS = 20_000_000  # (name, step, rank) cells compared, at most (names beyond: the stragglers' lightest)
 _CHUNK_CELLS = 250_000  # cells per array at once (2 MB; the median over ranks holds about six such arrays)
+
+
+@dataclass
+class RootCauseOp(Record):
+    """An op that took longer on the rank than on the others, over the steps compared."""
+
+    name: str
+    kind: str  # cpu_op, user_annotation, kernel, gpu_memcpy, gpu_memset; "none" for [idle]
+    excess_ms: float  # summed over the steps compared
+    excess_ms_per_step: float
+    rank_ms_per_step: float
+    others_median_ms_per_step: float
+    calls_per_step: float
+
+
+@dataclass
+class RootCause(Record):
+    """One straggler's root cause: its ops with the largest excess over the other ranks' median, most first."""
+
+    rank: int
+    host: str
+    n_steps: int  # steps compared (the rank and at least one other recorded them)
+    ops: list[RootCauseOp] = field(default_factory=list)
 
 
 def _candidates(run: RunSummary, ranks: list[int], max_names: int) -> tuple[list[str], dict[str, str]]:
@@ -108,7 +134,7 @@ def _compare_chunks(parts: list, idle: tuple, steps: np.ndarray, present: np.nda
 
 
 def _top_excess_ops(got: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_ok: int, labels: list[str],
-                    kinds: list[str], top_ops: int) -> list[dict[str, Any]]:
+                    kinds: list[str], top_ops: int) -> list[RootCauseOp]:
     """A rank's `top_ops` ops with the largest positive excess, from its chunks `got` over its `n_ok` steps."""
     mine = np.concatenate([g[0] for g in got])  # (names, steps)
     med = np.concatenate([g[1] for g in got])
@@ -119,17 +145,10 @@ def _top_excess_ops(got: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_ok: 
     for k in order[:top_ops]:
         if not excess[k] > 0:
             break
-        ops.append(
-            {
-                "name": labels[k],
-                "kind": kinds[k],
-                "excess_ms": float(excess[k]),
-                "excess_ms_per_step": float(excess[k] / n_ok),
-                "rank_ms_per_step": float(np.nanmean(mine[k])),
-                "others_median_ms_per_step": float(np.nanmean(med[k])),
-                "calls_per_step": float(calls[k].mean()),
-            }
-        )
+        ops.append(RootCauseOp(name=labels[k], kind=kinds[k], excess_ms=float(excess[k]),
+                               excess_ms_per_step=float(excess[k] / n_ok), rank_ms_per_step=float(np.nanmean(mine[k])),
+                               others_median_ms_per_step=float(np.nanmean(med[k])),
+                               calls_per_step=float(calls[k].mean())))
     return ops
 
 
@@ -138,12 +157,9 @@ def root_cause(
     ranks: Sequence[int],
     *,
     top_ops: int = 10,
-) -> list[dict[str, Any]]:
-    """For each rank in `ranks`: its ops with the largest excess over the other ranks' median, same steps.
-
-    Returns one dict per rank: ``rank``, ``host``, ``n_steps`` (steps compared), ``ops`` — a list of
-    ``{name, kind, excess_ms, excess_ms_per_step, rank_ms_per_step, others_median_ms_per_step, calls_per_step}``.
-    Op times come from each rank's summary (``summary.TOP_OPS`` heaviest names per rank; a name outside a rank's
+) -> list[RootCause]:
+    """For each rank in `ranks`: its ops with the largest excess over the other ranks' median, same steps (one
+    :class:`RootCause` per rank). Op times come from each rank's summary (``summary.TOP_OPS`` heaviest names per rank; a name outside a rank's
     list counts as 0 there).
     """
     ranks = [int(r) for r in ranks]
@@ -154,7 +170,7 @@ def root_cause(
     steps = np.unique(np.asarray(bd["step"]))
     nr, ns = all_ranks.size, steps.size
     if nr < 2 or ns == 0:
-        return [{"rank": r, "host": run.hosts.get(r, "?"), "n_steps": 0, "ops": []} for r in ranks]
+        return [RootCause(r, run.hosts.get(r, "?"), 0) for r in ranks]
     # which (step, rank) exist
     present = np.zeros((ns, nr), bool)
     present[np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"])] = True
@@ -171,5 +187,5 @@ def root_cause(
     for r in ranks:
         n_ok = int(cells[r].sum()) if r in all_ranks else 0
         ops = _top_excess_ops(got[r], n_ok, labels, kinds, top_ops) if n_ok else []
-        out.append({"rank": r, "host": run.hosts.get(r, "?"), "n_steps": n_ok, "ops": ops})
+        out.append(RootCause(r, run.hosts.get(r, "?"), n_ok, ops))
     return out

@@ -25,7 +25,7 @@ grouping of hits into findings are in :mod:`.rules`.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,30 +38,33 @@ from .device import device_idle, device_idle_text, host_sync, host_sync_text
 from .input_wait import input_wait, input_wait_text
 from .memory import memory_churn, memory_churn_text
 from .ops import tiny_ops, tiny_ops_text
+from .finding import SEVERITY_ORDER, Finding
 from .pipeline import pipeline_comm, pipeline_findings
-from .rules import SEVERITY_ORDER, group
+from .rules import group
 from .stragglers import straggler_findings
 
 if TYPE_CHECKING:
+    from ..cross.rootcause import RootCause
+    from ..cross.stragglers import Stragglers
     from ..types import RunSummary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["findings"]
+__all__ = ["Finding", "findings"]
 
 
 def findings(
     run: RunSummary,
     *,
-    stragglers: dict[str, Any],
-    root_cause: list[dict[str, Any]],
+    stragglers: Stragglers,
+    root_cause: list[RootCause],
     rules: FindingRules | None = None,
     pipelines: list[Pipeline] | None = None,
     exposed_advice: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Finding]:
     """Every finding of every rule (see the rule modules, indexed above), most severe first.
 
-    `stragglers` is ``find_stragglers(run)``'s dict, `root_cause` ``root_cause(run, named)``'s list, `pipelines`
+    `stragglers` is ``find_stragglers(run)``, `root_cause` ``root_cause(run, named)``'s list, `pipelines`
     ``pipeline.pipelines(run)``'s (computed here when not given). The per-rank
     measures were taken when the run was summarised (``tiny_op_us`` of the rules given then).
     """
@@ -72,7 +75,7 @@ def findings(
     n = len(ms)
     step_ms = np.asarray(run.steps["step_ms"], np.float64)
     median_step = float(np.median(step_ms)) if step_ms.size else 0.0
-    named_lat = {d["rank"]: float(d["mean_lateness_ms"]) for d in stragglers.get("ranks", []) if d.get("named")}
+    named_lat = {d.rank: float(d.mean_lateness_ms) for d in stragglers.named_rows}
     pipes = pipelines if pipelines is not None else find_pipelines(run)
     out = straggler_findings(stragglers, root_cause, dict(run.hosts), median_step, rules)
     out += pipeline_findings(pipes, rules)
@@ -86,7 +89,7 @@ def findings(
     out += group("tiny_ops", tiny_ops(ms, rules), n, rules, tiny_ops_text)
     out += group("memory_churn", memory_churn(ms, rules), n, rules, memory_churn_text)
     for f in out:
-        f["metrics"] = {k: float(v) for k, v in f["metrics"].items() if v is not None}
-    out.sort(key=lambda f: (SEVERITY_ORDER[f["severity"]], -f["metrics"].get("impact_pct", 0.0)))
-    logger.debug("findings: %s", [(f["id"], f["severity"], f["rank"]) for f in out])
+        f.metrics = {k: float(v) for k, v in f.metrics.items() if v is not None}
+    out.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -f.impact_pct))
+    logger.debug("findings: %s", [(f.id, f.severity, f.rank) for f in out])
     return out

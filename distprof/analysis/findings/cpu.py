@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,22 +21,23 @@ from ..types import FindingRules
 from .rules import Hit, pct
 
 if TYPE_CHECKING:
+    from ..cross.stragglers import Stragglers
     from ..types import RunSummary
 
 
-def held_back(stragglers: dict[str, Any] | None) -> dict[int, tuple[float, float]]:
+def held_back(stragglers: Stragglers | None) -> dict[int, tuple[float, float]]:
     """Ranks late by at least the straggler floor, not named, whose lateness was mostly waiting longer for a CPU than
     their peers: rank -> (mean lateness, its CPU-wait excess), ms per step."""
-    if not stragglers:
+    if stragglers is None:
         return {}
-    thr = float(stragglers.get("rule", {}).get("threshold_ms") or 0.0)
-    return {int(d["rank"]): (float(d["mean_lateness_ms"]), float(d.get("cpu_wait_excess_ms") or 0.0))
-            for d in stragglers.get("ranks", [])
-            if not d.get("named") and d["mean_lateness_ms"] >= thr
-            and (d.get("cpu_wait_excess_ms") or 0.0) >= max(thr, 0.5 * d["mean_lateness_ms"])}
+    thr = float(stragglers.threshold_ms or 0.0)
+    return {int(d.rank): (float(d.mean_lateness_ms), float(d.cpu_wait_excess_ms or 0.0))
+            for d in stragglers.ranks
+            if not d.named and d.mean_lateness_ms >= thr
+            and (d.cpu_wait_excess_ms or 0.0) >= max(thr, 0.5 * d.mean_lateness_ms)}
 
 
-def cpu_contention(run: RunSummary, rules: FindingRules, stragglers: dict[str, Any] | None = None) -> list[Hit]:
+def cpu_contention(run: RunSummary, rules: FindingRules, stragglers: Stragglers | None = None) -> list[Hit]:
     held = held_back(stragglers)
     st = run.steps
     wait = np.asarray(st.get("cpu_wait_ms", np.zeros(0)), np.float64)

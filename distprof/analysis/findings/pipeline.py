@@ -12,14 +12,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..cross.pipeline import Pipeline
 from ..names import rank_ranges
 from ..types import FindingRules
+from .finding import Finding
 
 
-def pipeline_findings(pipes: list[Pipeline], rules: FindingRules) -> list[dict[str, Any]]:
+def pipeline_findings(pipes: list[Pipeline], rules: FindingRules) -> list[Finding]:
     out = []
     for p in pipes:
         if p.bubble_pct < rules.pipeline_min_pct:
@@ -60,16 +59,16 @@ def pipeline_findings(pipes: list[Pipeline], rules: FindingRules) -> list[dict[s
                       "ScheduleInterleavedZeroBubble or ScheduleZBVZeroBubble from torch.distributed.pipelining, "
                       "instead of GPipe or plain 1F1B.")
         impact = p.bubble_pct
-        out.append({
-            "id": "pipeline_bubble", "severity": rules.severity(impact), "rank": None, "host": None,
-            "title": f"Pipeline bubble: stages {rank_ranges(p.ranks, sep=',')} wait {p.bubble_pct:.0f} % of step time",
-            "evidence": evidence, "advice": " ".join(advice),
-            "metrics": {"impact_pct": impact, "bubble_pct": p.bubble_pct, "n_stages": float(n),
-                        "micro_batches": p.micro_batches,
-                        **({"ideal_bubble_pct": p.ideal_bubble_pct} if p.ideal_bubble_pct is not None else {}),
-                        "bottleneck_rank": float(p.bottleneck_rank), "imbalance_pct": p.imbalance_pct,
-                        "holds_rank": float(p.holds_rank), "threshold_pct": rules.pipeline_min_pct},
-        })
+        out.append(Finding(
+            id="pipeline_bubble", severity=rules.severity(impact), rank=None, host=None,
+            title=f"Pipeline bubble: stages {rank_ranges(p.ranks, sep=',')} wait {p.bubble_pct:.0f} % of step time",
+            evidence=evidence, advice=" ".join(advice),
+            metrics={"impact_pct": impact, "bubble_pct": p.bubble_pct, "n_stages": float(n),
+                     "micro_batches": p.micro_batches,
+                     **({"ideal_bubble_pct": p.ideal_bubble_pct} if p.ideal_bubble_pct is not None else {}),
+                     "bottleneck_rank": float(p.bottleneck_rank), "imbalance_pct": p.imbalance_pct,
+                     "holds_rank": float(p.holds_rank), "threshold_pct": rules.pipeline_min_pct},
+        ))
     return out
 
 

@@ -17,8 +17,7 @@ import numpy as np
 
 from ..names import rank_ranges
 from ..types import FindingRules
-
-SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
+from .finding import SEVERITY_ORDER, Finding
 
 
 @dataclass
@@ -35,7 +34,7 @@ def pct(x: float, of: float) -> float:
     return 100.0 * x / of if of > 0 else 0.0
 
 
-def group(rule_id: str, hits: list[Hit], n_ranks: int, rules: FindingRules, text) -> list[dict[str, Any]]:
+def group(rule_id: str, hits: list[Hit], n_ranks: int, rules: FindingRules, text) -> list[Finding]:
     """One finding for many ranks, else one per rank (worst first).
 
     `text(metrics, where, worst_hit)` returns (title, evidence, advice).
@@ -60,16 +59,15 @@ def group(rule_id: str, hits: list[Hit], n_ranks: int, rules: FindingRules, text
             severity = rules.severity(metrics["impact_pct"])
         title, evidence, advice = text(metrics, where, hits[0])
         hosts = {h.host for h in hits}
-        return [{"id": rule_id, "severity": severity, "rank": None, "host": hosts.pop() if len(hosts) == 1 else None,
-                 "title": title, "evidence": evidence, "advice": advice, "metrics": metrics}]
+        return [Finding(rule_id, severity, None, hosts.pop() if len(hosts) == 1 else None, title, evidence, advice,
+                        metrics)]
     out = []
     for h in hits[: rules.max_per_rule]:
         metrics = {**h.metrics, "impact_pct": h.impact_pct}
         title, evidence, advice = text(metrics, f"rank {h.rank}", h)
-        out.append({"id": rule_id, "severity": sev(h), "rank": h.rank, "host": h.host, "title": title,
-                    "evidence": evidence, "advice": advice, "metrics": metrics})
+        out.append(Finding(rule_id, sev(h), h.rank, h.host, title, evidence, advice, metrics))
     if len(hits) > rules.max_per_rule:
-        out[-1]["evidence"] += f" ({len(hits) - rules.max_per_rule} more ranks not listed)"
+        out[-1].evidence += f" ({len(hits) - rules.max_per_rule} more ranks not listed)"
     return out
 
 

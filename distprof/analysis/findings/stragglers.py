@@ -13,114 +13,117 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ..cross.rootcause import IDLE_NAME
+from ..cross.rootcause import IDLE_NAME, RootCause, RootCauseOp
+from ..cross.stragglers import StragglerHost, StragglerRank, Stragglers
 from ..names import display_name, rank_ranges
 from ..types import FindingRules
+from .finding import Finding
 from .rules import pct
 
 
-def straggler_findings(stragglers: dict[str, Any], root_cause: list[dict], hosts: dict[int, str],
-                        median_step_ms: float, rules: FindingRules) -> list[dict[str, Any]]:
+def straggler_findings(stragglers: Stragglers, root_cause: list[RootCause], hosts: dict[int, str],
+                        median_step_ms: float, rules: FindingRules) -> list[Finding]:
     """The ``straggler_host`` findings, then a ``straggler_rank`` finding per named rank that no host finding covers
     (see the module docstring); `hosts` maps each rank to its host, `root_cause` is ``root_cause(run, named)``."""
-    ranks = {d["rank"]: d for d in stragglers.get("ranks", [])}
-    thr = (stragglers.get("rule") or {}).get("threshold_ms")
+    ranks = {d.rank: d for d in stragglers.ranks}
+    thr = stragglers.threshold_ms
     out, covered = _host_findings(stragglers, ranks, hosts, median_step_ms, rules, thr)
-    rc = {d["rank"]: d for d in root_cause}
-    for d in stragglers.get("ranks", []):
-        if d.get("named") and d["rank"] not in covered:
-            out.append(_rank_finding(d, (rc.get(d["rank"]) or {}).get("ops") or [], len(ranks), median_step_ms,
-                                     rules, thr))
+    rc = {d.rank: d for d in root_cause}
+    for d in stragglers.ranks:
+        if d.named and d.rank not in covered:
+            ops = rc[d.rank].ops if d.rank in rc else []
+            out.append(_rank_finding(d, ops, len(ranks), median_step_ms, rules, thr))
     return out
 
 
-def _host_findings(stragglers: dict[str, Any], ranks: dict[int, dict], hosts: dict[int, str], median_step_ms: float,
-                   rules: FindingRules, thr: float | None) -> tuple[list[dict[str, Any]], set[int]]:
+def _host_findings(stragglers: Stragglers, ranks: dict[int, StragglerRank], hosts: dict[int, str],
+                   median_step_ms: float, rules: FindingRules, thr: float | None) -> tuple[list[Finding], set[int]]:
     """(A ``straggler_host`` finding per host whose ranks are late together, the named ranks those findings cover)."""
-    out: list[dict[str, Any]] = []
+    out: list[Finding] = []
     covered: set[int] = set()
     n_hosts = len(set(hosts.values()))
-    host_rows = {h["host"]: h for h in stragglers.get("hosts", [])}
+    host_rows = {h.host: h for h in stragglers.info.hosts}
     by_host: dict[str, list[int]] = {}
     for r, h in hosts.items():
         by_host.setdefault(h, []).append(r)
     for host, members in sorted(by_host.items()):
-        late = [r for r in members if r in ranks and ranks[r].get("named")]
+        late = [r for r in members if r in ranks and ranks[r].named]
         if n_hosts < 2 or len(members) < 2 or len(late) < rules.host_min_fraction * len(members):
             continue
         covered.update(late)
-        out.append(_host_finding(host, members, late, host_rows.get(host, {}), ranks, median_step_ms, rules, thr))
+        out.append(_host_finding(host, members, late, host_rows.get(host), ranks, median_step_ms, rules, thr))
     return out, covered
 
 
-def _host_finding(host: str, members: list[int], late: list[int], h: dict[str, Any], ranks: dict[int, dict],
-                  median_step_ms: float, rules: FindingRules, thr: float | None) -> dict[str, Any]:
+def _host_finding(host: str, members: list[int], late: list[int], h: StragglerHost | None,
+                  ranks: dict[int, StragglerRank], median_step_ms: float, rules: FindingRules,
+                  thr: float | None) -> Finding:
     """The ``straggler_host`` finding of one host: its ranks `members`, of which `late` are named; `h` is its row of
-    the stragglers host table (empty when it has none)."""
-    lat = h.get("mean_lateness_ms") or (float(np.mean([ranks[r]["mean_lateness_ms"] for r in late])) if late else 0)
-    blame = sum(ranks[r]["blame_ms_per_step"] for r in members if r in ranks)
-    cost = max((float(ranks[r].get("cost_ms_per_step", lat)) for r in late), default=float(lat))
+    the stragglers host table (None when it has none)."""
+    lat = (h.mean_lateness_ms if h is not None else 0.0) or (
+        float(np.mean([ranks[r].mean_lateness_ms for r in late])) if late else 0)
+    late_fraction = (h.late_fraction if h is not None else 0.0) or 0.0
+    blame = sum(ranks[r].blame_ms_per_step for r in members if r in ranks)
+    cost = max((float(ranks[r].cost_ms_per_step) for r in late), default=float(lat))
     impact = pct(cost, median_step_ms)
     n_others = max(len(ranks) - len(members), 1)
-    return {
-        "id": "straggler_host", "severity": rules.severity(impact), "rank": None, "host": host,
-        "title": f"Slow host {host}: ranks {rank_ranges(members, sep=',')} are late together",
-        "evidence": (f"{len(late)} of its {len(members)} ranks are named stragglers; the host arrives "
-                     f"{lat:.1f} ms after the other hosts on average (last in "
-                     f"{100 * (h.get('late_fraction') or 0):.0f} % of collectives); the steps lose {cost:.1f} ms "
-                     f"to it ({impact:.0f} % of the {median_step_ms:.1f} ms median step) and the ranks of the "
-                     f"other hosts wait {blame / n_others:.1f} ms each per step for it on average. Rule: >= "
-                     f"{100 * rules.host_min_fraction:.0f} % of its ranks (at least 2) are named "
-                     f"stragglers, on a run with at least 2 hosts."),
-        "advice": ("The node itself is slower: check it for thermal or power throttling (nvidia-smi -q -d "
-                   "PERFORMANCE), other jobs or processes, a different device, driver or CPU model, and its "
-                   "network link; exclude it from the job (e.g. Slurm --exclude) until fixed."),
-        "metrics": {"mean_lateness_ms": float(lat), "late_fraction": float(h.get("late_fraction") or 0.0),
-                    "blame_ms_per_step": float(blame), "wait_ms_per_step_each": blame / n_others,
-                    "cost_ms_per_step": cost, "n_ranks": float(len(members)),
-                    "n_late_ranks": float(len(late)), "impact_pct": impact, "median_step_ms": median_step_ms,
-                    "threshold_ms": float(thr or 0.0), "threshold_host_fraction": rules.host_min_fraction},
-    }
+    return Finding(
+        id="straggler_host", severity=rules.severity(impact), rank=None, host=host,
+        title=f"Slow host {host}: ranks {rank_ranges(members, sep=',')} are late together",
+        evidence=(f"{len(late)} of its {len(members)} ranks are named stragglers; the host arrives "
+                  f"{lat:.1f} ms after the other hosts on average (last in "
+                  f"{100 * late_fraction:.0f} % of collectives); the steps lose {cost:.1f} ms "
+                  f"to it ({impact:.0f} % of the {median_step_ms:.1f} ms median step) and the ranks of the "
+                  f"other hosts wait {blame / n_others:.1f} ms each per step for it on average. Rule: >= "
+                  f"{100 * rules.host_min_fraction:.0f} % of its ranks (at least 2) are named "
+                  f"stragglers, on a run with at least 2 hosts."),
+        advice=("The node itself is slower: check it for thermal or power throttling (nvidia-smi -q -d "
+                "PERFORMANCE), other jobs or processes, a different device, driver or CPU model, and its "
+                "network link; exclude it from the job (e.g. Slurm --exclude) until fixed."),
+        metrics={"mean_lateness_ms": float(lat), "late_fraction": float(late_fraction),
+                 "blame_ms_per_step": float(blame), "wait_ms_per_step_each": blame / n_others,
+                 "cost_ms_per_step": cost, "n_ranks": float(len(members)),
+                 "n_late_ranks": float(len(late)), "impact_pct": impact, "median_step_ms": median_step_ms,
+                 "threshold_ms": float(thr or 0.0), "threshold_host_fraction": rules.host_min_fraction},
+    )
 
 
-def _rank_finding(d: dict[str, Any], ops: list[dict], n_ranks: int, median_step_ms: float, rules: FindingRules,
-                  thr: float | None) -> dict[str, Any]:
+def _rank_finding(d: StragglerRank, ops: list[RootCauseOp], n_ranks: int, median_step_ms: float,
+                  rules: FindingRules, thr: float | None) -> Finding:
     """The ``straggler_rank`` finding of a named rank (its stragglers row `d`, its root-cause ops, most first)."""
-    r = d["rank"]
-    cost = float(d.get("cost_ms_per_step", d["lost_ms_per_step"]))
+    r = d.rank
+    cost = float(d.cost_ms_per_step)
     impact = pct(cost, median_step_ms)
-    wait_each = d["blame_ms_per_step"] / max(n_ranks - 1, 1)
+    wait_each = d.blame_ms_per_step / max(n_ranks - 1, 1)
     top = ops[0] if ops else None
-    return {
-        "id": "straggler_rank", "severity": rules.severity(impact), "rank": r, "host": d.get("host"),
-        "title": f"Straggler: rank {r} (host {d.get('host')}) is late in {100 * d['late_step_fraction']:.0f} % of "
-                 f"steps, costing {cost:.1f} ms per step",
-        "evidence": _rank_evidence(d, ops, n_ranks, cost, impact, wait_each, median_step_ms, thr),
-        "advice": _rank_advice(r, top),
-        "metrics": {"mean_lateness_ms": d["mean_lateness_ms"], "late_fraction": d["late_fraction"],
-                    "late_step_fraction": d["late_step_fraction"], "blame_ms_per_step": d["blame_ms_per_step"],
-                    "wait_ms_per_step_each": wait_each, "cost_ms_per_step": cost,
-                    "lost_ms_per_step": d["lost_ms_per_step"], "impact_pct": impact,
-                    "median_step_ms": median_step_ms, "threshold_ms": float(thr or 0.0),
-                    "cpu_wait_excess_ms": float(d.get("cpu_wait_excess_ms") or 0.0),
-                    **({"own_excess_ms": d["own_excess_ms"]} if d.get("own_excess_ms") is not None else {}),
-                    **({"top_excess_ms_per_step": top["excess_ms_per_step"]} if top else {})},
-    }
+    return Finding(
+        id="straggler_rank", severity=rules.severity(impact), rank=r, host=d.host,
+        title=f"Straggler: rank {r} (host {d.host}) is late in {100 * d.late_step_fraction:.0f} % of "
+              f"steps, costing {cost:.1f} ms per step",
+        evidence=_rank_evidence(d, ops, n_ranks, cost, impact, wait_each, median_step_ms, thr),
+        advice=_rank_advice(r, top),
+        metrics={"mean_lateness_ms": d.mean_lateness_ms, "late_fraction": d.late_fraction,
+                 "late_step_fraction": d.late_step_fraction, "blame_ms_per_step": d.blame_ms_per_step,
+                 "wait_ms_per_step_each": wait_each, "cost_ms_per_step": cost,
+                 "lost_ms_per_step": d.lost_ms_per_step, "impact_pct": impact,
+                 "median_step_ms": median_step_ms, "threshold_ms": float(thr or 0.0),
+                 "cpu_wait_excess_ms": float(d.cpu_wait_excess_ms or 0.0),
+                 **({"own_excess_ms": d.own_excess_ms} if d.own_excess_ms is not None else {}),
+                 **({"top_excess_ms_per_step": top.excess_ms_per_step} if top else {})},
+    )
 
 
-def _rank_evidence(d: dict[str, Any], ops: list[dict], n_ranks: int, cost: float, impact: float, wait_each: float,
-                   median_step_ms: float, thr: float | None) -> str:
+def _rank_evidence(d: StragglerRank, ops: list[RootCauseOp], n_ranks: int, cost: float, impact: float,
+                   wait_each: float, median_step_ms: float, thr: float | None) -> str:
     """What a named rank's finding says: its lateness and what it costs, how it differs, and the notes that apply."""
-    r = d["rank"]
-    cause = "; ".join(f"{display_name(o['name'])} +{o['excess_ms_per_step']:.1f} ms/step "
-                      f"({o['rank_ms_per_step']:.1f} vs {o['others_median_ms_per_step']:.1f})" for o in ops[:3])
-    return (f"rank {r} arrives {d['mean_lateness_ms']:.1f} ms after the median of the other ranks per "
-            f"step, in excess of them in {100 * d['excess_step_fraction']:.0f} % of its "
-            f"{d['n_steps']} steps; the steps lose {cost:.1f} ms to it ({impact:.0f} % of the "
+    r = d.rank
+    cause = "; ".join(f"{display_name(o.name)} +{o.excess_ms_per_step:.1f} ms/step "
+                      f"({o.rank_ms_per_step:.1f} vs {o.others_median_ms_per_step:.1f})" for o in ops[:3])
+    return (f"rank {r} arrives {d.mean_lateness_ms:.1f} ms after the median of the other ranks per "
+            f"step, in excess of them in {100 * d.excess_step_fraction:.0f} % of its "
+            f"{d.n_steps} steps; the steps lose {cost:.1f} ms to it ({impact:.0f} % of the "
             f"{median_step_ms:.1f} ms median step) and "
             + (f"the other rank waits {wait_each:.1f} ms per step for it" if n_ranks == 2 else
                f"each of the other {n_ranks - 1} ranks waits {wait_each:.1f} ms per step for it on "
@@ -135,10 +138,10 @@ def _rank_evidence(d: dict[str, Any], ops: list[dict], n_ranks: int, cost: float
 
 #: A named rank whose training thread needs this many times its peers' CPU time per step is said to run on a slower CPU.
 SLOW_CPU_RATIO = 1.2
-def _slow_cpu_note(d: dict) -> str:
+def _slow_cpu_note(d: StragglerRank) -> str:
     """Said when the rank's training thread needed at least SLOW_CPU_RATIO times its peers' CPU time per step."""
-    if (d.get("cpu_time_ratio") or 0) >= SLOW_CPU_RATIO:
-        return (f"; its training thread used {d['cpu_time_ratio']:.2f}x the CPU time per step of the other "
+    if (d.cpu_time_ratio or 0) >= SLOW_CPU_RATIO:
+        return (f"; its training thread used {d.cpu_time_ratio:.2f}x the CPU time per step of the other "
                 f"ranks' median: the same work ran slower on its CPU (a core shared with another "
                 f"process, throttled, or slower)")
     return ""
@@ -150,8 +153,8 @@ def _slow_cpu_note(d: dict) -> str:
 CPU_WAIT_REASON_SHARE = 0.25
 
 
-def _cpu_wait_note(d: dict, thr: float | None) -> str:
-    w, late = float(d.get("cpu_wait_excess_ms") or 0.0), float(d["mean_lateness_ms"])
+def _cpu_wait_note(d: StragglerRank, thr: float | None) -> str:
+    w, late = float(d.cpu_wait_excess_ms or 0.0), float(d.mean_lateness_ms)
     if w < max(thr or 0.0, CPU_WAIT_REASON_SHARE * late):
         return ""
     return (f"; its training thread also waited {w:.1f} ms per step longer for a CPU than the other ranks' median "
@@ -164,8 +167,8 @@ PAGE_FAULTS_NOTE_MIN = 1000
 PAGE_FAULTS_NOTE_RATIO = 2.0
 
 
-def _page_fault_note(d: dict) -> str:
-    mine, others = d.get("page_faults_per_step"), d.get("others_page_faults_per_step")
+def _page_fault_note(d: StragglerRank) -> str:
+    mine, others = d.page_faults_per_step, d.others_page_faults_per_step
     if mine is None or others is None or mine - others < PAGE_FAULTS_NOTE_MIN or mine < PAGE_FAULTS_NOTE_RATIO * others:
         return ""
     return (f"; its training thread took {mine:,.0f} page faults per step against the other ranks' median of "
@@ -174,23 +177,23 @@ def _page_fault_note(d: dict) -> str:
             f"MALLOC_MMAP_THRESHOLD_ keep it)")
 
 
-def _own_work_note(d: dict) -> str:
+def _own_work_note(d: StragglerRank) -> str:
     """Said when the rank's own work before its steps' first collective exceeded its peers' consistently."""
-    if not d.get("own_steps_consistent") or d.get("own_excess_median_ms") is None:
+    if not d.own_steps_consistent or d.own_excess_median_ms is None:
         return ""
     return (f"; its own work before each step's first collective (its waits for a CPU left out) took "
-            f"{d['own_excess_median_ms']:.1f} ms longer than its peers' (median over steps; longer in "
-            f"{100 * (d.get('own_positive_fraction') or 0):.0f} % of them)")
+            f"{d.own_excess_median_ms:.1f} ms longer than its peers' (median over steps; longer in "
+            f"{100 * (d.own_positive_fraction or 0):.0f} % of them)")
 
 
-def _rank_advice(r: int, top: dict | None) -> str:
+def _rank_advice(r: int, top: RootCauseOp | None) -> str:
     if top is None:
         return ("Compare this rank with its peers in the timeline (distprof timeline) to see where it loses time; "
                 "check its host for CPU contention or throttling.")
-    if top["name"] == IDLE_NAME:
+    if top.name == IDLE_NAME:
         return (f"Rank {r} spends its extra time outside any recorded op: look for work that only this rank does "
                 "(logging, checkpointing, evaluation, data loading on the main thread, time.sleep, garbage "
                 "collection) and for CPU contention on its host (other processes, OMP_NUM_THREADS, CPU affinity).")
-    return (f"Rank {r}'s {display_name(top['name'])} is slower than on its peers: check for uneven work (batch or "
+    return (f"Rank {r}'s {display_name(top.name)} is slower than on its peers: check for uneven work (batch or "
             "sequence lengths per rank; balance the sampler), a slower or throttled device, or CPU contention on its "
             "host.")

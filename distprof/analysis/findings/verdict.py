@@ -18,11 +18,17 @@ kernel time on a device rank, of op time on a CPU rank; ``device_idle``: share o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..cross.rootcause import IDLE_NAME
 from ..names import display_name
 from .device import dominant_idle_cause
+
+if TYPE_CHECKING:
+    from ..cross.rootcause import RootCause
+    from ..cross.step_summary import StepSummary
+    from ..cross.stragglers import StragglerRank, Stragglers
+    from .finding import Finding
 
 __all__ = ["verdict"]
 
@@ -30,78 +36,77 @@ _PARTS = (("compute_pct", "compute"), ("exposed_comm_pct", "exposed communicatio
           ("memcpy_pct", "memory copies"), ("other_pct", "other work"))
 
 
-def _phrase(f: dict[str, Any]) -> str:
+def _phrase(f: Finding) -> str:
     """A finding as a clause, with the finding's own headline number and unit (as in its title)."""
-    m = f.get("metrics", {})
+    m = f.metrics
     imp = m.get("impact_pct")
-    where = "" if f.get("rank") is None else f" on rank {f['rank']}"
-    if f["id"] == "exposed_comm":
+    where = "" if f.rank is None else f" on rank {f.rank}"
+    if f.id == "exposed_comm":
         return f"{imp:.0f} % of step time{where} is exposed communication"
-    if f["id"] == "input_wait":
+    if f.id == "input_wait":
         return f"{imp:.0f} % of step time{where} is spent waiting for input"
-    if f["id"] == "cpu_contention":
+    if f.id == "cpu_contention":
         return f"the training thread{where} waits for a CPU {imp:.0f} % of step time (other work holds the cores)"
-    if f["id"] == "device_idle":
+    if f.id == "device_idle":
         cause = dominant_idle_cause(m)
         return (f"no kernel or copy runs on the device{where} for {imp:.0f} % of step time"
                 + (f", mostly {cause[1]}" if cause else ""))
-    if f["id"] == "host_sync":
+    if f.id == "host_sync":
         return (f"the host{where} blocks in {m.get('syncs_per_step', 0):.1f} device synchronisations per step "
                 f"({m.get('sync_ms_per_step', 0):.2f} ms), after which the device idles {imp:.0f} % of step time")
-    if f["id"] == "tiny_ops":
+    if f.id == "tiny_ops":
         op = "kernel" if m.get("device_rank", 0) >= 0.5 else "op"
         return (f"{m.get('tiny_share_pct', 0):.0f} % of {op} time{where} is in {op}s under "
                 f"{m.get('threshold_us', 100):.0f} us ({'launch' if op == 'kernel' else 'dispatch'} overhead)")
-    if f["id"] == "memory_churn":
+    if f.id == "memory_churn":
         return f"memory churns{where} ({m.get('allocs_per_step', 0):.0f} allocations per step)"
-    return f["title"][0].lower() + f["title"][1:]
+    return f.title[0].lower() + f.title[1:]
 
 
-def _largest_part(summary: dict[str, Any]) -> str:
-    parts = [(summary.get(k), label) for k, label in _PARTS if summary.get(k) is not None]
+def _largest_part(summary: StepSummary) -> str:
+    parts = [(getattr(summary, k), label) for k, label in _PARTS if getattr(summary, k) is not None]
     if not parts:
         return ""
     pct, label = max(parts)
     return f"{pct:.0f} % of step time is {label}"
 
 
-def _cause(rc: dict[str, Any] | None) -> str:
-    ops = (rc or {}).get("ops") or []
+def _cause(rc: RootCause | None) -> str:
+    ops = rc.ops if rc is not None else []
     if not ops:
         return ""
     bits = []
-    idle = next((o for o in ops if o["name"] == IDLE_NAME), None)
+    idle = next((o for o in ops if o.name == IDLE_NAME), None)
     if idle is not None and idle is ops[0]:
-        bits.append(f"it spends {idle['excess_ms_per_step']:.1f} ms more per step than its peers outside any "
+        bits.append(f"it spends {idle.excess_ms_per_step:.1f} ms more per step than its peers outside any "
                     f"recorded op")
-    op = next((o for o in ops if o["name"] != IDLE_NAME), None)
-    if op is not None and (not bits or op["excess_ms_per_step"] >= 0.1 * ops[0]["excess_ms_per_step"]):
-        base = op["others_median_ms_per_step"]
-        ratio = op["rank_ms_per_step"] / base if base > 0 else None
+    op = next((o for o in ops if o.name != IDLE_NAME), None)
+    if op is not None and (not bits or op.excess_ms_per_step >= 0.1 * ops[0].excess_ms_per_step):
+        base = op.others_median_ms_per_step
+        ratio = op.rank_ms_per_step / base if base > 0 else None
         how = (f"runs {ratio:.1f}x slower than its peers" if ratio is not None and ratio < 100
-               else f"takes {op['excess_ms_per_step']:.1f} ms more per step than on its peers")
-        bits.append(f"its {display_name(op['name'])} {how}")
+               else f"takes {op.excess_ms_per_step:.1f} ms more per step than on its peers")
+        bits.append(f"its {display_name(op.name)} {how}")
     return ", and ".join(bits)
 
 
-def _straggler_sentence(host_f: dict[str, Any] | None, named: list[dict[str, Any]], rc: dict[int, Any]) -> str:
+def _straggler_sentence(host_f: Finding | None, named: list[StragglerRank], rc: dict[int, RootCause]) -> str:
     if host_f is not None:
-        m = host_f["metrics"]
-        return (f"host {host_f['host']} is slow: its ranks arrive {m['mean_lateness_ms']:.1f} ms late together in "
+        m = host_f.metrics
+        return (f"host {host_f.host} is slow: its ranks arrive {m['mean_lateness_ms']:.1f} ms late together in "
                 f"{100 * m['late_fraction']:.0f} % of collectives, and the steps lose "
                 f"{m.get('cost_ms_per_step', m['mean_lateness_ms']):.1f} ms to it")
     if not named:
         return ""
     d = named[0]
-    cost = d.get("cost_ms_per_step", d.get("lost_ms_per_step", 0.0))
-    first = (f"rank {d['rank']} on host {d.get('host')} is late in {100 * d['late_step_fraction']:.0f} % of steps "
-             f"by {d['mean_lateness_ms']:.1f} ms, and the steps lose {cost:.1f} ms to it")
-    cause = _cause(rc.get(d["rank"]))
+    first = (f"rank {d.rank} on host {d.host} is late in {100 * d.late_step_fraction:.0f} % of steps "
+             f"by {d.mean_lateness_ms:.1f} ms, and the steps lose {d.cost_ms_per_step:.1f} ms to it")
+    cause = _cause(rc.get(d.rank))
     if cause:
         first += f"; {cause}"
     if len(named) > 1:
         first += f" (also late: rank{'s' if len(named) > 2 else ''} " \
-                 f"{', '.join(str(x['rank']) for x in named[1:4])}{', ...' if len(named) > 4 else ''})"
+                 f"{', '.join(str(x.rank) for x in named[1:4])}{', ...' if len(named) > 4 else ''})"
     return first
 
 
@@ -109,36 +114,30 @@ def _cap(text: str) -> str:
     return text[0].upper() + text[1:]
 
 
-def verdict(
-    summary: dict[str, Any],
-    stragglers: dict[str, Any],
-    root_cause: list[dict[str, Any]],
-    findings: list[dict[str, Any]],
-) -> str:
-    """One or two sentences (see the module docstring). `stragglers` is ``find_stragglers``'s dict."""
-    if not summary.get("n_rank_steps"):
+def verdict(summary: StepSummary, stragglers: Stragglers, root_cause: list[RootCause], findings: list[Finding]) -> str:
+    """One or two sentences (see the module docstring)."""
+    if not summary.n_rank_steps:
         return ("No recorded steps: nothing to analyse (check the capture schedule --wait/--warmup/--active and that "
                 "the script calls optimizer.step()).")
     strag_ids = ("straggler_rank", "straggler_host")
-    others = [f for f in findings if f["id"] not in strag_ids]
+    others = [f for f in findings if f.id not in strag_ids]
     top = others[0] if others else None
-    host_f = next((f for f in findings if f["id"] == "straggler_host"), None)
-    named = [d for d in stragglers.get("ranks", []) if d.get("named")]
-    rc = {d["rank"]: d for d in root_cause}
-    first = _straggler_sentence(host_f, named, rc)
+    host_f = next((f for f in findings if f.id == "straggler_host"), None)
+    rc = {d.rank: d for d in root_cause}
+    first = _straggler_sentence(host_f, stragglers.named_rows, rc)
     if first:
         lead = findings[0] if findings else None
-        if lead is not None and lead["id"] not in strag_ids:  # a more severe finding than any straggler leads
+        if lead is not None and lead.id not in strag_ids:  # a more severe finding than any straggler leads
             return f"{_cap(_phrase(lead))}. Also, {first}."
         text = _cap(first) + "."
-        if top is not None and top["severity"] == "high":
+        if top is not None and top.severity == "high":
             text += f" Also, {_phrase(top)}."
         return text
     tail = _phrase(top) if top is not None else _largest_part(summary)
-    ranks = stragglers.get("ranks", [])
-    if stragglers.get("n_instances") and ranks:
-        within = max(0.0, max(float(d.get("mean_lateness_ms") or 0.0) for d in ranks))
+    ranks = stragglers.ranks
+    if stragglers.info.n_instances and ranks:
+        within = max(0.0, max(float(d.mean_lateness_ms or 0.0) for d in ranks))
         head = f"No straggler: ranks arrive within {within:.1f} ms of each other"
     else:
-        head = f"Steps take {summary.get('step_ms_mean', 0):.1f} ms on average"
+        head = f"Steps take {summary.step_ms_mean or 0:.1f} ms on average"
     return f"{head}; {tail}." if tail else f"{head}."

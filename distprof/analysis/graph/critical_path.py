@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...record import Record
 from ..groupstats import group_median
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StepGraph", "Replay", "CriticalPaths", "step_graph", "replay", "critical_paths", "critical_path_report",
+__all__ = ["StepGraph", "Replay", "CriticalPaths", "PathSegment", "step_graph", "replay", "critical_paths",
            "LINK_START", "LINK_ARRIVAL", "LINK_END", "KIND_COLL", "KIND_SEND", "KIND_RECV", "group_median"]
 
 NS_PER_MS = 1e6
@@ -367,6 +368,18 @@ def replay(g: StepGraph, *, max_passes: int | None = None) -> Replay:
 
 
 @dataclass
+class PathSegment(Record):
+    """One segment of a step's critical path: a rank's work, or a transfer of a collective or a send/recv."""
+
+    rank: int
+    kind: str  # "work" or "transfer"
+    name: str  # "work", the collective op, or "send/recv"
+    pg: int | None  # the transfer's process group (None for work)
+    start_ms: float  # from the step's start on the path
+    ms: float
+
+
+@dataclass
 class CriticalPaths:
     """Per step (``steps``): the path's length and, per (step, rank), the time it runs through the rank's work
     segments (``work_ms``, dense steps × ranks); per step the transfer time on it per collective op (``comm``)."""
@@ -378,7 +391,7 @@ class CriticalPaths:
     transfer_ms: np.ndarray  # (n_steps,) transfers of collectives and pairs on the path
     comm: dict[tuple[int, str], np.ndarray]  # (pg, op) -> per step transfer ms on the path ("p2p" for pairs)
     end_rank: np.ndarray  # per step: the rank whose step ended last (where the path ends)
-    segments: list[dict[str, Any]]  # one step's path, in time order: rank, kind, name, start_ms, ms
+    segments: list[PathSegment]  # one step's path, in time order
     segments_step: int | None
 
 
@@ -440,7 +453,7 @@ def _comm_on_path(g: StepGraph, si: np.ndarray, evs: np.ndarray, d: np.ndarray,
 
 
 def _path_view(g: StepGraph, sel: np.ndarray, rsrow: np.ndarray, kinds: np.ndarray, evs: np.ndarray,
-               t_from: np.ndarray, d: np.ndarray, t_start: float) -> list[dict[str, Any]]:
+               t_from: np.ndarray, d: np.ndarray, t_start: float) -> list[PathSegment]:
     """The report's view of one step's path: its segments `sel` (in time order) from the step's start `t_start`."""
     view = []
     for i in sel.tolist():
@@ -451,9 +464,9 @@ def _path_view(g: StepGraph, sel: np.ndarray, rsrow: np.ndarray, kinds: np.ndarr
             name = str(g.names[int(g.ev_op[e])])
         else:
             name = "send/recv"
-        view.append({"rank": int(g.rs_rank[rsrow[i]]), "kind": "work" if kinds[i] == 0 else "transfer",
-                     "name": name, "pg": None if kinds[i] == 0 else int(g.ev_pg[e]),
-                     "start_ms": float((t_from[i] - t_start) / NS_PER_MS), "ms": float(d[i])})
+        view.append(PathSegment(rank=int(g.rs_rank[rsrow[i]]), kind="work" if kinds[i] == 0 else "transfer",
+                                name=name, pg=None if kinds[i] == 0 else int(g.ev_pg[e]),
+                                start_ms=float((t_from[i] - t_start) / NS_PER_MS), ms=float(d[i])))
     return view
 
 
@@ -489,40 +502,3 @@ def critical_paths(g: StepGraph, rp: Replay, *, view_step: int | None = None) ->
     sel = sel[np.argsort(t_from[sel], kind="stable")][:MAX_PATH_SEGMENTS]
     view = _path_view(g, sel, rsrow, kinds, evs, t_from, d, start_t[vi])
     return CriticalPaths(steps, ranks, length, work, transfer, comm, g.rs_rank[last], view, int(steps[vi]))
-
-
-#: Ranks listed per critical-path summary (the report stays small at 1,024 ranks; the rest are counted).
-TOP_RANKS = 8
-
-
-def critical_path_report(run: RunSummary, *, graph: StepGraph | None = None) -> dict[str, Any]:
-    """The report.json ``critical_path`` section (docs/report-format.md)."""
-    g = graph if graph is not None else step_graph(run)
-    rp = replay(g)
-    cp = critical_paths(g, rp)
-    if cp.steps.size == 0:
-        return {"n_steps": 0, "length_ms_median": None, "ranks": [], "comm": [], "per_step": [], "view": None,
-                "converged": rp.converged}
-    per_rank = cp.work_ms.mean(axis=0)
-    mean_len = float(cp.length_ms.mean())
-    order = np.argsort(-per_rank, kind="stable")
-    on_path = int(np.count_nonzero(per_rank > 0))
-    ranks = [{"rank": int(cp.ranks[i]), "ms_per_step": float(per_rank[i]),
-              "share_pct": 100.0 * float(per_rank[i]) / mean_len if mean_len > 0 else None,
-              "steps_on_path": int(np.count_nonzero(cp.work_ms[:, i] > 0))}
-             for i in order[:TOP_RANKS] if per_rank[i] > 0]
-    comm = sorted(({"pg": k[0], "op": k[1], "ms_per_step": float(v.mean()),
-                    "share_pct": 100.0 * float(v.mean()) / mean_len if mean_len > 0 else None}
-                   for k, v in cp.comm.items()), key=lambda d: -d["ms_per_step"])
-    per_step = []
-    for j in range(cp.steps.size):
-        top = np.argsort(-cp.work_ms[j], kind="stable")[:3]
-        per_step.append({"step": int(cp.steps[j]), "length_ms": float(cp.length_ms[j]),
-                         "transfer_ms": float(cp.transfer_ms[j]), "end_rank": int(cp.end_rank[j]),
-                         "ranks": [{"rank": int(cp.ranks[i]), "ms": float(cp.work_ms[j, i])} for i in top
-                                   if cp.work_ms[j, i] > 0]})
-    return {"n_steps": int(cp.steps.size), "length_ms_median": float(np.median(cp.length_ms)),
-            "length_ms_mean": mean_len, "transfer_ms_per_step": float(cp.transfer_ms.mean()),
-            "n_ranks_on_path": on_path, "ranks": ranks, "comm": comm, "per_step": per_step,
-            "view": {"step": cp.segments_step, "segments": cp.segments}, "converged": rp.converged,
-            "passes": rp.passes}

@@ -46,10 +46,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
+from ...record import Record, not_json
 from ..groupstats import rank_step_values
 from .critical_path import (
     KIND_COLL,
@@ -64,13 +65,14 @@ from .critical_path import (
 )
 
 if TYPE_CHECKING:
+    from ..cross.stragglers import Stragglers
     from ..types import RunSummary
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Change", "Straggler", "OverlapComm", "FasterCollective", "NoIdle", "NoInputWait", "NoCpuWait", "FasterOp",
            "WhatIf",
-           "estimate", "standard", "step_time_ms", "per_step_time_ms", "annotate_findings"]
+           "Estimator", "estimate", "standard", "step_time_ms", "per_step_time_ms"]
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,8 @@ class FasterOp(Change):
 
 
 @dataclass
-class WhatIf:
-    """One change's estimate (ms; per step)."""
+class WhatIf(Record):
+    """One change's estimate (ms; per step): a row of the report's ``whatif`` table."""
 
     change: str  # the change's kind
     description: str
@@ -164,12 +166,7 @@ class WhatIf:
     predicted_step_ms: float | None
     gain_ms_per_step: float
     gain_pct: float | None
-    per_step_gain_ms: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"change": self.change, "description": self.description, "measured_step_ms": self.measured_step_ms,
-                "predicted_step_ms": self.predicted_step_ms, "gain_ms_per_step": self.gain_ms_per_step,
-                "gain_pct": self.gain_pct}
+    per_step_gain_ms: np.ndarray = not_json(repr=False, default_factory=lambda: np.zeros(0))
 
 
 def per_step_time_ms(run: RunSummary) -> tuple[np.ndarray, np.ndarray]:
@@ -309,7 +306,7 @@ def _kind(c: Change) -> str:
             NoIdle: "no_idle", NoInputWait: "no_input_wait", NoCpuWait: "no_cpu_wait", FasterOp: "faster_op"}[type(c)]
 
 
-class _Base:
+class Estimator:
     """The measured graph and its replay, computed once for many changes."""
 
     def __init__(self, run: RunSummary, graph: StepGraph | None = None):
@@ -336,11 +333,11 @@ class _Base:
 
 def estimate(run: RunSummary, change: Change, *, graph: StepGraph | None = None) -> WhatIf:
     """Predicted step time of `run` with `change` (see the module docstring)."""
-    return _Base(run, graph).estimate(change)
+    return Estimator(run, graph).estimate(change)
 
 
 def estimate_many(run: RunSummary, changes: Iterable[Change], *, graph: StepGraph | None = None) -> list[WhatIf]:
-    b = _Base(run, graph)
+    b = Estimator(run, graph)
     return [b.estimate(c) for c in changes]
 
 
@@ -348,13 +345,13 @@ def estimate_many(run: RunSummary, changes: Iterable[Change], *, graph: StepGrap
 STANDARD_FACTOR = 2.0
 
 
-def standard(run: RunSummary, *, stragglers: dict[str, Any] | None = None, graph: StepGraph | None = None,
-             top_ops: int = 1) -> list[dict[str, Any]]:
+def standard(run: RunSummary, *, stragglers: Stragglers | None = None, graph: StepGraph | None = None,
+             top_ops: int = 1) -> list[WhatIf]:
     """The report's what-if table: named stragglers at their peers' median, communication overlapped, the heaviest
     collective op 2x faster, idle and input waits removed, the heaviest op 2x faster — largest gain first."""
-    b = _Base(run, graph)
+    b = Estimator(run, graph)
     changes: list[Change] = []
-    named = [int(d["rank"]) for d in (stragglers or {}).get("ranks", []) if d.get("named")]
+    named = [int(d.rank) for d in (stragglers.ranks if stragglers is not None else []) if d.named]
     if named:
         changes.append(Straggler(ranks=tuple(named)))
     if b.g.n_events:
@@ -366,8 +363,8 @@ def standard(run: RunSummary, *, stragglers: dict[str, Any] | None = None, graph
     changes += [NoIdle(), NoInputWait()]
     for name in _heaviest_ops(run, top_ops):
         changes.append(FasterOp(name=name, factor=STANDARD_FACTOR))
-    rows = [b.estimate(c).to_dict() for c in changes]
-    rows.sort(key=lambda d: -(d["gain_ms_per_step"] or 0.0))
+    rows = [b.estimate(c) for c in changes]
+    rows.sort(key=lambda w: -(w.gain_ms_per_step or 0.0))
     return rows
 
 
@@ -385,42 +382,3 @@ def _heaviest_ops(run: RunSummary, k: int) -> list[str]:
             if kind == "kernel" or nm.startswith("aten::"):
                 tot[nm] = tot.get(nm, 0.0) + float(w[i])
     return [n for n, _ in sorted(tot.items(), key=lambda x: -x[1])[:k]]
-
-
-#: Finding id -> the change it proposes (finding's rank, or its ranks, where it has them).
-def _change_for(f: dict[str, Any], run: RunSummary) -> Change | None:
-    rank = f.get("rank")
-    ranks = (int(rank),) if rank is not None else None
-    fid = f.get("id")
-    if fid == "straggler_rank" and rank is not None:
-        return Straggler(ranks=(int(rank),))
-    if fid == "straggler_host":
-        host = f.get("host")
-        members = tuple(sorted(r for r, h in run.hosts.items() if h == host))
-        return Straggler(ranks=members) if members else None
-    if fid == "exposed_comm":
-        return OverlapComm(ranks=ranks)
-    if fid == "input_wait":
-        return NoInputWait(ranks=ranks)
-    if fid == "cpu_contention":
-        return NoCpuWait(ranks=ranks)
-    if fid == "device_idle":
-        return NoIdle(ranks=ranks)
-    return None
-
-
-def annotate_findings(run: RunSummary, found: list[dict[str, Any]], *, graph: StepGraph | None = None) -> None:
-    """Give each finding ``estimated_gain_ms_per_step`` and ``predicted_step_ms`` (None where no change models it),
-    in place."""
-    b: _Base | None = None
-    for f in found:
-        c = _change_for(f, run)
-        if c is None:
-            f["estimated_gain_ms_per_step"] = None
-            f["predicted_step_ms"] = None
-            continue
-        if b is None:
-            b = _Base(run, graph)
-        w = b.estimate(c)
-        f["estimated_gain_ms_per_step"] = w.gain_ms_per_step
-        f["predicted_step_ms"] = w.predicted_step_ms

@@ -21,20 +21,36 @@ ProfilerStep).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
 
 import numpy as np
 
+from ...record import Record
 from ...storage.schema import CAT_COMM, CAT_COMPUTE, KIND_CODE
 from ..load.rankdata import RankData
 from ..rank import intervals as iv
 
-if TYPE_CHECKING:
-    pass
-
 logger = logging.getLogger(__name__)
 
-__all__ = ["rank_gpu_time", "GPU_KINDS"]
+__all__ = ["rank_gpu_time", "GPU_KINDS", "GpuTime"]
+
+
+@dataclass
+class GpuTime(Record):
+    """One device rank's GPU time (µs, and % of its span; None where the span or communication is zero)."""
+
+    rank: int
+    n_gpu_events: int
+    span_us: float
+    idle_us: float
+    compute_us: float
+    non_compute_us: float
+    idle_pct: float | None
+    compute_pct: float | None
+    non_compute_pct: float | None
+    comm_us: float
+    comm_hidden_us: float
+    overlap_pct: float | None
 
 #: Kinds that occupy a device stream for the breakdown.
 GPU_KINDS = (KIND_CODE["kernel"], KIND_CODE["gpu_memcpy"], KIND_CODE["gpu_memset"])
@@ -45,7 +61,7 @@ def _pct(x: float, d: float) -> float | None:
 
 
 def rank_gpu_time(rd: RankData, *, steps: tuple[int, int] | None = None, drop_last_step: bool = False,
-                  whole_us: bool = False) -> dict[str, Any] | None:
+                  whole_us: bool = False) -> GpuTime | None:
     """One rank's span/idle/compute/non-compute (µs and % of span), comm and overlap; None without device events.
 
     ``whole_us=True`` rounds every event inward to whole microseconds (start up, end down) as HTA's parser does;
@@ -85,17 +101,7 @@ def rank_gpu_time(rd: RankData, *, steps: tuple[int, int] | None = None, drop_la
     idle = span - busy.total
     comp = compute.total
     hidden = iv.intersect(comm, compute).total
-    return {
-        "rank": int(rd.rank),
-        "n_gpu_events": int(idx.size),
-        "span_us": span / 1e3,
-        "idle_us": idle / 1e3,
-        "compute_us": comp / 1e3,
-        "non_compute_us": (span - comp - idle) / 1e3,
-        "idle_pct": _pct(idle, span),
-        "compute_pct": _pct(comp, span),
-        "non_compute_pct": _pct(span - comp - idle, span),
-        "comm_us": comm.total / 1e3,
-        "comm_hidden_us": hidden / 1e3,
-        "overlap_pct": _pct(hidden, comm.total),
-    }
+    return GpuTime(rank=int(rd.rank), n_gpu_events=int(idx.size), span_us=span / 1e3, idle_us=idle / 1e3,
+                   compute_us=comp / 1e3, non_compute_us=(span - comp - idle) / 1e3, idle_pct=_pct(idle, span),
+                   compute_pct=_pct(comp, span), non_compute_pct=_pct(span - comp - idle, span),
+                   comm_us=comm.total / 1e3, comm_hidden_us=hidden / 1e3, overlap_pct=_pct(hidden, comm.total))

@@ -1,42 +1,45 @@
-"""The report: every analysis of a summarised run in one JSON-serialisable dict (docs/report-format.md).
+"""The report: every analysis of a summarised run, as one typed :class:`.model.Report` (docs/report-format.md).
 
     run = distprof.load("out/my-run")            # RunSummary
     report = build_report(run, peak_tflops=None, top=3, watch_dir="out/my-run")
     report = watch_only_report("out/my-run")    # a --watch run that recorded no window (None otherwise)
+    report.to_json()                            # what report.json holds
 
 No torch. The analyses are pure functions of the RunSummary; the only files read here are the run's ``--watch``
-series (``watch_dir``), one segment at a time. Renderers (``distprof.render``) turn the dict into text or a file.
+series (``watch_dir``), one segment at a time. Renderers (``distprof.render``) turn the Report into text or a file.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ... import _version
 from ...storage import watchfile as wf
 from ...storage.reader import find_shards
 from ..cross.annotations import annotations
 from ..cross.comm_table import comm_table
 from ..cross.gpu_time import gpu_time
 from ..cross.imbalance import imbalance
+from ..cross.memory_timeline import memory_timeline
 from ..cross.mfu import mfu
 from ..cross.overlap import overlap_by_rank, overlap_by_step
 from ..cross.parallelism import advice_for_exposed, detect_parallelism
 from ..cross.pipeline import pipelines
 from ..cross.rootcause import root_cause
+from ..cross.step_summary import step_summary
 from ..cross.stragglers import StragglerRule, find_stragglers
 from ..findings import findings
+from ..findings.gains import annotate_findings
 from ..findings.verdict import verdict
-from ..graph.critical_path import critical_path_report, step_graph
-from ..graph.whatif import annotate_findings
+from ..graph.critical_path import step_graph
+from ..graph.path_report import critical_path_report
 from ..graph.whatif import standard as whatif_table
-from ..rank.breakdown import BREAKDOWN_COLUMNS
-from .schema import REPORT_FORMAT, REPORT_VERSION, to_jsonable
+from .model import ClockRow, P2PCounts, Report, RunInfo, SkippedShardRow, StepTable
 from .watch import rule_of, watch_report
+from .watch_section import WatchSection
 
 if TYPE_CHECKING:
     from ..types import FindingRules, RunSummary
@@ -45,85 +48,49 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["build_report", "watch_only_report"]
 
-
-def _summary(bd: dict[str, np.ndarray]) -> dict[str, Any]:
-    total = float(bd["step_ms"].sum())
-    n = int(bd["step"].size)
-
-    def pct(col: str) -> float | None:
-        return 100.0 * float(bd[col].sum()) / total if total > 0 else None
-
-    comm = float(bd["comm_ms"].sum())
-    return {
-        "n_rank_steps": n,
-        "n_steps": int(np.unique(bd["step"]).size),
-        "step_ms_mean": total / n if n else None,
-        "step_ms_max": float(bd["step_ms"].max()) if n else None,
-        "compute_pct": pct("compute_ms"),
-        "comm_pct": pct("comm_ms"),
-        "exposed_comm_pct": pct("exposed_comm_ms"),
-        "memcpy_pct": pct("memcpy_ms"),
-        "idle_pct": pct("idle_ms"),
-        "other_pct": pct("other_ms"),
-        "overlap_pct": 100.0 * float(bd["overlapped_ms"].sum()) / comm if comm > 0 else None,
-    }
+#: Why a report has no MFU rows.
+MFU_NOTE = "device peak unknown (CPU or unlisted device): pass --peak-tflops to compute MFU"
 
 
-def _steps_records(bd: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-    """One record per rank-step of the breakdown `bd`: its columns and the step's overlap."""
-    ov_step = overlap_by_step(bd)
-    cols = [c for c in BREAKDOWN_COLUMNS] + ["overlap_pct"]
-    table = {**bd, "overlap_pct": ov_step["overlap_pct"]}
-    return [{c: table[c][i] for c in cols} for i in range(bd["step"].size)]
+def _step_table(bd: dict[str, np.ndarray]) -> StepTable:
+    """The breakdown `bd` with each rank-step's overlap."""
+    return StepTable.from_columns({**bd, "overlap_pct": overlap_by_step(bd)["overlap_pct"]})
 
 
-def _run_section(run: RunSummary) -> dict[str, Any]:
+def _run_section(run: RunSummary) -> RunInfo:
     """The report's ``run`` section: the ranks, hosts, devices and steps the run holds."""
     st = run.steps
     hosts_present = sorted({run.hosts.get(r, "?") for r in run.ranks_present})
-    return {
-        "id": run.run_id,
-        "world_size": run.world_size,
-        "ranks_present": sorted(int(r) for r in run.ranks_present),
-        "ranks_missing": sorted(int(r) for r in run.ranks_missing),
-        "hosts": {str(r): run.hosts[r] for r in sorted(run.hosts)},
-        "n_hosts": len(hosts_present),
-        "devices": sorted({str(a.get("device", "?")) for a in run.attrs.values()}),
-        "backend": sorted({str(a.get("backend", "?")) for a in run.attrs.values()}),
-        "device_ranks": sorted(run.device_rank_set),
-        "windows": sorted({int(w) for w in np.unique(st["window"])}) if "window" in st else [],
-        "first_step": int(st["step"].min()) if st["step"].size else None,
-        "last_step": int(st["step"].max()) if st["step"].size else None,
-        "n_steps": int(np.unique(st["step"]).size),
-    }
+    return RunInfo(
+        id=run.run_id, world_size=run.world_size, ranks_present=sorted(int(r) for r in run.ranks_present),
+        ranks_missing=sorted(int(r) for r in run.ranks_missing),
+        hosts={str(r): run.hosts[r] for r in sorted(run.hosts)}, n_hosts=len(hosts_present),
+        devices=sorted({str(a.get("device", "?")) for a in run.attrs.values()}),
+        backend=sorted({str(a.get("backend", "?")) for a in run.attrs.values()}),
+        device_ranks=sorted(run.device_rank_set),
+        windows=sorted({int(w) for w in np.unique(st["window"])}) if "window" in st else [],
+        first_step=int(st["step"].min()) if st["step"].size else None,
+        last_step=int(st["step"].max()) if st["step"].size else None,
+        n_steps=int(np.unique(st["step"]).size))
 
 
-def _clock_section(run: RunSummary) -> dict[str, dict[str, Any]]:
+def _clock_section(run: RunSummary) -> dict[str, ClockRow]:
     """The report's ``clock`` section: per host, its clock's alignment to the reference."""
-    return {
-        host: {
-            "offset_ns": hc.offset_ns,
-            "drift_ppm": hc.drift_ppm,
-            "residual_us": hc.residual_us,
-            "residual_max_us": hc.residual_max_us,
-            "method": hc.method,
-            "n_samples": hc.n_samples,
-            "ranks": list(hc.ranks),
-        }
-        for host, hc in sorted(run.clock.items())
-    }
+    return {host: ClockRow(offset_ns=hc.offset_ns, drift_ppm=hc.drift_ppm, residual_us=hc.residual_us,
+                           residual_max_us=hc.residual_max_us, method=hc.method, n_samples=hc.n_samples,
+                           ranks=list(hc.ranks))
+            for host, hc in sorted(run.clock.items())}
 
 
-def _p2p_section(run: RunSummary) -> dict[str, int]:
+def _p2p_section(run: RunSummary) -> P2PCounts:
     """The report's ``p2p`` section: the point-to-point pairs matched, and what was left unmatched."""
     p = run.p2p
-    return {"n_pairs": len(p), "n_sends": p.n_sends, "n_recvs": p.n_recvs, "n_unmatched": p.n_unmatched,
-            "n_edge": p.n_edge, "n_unknown_peer": p.n_unknown_peer}
+    return P2PCounts(len(p), p.n_sends, p.n_recvs, p.n_unmatched, p.n_edge, p.n_unknown_peer)
 
 
 def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int = 3, rule: StragglerRule | None = None,
-                 finding_rules: FindingRules | None = None, watch_dir: str | Path | None = None) -> dict[str, Any]:
-    """Run every analysis on `run` and return the report dict (JSON-serialisable; keys in docs/report-format.md).
+                 finding_rules: FindingRules | None = None, watch_dir: str | Path | None = None) -> Report:
+    """Run every analysis on `run` and return the :class:`Report` (its JSON: docs/report-format.md).
 
     `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
     `finding_rules` overrides the thresholds of the findings (``analysis/findings/``); `watch_dir`, the run
@@ -133,58 +100,31 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
     bd = run.steps
     if bd["step"].size == 0:
         warnings.append("no recorded steps: the per-step analyses are empty")
-    steps_records = _steps_records(bd)
     graph = step_graph(run)  # the cross-rank step graph: own work, critical path, what-ifs, each finding's gain
     strag = find_stragglers(run, rule=rule, graph=graph)
     pipes = pipelines(run)
-    if strag["n_instances"] == 0 and not pipes:
+    if strag.info.n_instances == 0 and not pipes:
         warnings.append("no collective was matched across ranks: no straggler analysis")
-    named = [d["rank"] for d in strag["ranks"] if d["named"]][: max(top, 0)]
+    named = [d.rank for d in strag.named_rows][: max(top, 0)]
     rc = root_cause(run, named) if named else []
     table = comm_table(run)
     par = detect_parallelism(run, table, pipes)
     found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules, pipelines=pipes,
                      exposed_advice=advice_for_exposed(par, table))
     annotate_findings(run, found, graph=graph)
-    summary = _summary(bd)
+    summary = step_summary(bd)
     mfu_rows = mfu(run, peak_tflops=peak_tflops)
-    report: dict[str, Any] = {
-        "format": REPORT_FORMAT,
-        "report_version": REPORT_VERSION,
-        "distprof_version": _version.__version__,
-        "verdict": verdict(summary, strag, rc, found),
-        "findings": found,
-        "run": _run_section(run),
-        "clock": _clock_section(run),
-        "summary": summary,
-        "steps": steps_records,
-        "stragglers": strag["ranks"],
-        "straggler_info": {k: v for k, v in strag.items() if k != "ranks"},
-        "root_cause": rc,
-        "parallelism": par.to_dict(),
-        "collectives": [r.to_dict() for r in table],
-        "pipelines": [p.to_dict() for p in pipes],
-        "p2p": _p2p_section(run),
-        "overlap": overlap_by_rank(run),
-        "critical_path": critical_path_report(run, graph=graph),
-        "whatif": whatif_table(run, stragglers=strag, graph=graph),
-        "imbalance": imbalance(run),
-        "mfu": mfu_rows,
-        # per device rank: idle/compute/non-compute %, comm overlap (HTA definitions)
-        "gpu_time": gpu_time(run),
-        "annotations": annotations(run),
-        "warnings": warnings,
-        "skipped_shards": [sk.to_dict() for sk in run.skipped_shards],
-    }
-    if not mfu_rows:
-        report["mfu_note"] = "device peak unknown (CPU or unlisted device): pass --peak-tflops to compute MFU"
-    watch = _watch_section(run, watch_dir)
-    if watch is not None:
-        report["watch"] = watch
-    return to_jsonable(report)
+    return Report(
+        verdict=verdict(summary, strag, rc, found), findings=found, run=_run_section(run), clock=_clock_section(run),
+        summary=summary, steps=_step_table(bd), stragglers=strag.ranks, straggler_info=strag.info, root_cause=rc,
+        parallelism=par, collectives=table, pipelines=pipes, p2p=_p2p_section(run), overlap=overlap_by_rank(run),
+        critical_path=critical_path_report(run, graph=graph), whatif=whatif_table(run, stragglers=strag, graph=graph),
+        imbalance=imbalance(run), mfu=mfu_rows, gpu_time=gpu_time(run), annotations=annotations(run),
+        warnings=warnings, skipped_shards=[SkippedShardRow(str(sk.path), sk.reason) for sk in run.skipped_shards],
+        mfu_note=None if mfu_rows else MFU_NOTE, watch=_watch_section(run, watch_dir), memory=memory_timeline(run))
 
 
-def _watch_section(run: RunSummary, run_dir: str | Path | None) -> dict[str, Any] | None:
+def _watch_section(run: RunSummary, run_dir: str | Path | None) -> WatchSection | None:
     """The whole run from its --watch series (RUN_DIR/watch/), judged by the drift rule the job ran with; None
     without `run_dir` or without a series."""
     if run_dir is None:
@@ -193,18 +133,13 @@ def _watch_section(run: RunSummary, run_dir: str | Path | None) -> dict[str, Any
     return watch_report(run_dir, rule_of(cfg))
 
 
-def watch_only_report(run_dir: str | Path) -> dict[str, Any] | None:
+def watch_only_report(run_dir: str | Path) -> Report | None:
     """A --watch run without any shard (nothing drifted, --schedule none): the report of its series alone; None when
     the run has shards (the full report) or no series (the usual "no shard files" error follows)."""
     if not Path(run_dir).is_dir() or find_shards(run_dir) or not wf.list_segments(Path(run_dir)):
         return None
     watch = watch_report(run_dir)
-    ranks = [p["rank"] for p in watch.get("per_rank", [])]
-    return to_jsonable({
-        "format": REPORT_FORMAT, "report_version": REPORT_VERSION, "distprof_version": _version.__version__,
-        "verdict": "", "findings": [],
-        "run": {"id": Path(run_dir).name, "world_size": len(ranks), "ranks_present": ranks, "ranks_missing": [],
-                "hosts": {}, "n_hosts": 0, "windows": [], "n_steps": 0},
-        "watch": watch,
-        "warnings": ["no profile window was recorded (no shard): only the --watch series is reported"],
-    })
+    ranks = [p.rank for p in watch.per_rank] if watch is not None else []
+    return Report(
+        verdict="", findings=[], run=RunInfo(id=Path(run_dir).name, world_size=len(ranks), ranks_present=ranks),
+        watch=watch, warnings=["no profile window was recorded (no shard): only the --watch series is reported"])

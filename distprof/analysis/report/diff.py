@@ -375,8 +375,8 @@ def _flops(a: RunSummary, b: RunSummary, ra: _Run, rb: _Run, rules: DiffRules) -
 
     ma, mb = mfu(a), mfu(b)
     if ma and mb:
-        va = np.array([m["mfu"] for m in ma if m["mfu"] is not None]) * 100
-        vb = np.array([m["mfu"] for m in mb if m["mfu"] is not None]) * 100
+        va = np.array([m.mfu for m in ma if m.mfu is not None]) * 100
+        vb = np.array([m.mfu for m in mb if m.mfu is not None]) * 100
         out.append(_rel_floor(_part("MFU % (per rank)", va, vb, 0.0, rules), rules))
     return out
 

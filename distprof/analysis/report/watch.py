@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +15,12 @@ import numpy as np
 
 from ...drift import DriftRule, DriftSpan, DriftTracker, own_ms
 from ...storage import watchfile as wf
+from .watch_section import MAX_SPANS, WatchSection, watch_section
 
-__all__ = ["summarize_watch", "watch_section", "MAX_HEATMAP_COLS", "MAX_HEATMAP_ROWS", "MAX_LINES"]
+__all__ = ["summarize_watch", "watch_report", "WatchSummary", "MAX_HEATMAP_COLS"]
 
-#: The report's heatmap has at most this many step columns (steps are binned) and rows (ranks in blocks).
+#: The report's heatmap has at most this many step columns (steps are binned).
 MAX_HEATMAP_COLS = 600
-MAX_HEATMAP_ROWS = 128
-#: A line is drawn for at most this many drifting ranks (the largest drifts).
-MAX_LINES = 8
-#: Drift records kept in the report (the largest first).
-MAX_SPANS = 200
 
 
 # ---- the report's watch section ---------------------------------------------------------------------------------
@@ -181,77 +177,6 @@ def _step_range(segs: dict[int, list[tuple[int, Path]]], skipped: list[str]) -> 
     return lo, hi
 
 
-def _blocks(ranks: list[int]) -> list[list[int]]:
-    if len(ranks) <= MAX_HEATMAP_ROWS:
-        return [[r] for r in ranks]
-    size = math.ceil(len(ranks) / MAX_HEATMAP_ROWS)
-    return [ranks[i:i + size] for i in range(0, len(ranks), size)]
-
-
-def _r(x: Any, nd: int = 3) -> Any:
-    if x is None:
-        return None
-    x = float(x)
-    return round(x, nd) if math.isfinite(x) else None
-
-
-def watch_section(ws: WatchSummary, drifts: list[dict[str, Any]], windows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The report's ``watch`` key (docs/report-format.md) from the summary, rank 0's drift records (which asked for
-    a window) and the run's triggered windows ({window, first_step, last_step, request_id, reason})."""
-    spans = sorted(ws.spans, key=lambda s: (-s.excess_ms * s.n_flagged, s.rank))[:MAX_SPANS]
-    triggers = []
-    for d in drifts:
-        rank, at = d.get("rank"), d.get("confirmed_step")
-        match = next((s for s in ws.spans if s.rank == rank and isinstance(at, int)
-                      and s.first_step <= at <= s.last_step + ws.rule.steps), None)
-        win = next((w for w in windows if d.get("request_id") and w.get("request_id") == d.get("request_id")), None)
-        triggers.append({
-            "request_id": d.get("request_id"), "rank": rank, "first_step": d.get("first_step"),
-            "confirmed_step": at, "excess_ms": d.get("excess_ms"), "excess_pct": d.get("excess_pct"),
-            "state": d.get("state"), "message": d.get("message"),
-            "window": win.get("window") if win else d.get("window"),
-            "window_first_step": win.get("first_step") if win else d.get("window_first"),
-            "window_last_step": win.get("last_step") if win else d.get("window_last"),
-            "drift": match.to_dict() if match else None,
-        })
-    blocks = _blocks(ws.ranks)
-    ri = {r: i for i, r in enumerate(ws.ranks)}
-    z: dict[str, list] = {"step_ms": [], "own_ms": []}
-    for key, out in z.items():
-        for blk in blocks:
-            rows = ws.bin_mean[key][[ri[r] for r in blk]] if ws.bin_mean else np.zeros((0, 0))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column: no step there
-                out.append([_r(v) for v in np.nanmax(rows, axis=0)] if rows.size else [])
-    labels = [f"rank {b[0]}" if len(b) == 1 else f"ranks {b[0]}-{b[-1]}" for b in blocks]
-    n_bins = len(ws.peers_own_bin)
-    bins = [ws.first_step + i * ws.bin_steps for i in range(n_bins)]
-    outliers = []
-    seen: set[int] = set()
-    for s in spans:
-        if s.rank in seen or len(seen) >= MAX_LINES:
-            continue
-        seen.add(s.rank)
-        i = ri[s.rank]
-        outliers.append({"rank": s.rank, "own_ms": [_r(v) for v in ws.bin_mean["own_ms"][i]],
-                         "step_ms": [_r(v) for v in ws.bin_mean["step_ms"][i]]})
-    return {
-        "rule": {**asdict(ws.rule), "text": ws.rule.text()},
-        "n_ranks": len(ws.ranks),
-        "first_step": ws.first_step,
-        "last_step": ws.last_step,
-        "per_rank": [{k: _r(v) if isinstance(v, float) else v for k, v in ws.per_rank[r].items()}
-                     for r in ws.ranks if r in ws.per_rank],
-        "drifts": [s.to_dict() for s in spans],
-        "triggers": triggers,
-        "heatmap": {"bin_steps": ws.bin_steps, "bin_first_steps": bins, "rows": labels,
-                    "row_ranks": [[b[0], b[-1]] for b in blocks], "step_ms": z["step_ms"],
-                    "own_ms": z["own_ms"]},
-        "lines": {"bin_first_steps": bins, "peers_own_ms": [_r(v) for v in ws.peers_own_bin], "ranks": outliers},
-        "skipped": ws.skipped,
-    }
-
-
 #: A status file is never read past this size.
 _MAX_STATUS_BYTES = 16 * 1024 * 1024
 
@@ -290,7 +215,7 @@ def rule_of(config: dict[str, Any] | None) -> DriftRule:
         return DriftRule()
 
 
-def watch_report(run_dir: str | Path, rule: DriftRule | None = None) -> dict[str, Any] | None:
+def watch_report(run_dir: str | Path, rule: DriftRule | None = None) -> WatchSection | None:
     """The report's ``watch`` key for RUN_DIR (None when the run has no watch series); a bad segment or drifts.json
     is skipped and named in ``skipped``."""
     ws = summarize_watch(run_dir, rule)

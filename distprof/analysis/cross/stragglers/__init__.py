@@ -15,7 +15,7 @@ One module per idea, in the order :func:`find_stragglers` (:mod:`.find`) uses th
 * :mod:`.rule` — the naming rule as a whole (:class:`StragglerRule`);
 * :mod:`.measures` — the per-rank figures and who is named; :mod:`.cost` — what severity follows;
 * :mod:`.hosts` — slow hosts; :mod:`.rank_means` — CPU time and page faults beside the lateness;
-* :mod:`.rows` — the report's rank rows and per-step stragglers.
+* :mod:`.rows` — the report's rank rows and per-step stragglers; :mod:`.result` — the typed result.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from __future__ import annotations
 from .find import find_stragglers
 from .floor import arrival_jitter_ms, threshold_ms
 from .instances import collective_instances
+from .result import StragglerHost, StragglerInfo, StragglerRank, Stragglers
 from .rule import StragglerRule
 from .student_t import t_quantile
 
-__all__ = ["StragglerRule", "arrival_jitter_ms", "collective_instances", "find_stragglers", "t_quantile",
-           "threshold_ms"]
+__all__ = ["StragglerHost", "StragglerInfo", "StragglerRank", "StragglerRule", "Stragglers", "arrival_jitter_ms",
+           "collective_instances", "find_stragglers", "t_quantile", "threshold_ms"]

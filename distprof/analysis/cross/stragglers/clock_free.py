@@ -10,11 +10,12 @@ aligned measure's).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .peers import median_of_others
+from .result import ClockFreeCheck
 
 if TYPE_CHECKING:
     from .instances import Table
@@ -43,16 +44,13 @@ def clock_free_wait_ms(t: Table, n_inst: int) -> np.ndarray:
     return dur - dmin[t["inst"]]
 
 
-def clock_free_summary(m: RankMeasures, named: list[int], thr: float) -> dict[str, Any]:
+def clock_free_summary(m: RankMeasures, named: list[int], thr: float) -> ClockFreeCheck:
     """The report's ``clock_free`` entry: the most-late rank by each measure, whether they agree, and per rank that
     passes the aligned rule's (1)-(3), whether the clock-free measure confirms it."""
     ranks = m.ranks
     top_lat = int(ranks[int(np.argmax(m.mean_lat))])
     cf_top = int(ranks[int(np.argmax(m.cf_lat))])
-    return {
-        "top_rank": cf_top,
-        "top_rank_by_lateness": top_lat,
-        "agrees": (cf_top in named) if named else cf_top == top_lat,
-        "named_confirmed": {str(int(ranks[i])): bool(m.confirmed[i]) for i in range(ranks.size)
-                            if m.mean_own[i] >= thr and m.cons.passes[i]},
-    }
+    return ClockFreeCheck(
+        top_rank=cf_top, top_rank_by_lateness=top_lat, agrees=(cf_top in named) if named else cf_top == top_lat,
+        named_confirmed={str(int(ranks[i])): bool(m.confirmed[i]) for i in range(ranks.size)
+                         if m.mean_own[i] >= thr and m.cons.passes[i]})

@@ -8,13 +8,14 @@ time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .cells import Cells, excess
 from .consistency import consistency
 from .peers import excess_by
+from .result import StragglerHost
 
 if TYPE_CHECKING:
     from ...types import RunSummary
@@ -36,8 +37,8 @@ def _host_lateness_ms(t: Table, ih: Cells) -> np.ndarray:
 
 
 def host_table(run: RunSummary, t: Table, skey: np.ndarray, blame_row: np.ndarray, thr: float,
-               rule: StragglerRule) -> list[dict[str, Any]]:
-    """Host table, one dict per host, named first, then by blame (instance rows ``t``, their step keys and blame)."""
+               rule: StragglerRule) -> list[StragglerHost]:
+    """Host table, one row per host, named first, then by blame (instance rows ``t``, their step keys and blame)."""
     host_of = np.array([str(run.hosts.get(int(r), "?")) for r in t["rank"]], dtype=object).astype(str)
     hosts, hidx = np.unique(host_of, return_inverse=True)
     hidx = hidx.reshape(-1)
@@ -56,18 +57,13 @@ def host_table(run: RunSummary, t: Table, skey: np.ndarray, blame_row: np.ndarra
     n_inst_h = np.maximum(np.bincount(ih.group, minlength=nh), 1)
     late_frac = np.bincount(ih.group, weights=last_host, minlength=nh) / n_inst_h
     out = [
-        {
-            "host": str(hosts[h]),
-            "ranks": sorted(int(r) for r, hn in run.hosts.items() if hn == hosts[h]),
-            "blame_ms": float(blame[h]),
-            "mean_lateness_ms": float(mean[h]),
-            "mean_excess_ms": float(cons.mean_excess[h]),
-            "excess_bound_ms": None if np.isnan(cons.excess_bound[h]) else float(cons.excess_bound[h]),
-            "late_fraction": float(late_frac[h]),
-            "late_step_fraction": float(late_steps[h]),
-            "named": bool(nh >= 2 and mean[h] >= thr and cons.passes[h]),
-        }
+        StragglerHost(
+            host=str(hosts[h]), ranks=sorted(int(r) for r, hn in run.hosts.items() if hn == hosts[h]),
+            blame_ms=float(blame[h]), mean_lateness_ms=float(mean[h]), mean_excess_ms=float(cons.mean_excess[h]),
+            excess_bound_ms=None if np.isnan(cons.excess_bound[h]) else float(cons.excess_bound[h]),
+            late_fraction=float(late_frac[h]), late_step_fraction=float(late_steps[h]),
+            named=bool(nh >= 2 and mean[h] >= thr and cons.passes[h]))
         for h in range(nh)
     ]
-    out.sort(key=lambda d: (not d["named"], -d["blame_ms"], d["host"]))
+    out.sort(key=lambda d: (not d.named, -d.blame_ms, d.host))
     return out
