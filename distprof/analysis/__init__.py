@@ -2,7 +2,7 @@
 
     import distprof
     run = distprof.load("distprof/<run-id>")       # RunSummary: every rank summarised, one aligned clock
-    report = distprof.analysis.build_report(run)   # everything, as a JSON-ready dict
+    report = distprof.analysis.build_report(run)   # everything, as a typed Report (report.to_json(): report.json)
 
 The packages are the pipeline's stages, each importing only the ones below it (tests/test_layers.py):
 

@@ -300,12 +300,11 @@ def _lateness(a: RunSummary, b: RunSummary) -> dict[str, Any]:
     from ..cross.stragglers import find_stragglers
 
     sa, sb = find_stragglers(a), find_stragglers(b)
-    la = {d["rank"]: d for d in sa["ranks"]}
-    lb = {d["rank"]: d for d in sb["ranks"]}
-    named = sorted(set(sa["named"]) | set(sb["named"]))
-    return {"named_a": list(sa["named"]), "named_b": list(sb["named"]),
-            "ranks": [{"rank": r, "lateness_a_ms": (la.get(r) or {}).get("mean_lateness_ms"),
-                       "lateness_b_ms": (lb.get(r) or {}).get("mean_lateness_ms")} for r in named]}
+    la = {d.rank: d.mean_lateness_ms for d in sa.ranks}
+    lb = {d.rank: d.mean_lateness_ms for d in sb.ranks}
+    named = sorted(set(sa.info.named) | set(sb.info.named))
+    return {"named_a": list(sa.info.named), "named_b": list(sb.info.named),
+            "ranks": [{"rank": r, "lateness_a_ms": la.get(r), "lateness_b_ms": lb.get(r)} for r in named]}
 
 
 def diff_runs(a: RunSummary, b: RunSummary, *, rules: DiffRules | None = None,
