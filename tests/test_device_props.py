@@ -100,10 +100,10 @@ def test_export_writes_them_back(nccl_run, tmp_path):
 def test_mfu_finds_the_peak_through_device_properties(nccl_run):
     run = distprof.load(nccl_run)
     a = run.attrs[0]
-    assert mfu(run) and mfu(run)[0]["peak_tflops"] == 312  # the shard's device name is the A100's
+    assert mfu(run) and mfu(run)[0].peak_tflops == 312  # the shard's device name is the A100's
     a["device"] = "gpu 0"  # e.g. a trace whose used device had no name: only the properties say what it is
     (row,) = mfu(run)
-    assert row["peak_tflops"] == 312 and row["device"] == "NVIDIA A100-PG509-200" and row["peak_source"] == "table"
+    assert row.peak_tflops == 312 and row.device == "NVIDIA A100-PG509-200" and row.peak_source == "table"
     a["device_properties"] = []
     assert mfu(run) == []
 

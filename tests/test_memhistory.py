@@ -450,14 +450,14 @@ def test_imbalance_gains_reserved_peak_with_history():
     from distprof.analysis.summarize.engine import summarize_merged
 
     run = ddp_run(3, n_steps=2)
-    assert "reserved_peak_bytes" not in imbalance(summarize_merged(run))["metrics"]  # no history: unchanged
+    assert "reserved_peak_bytes" not in imbalance(summarize_merged(run)).metrics  # no history: unchanged
     cm = {c: np.zeros(4, dt) for c, dt in schema.TABLES["cuda_memory"].items()}
     cm["rank"] = np.array([0, 0, 1, 1], np.int32)
     cm["window"] = np.zeros(4, np.int32)
     cm["reserved_peak_bytes"] = np.array([4, 6, 9, 8], np.int64) * MiB
     run.cuda_memory = cm
     imb = imbalance(summarize_merged(run))
-    by = {r["rank"]: r["reserved_peak_bytes"] for r in imb["per_rank"]}
+    by = {r.rank: r.reserved_peak_bytes for r in imb.per_rank}
     assert by == {0: 6 * MiB, 1: 9 * MiB, 2: None}
-    m = imb["metrics"]["reserved_peak_bytes"]
-    assert m["max_rank"] == 1 and m["max"] == 9 * MiB and m["max_over_min"] == pytest.approx(1.5)
+    m = imb.metrics["reserved_peak_bytes"]
+    assert m.max_rank == 1 and m.max == 9 * MiB and m.max_over_min == pytest.approx(1.5)

@@ -99,8 +99,8 @@ def test_per_device_busy_time(imported):
     assert busy == {0: 150_000, 1: 130_000}  # gemm_a + gemm_c on GPU 0; gemm_b on GPU 1
     (g,) = gpu_time(distprof.load(imported))
     # the rank's GPU timeline is every stream of every device together: busy from 20 to 220 µs without a gap
-    assert g["span_us"] == pytest.approx(200.0) and g["idle_us"] == pytest.approx(0.0)
-    assert g["compute_us"] == pytest.approx(200.0)
+    assert g.span_us == pytest.approx(200.0) and g.idle_us == pytest.approx(0.0)
+    assert g.compute_us == pytest.approx(200.0)
 
 
 def test_timeline_two_stream_tracks(imported):
