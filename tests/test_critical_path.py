@@ -1,4 +1,4 @@
-"""The cross-rank step graph, its replay and the critical path (analysis/critical_path.py): on synthetic runs with a
+"""The cross-rank step graph, its replay and the critical path (analysis/graph/critical_path.py, path_report.py): on synthetic runs with a
 known straggler and on a hand-built two-stage point-to-point step."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 from synth import make_run
 
 import distprof
-from distprof.analysis.graph.critical_path import critical_path_report, critical_paths, replay, step_graph
+from distprof.analysis.graph.critical_path import critical_paths, replay, step_graph
+from distprof.analysis.graph.path_report import critical_path_report
 from distprof.analysis.align.matching import match_collectives
 from distprof.analysis.align.p2p import match_p2p
 
@@ -43,18 +44,18 @@ def test_replay_of_the_measured_segments_reproduces_the_steps(late):
 
 def test_critical_path_runs_through_the_straggler(late, balanced):
     cp = critical_path_report(late)
-    assert cp["ranks"][0]["rank"] == 2 and cp["ranks"][0]["share_pct"] > 80
-    assert cp["ranks"][0]["steps_on_path"] == 5
+    assert cp.ranks[0].rank == 2 and cp.ranks[0].share_pct > 80
+    assert cp.ranks[0].steps_on_path == 5
     # the path is as long as the step: work + transfers, never waiting
     st = late.steps
-    assert cp["length_ms_median"] == pytest.approx(float(np.median(st["step_ms"])), rel=0.05)
-    kinds = {s["kind"] for s in cp["view"]["segments"]}
+    assert cp.length_ms_median == pytest.approx(float(np.median(st["step_ms"])), rel=0.05)
+    kinds = {s.kind for s in cp.view.segments}
     assert kinds == {"work", "transfer"}
-    assert sum(s["ms"] for s in cp["view"]["segments"]) == pytest.approx(
-        next(p["length_ms"] for p in cp["per_step"] if p["step"] == cp["view"]["step"]), rel=1e-6)
+    assert sum(s.ms for s in cp.view.segments) == pytest.approx(
+        next(p.length_ms for p in cp.per_step if p.step == cp.view.step), rel=1e-6)
     # balanced: no rank holds the path in most of the time
     b = critical_path_report(balanced)
-    assert b["ranks"][0]["share_pct"] < 60
+    assert b.ranks[0].share_pct < 60
 
 
 def _p2p_run():
@@ -85,7 +86,7 @@ def test_point_to_point_joins_sender_to_receiver():
     w = dict(zip(cp.ranks.tolist(), cp.work_ms[0].tolist()))
     assert w[0] == pytest.approx(10.0) and w[1] == pytest.approx(6.0)  # stage 1's own 1 ms and 9 ms wait: off it
     assert cp.transfer_ms[0] == pytest.approx(2.0)
-    assert [(s["rank"], s["kind"]) for s in cp.segments] == [(0, "work"), (1, "transfer"), (1, "work")]
+    assert [(s.rank, s.kind) for s in cp.segments] == [(0, "work"), (1, "transfer"), (1, "work")]
     # the sender 4 ms faster: the receiver's step ends 4 ms earlier; the receiver faster: nothing changes
     gap = g.ev_gap.copy()
     gap[g.ev_rank == 0] -= 4 * MS
