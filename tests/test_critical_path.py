@@ -1,5 +1,5 @@
-"""The cross-rank step graph, its replay and the critical path (analysis/graph/critical_path.py, path_report.py): on synthetic runs with a
-known straggler and on a hand-built two-stage point-to-point step."""
+"""The cross-rank step graph, its replay and the critical path (analysis/graph/critical_path.py, path_report.py):
+on synthetic runs with a known straggler and on a hand-built two-stage point-to-point step."""
 
 from __future__ import annotations
 
