@@ -392,7 +392,8 @@ def test_a_named_rank_on_a_slower_cpu_is_said_so():
     run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20, jitter_ms=JITTER, late_kind="compute")
     run.steps["cpu_run_ns"] = np.where(run.steps["rank"] == 2, 45_000_000, 30_000_000)
     res = find_stragglers(summarize_merged(run))
-    assert _by_rank(res)[2].cpu_time_ratio == pytest.approx(1.5) and _by_rank(res)[0].cpu_time_ratio == pytest.approx(1.0)
+    r = _by_rank(res)
+    assert r[2].cpu_time_ratio == pytest.approx(1.5) and r[0].cpu_time_ratio == pytest.approx(1.0)
     f = straggler_findings(res, [], {r: "h" for r in range(4)}, 30.0, FindingRules())
     assert "1.50x the CPU time" in f[0].evidence
     bare = find_stragglers(summarize_merged(ddp_run(4, n_steps=4, late_rank=2, late_ms=20, jitter_ms=JITTER)))
