@@ -6,6 +6,7 @@ Hand-built MergedRuns (``RunBuilder`` / ``ddp_run`` from test_breakdown, times i
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import distprof
@@ -15,12 +16,15 @@ import pytest
 from conftest import EXAMPLES, only_run_dir, torchrun
 from distprof.analysis.types import FindingRules, RunSummary
 from distprof.analysis.summarize.engine import summarize_merged
-from distprof.analysis.cross.annotations import annotations
+from distprof.analysis.cross.annotations import AnnotationRank, annotations
 from distprof.analysis.findings import findings
 from distprof.analysis.names import is_sync_call
 from distprof.analysis.report.build import build_report
 from distprof.analysis.cross.rootcause import root_cause
-from distprof.analysis.cross.stragglers import find_stragglers
+from distprof.analysis.cross.step_summary import StepSummary
+from distprof.analysis.cross.stragglers import StragglerRule, find_stragglers
+from distprof.analysis.cross.stragglers.result import StragglerInfo, StragglerRank, StragglerRuleInfo, Stragglers
+from distprof.analysis.findings.finding import Finding
 from distprof.analysis.findings.verdict import verdict
 from distprof.render.console import render_console
 from distprof.storage import schema
@@ -32,7 +36,7 @@ DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 def analyse(run, rules=None):
     v = run if isinstance(run, RunSummary) else summarize_merged(run, rules=rules)
     s = find_stragglers(v)
-    rc = root_cause(v, s["named"])
+    rc = root_cause(v, s.info.named)
     return findings(v, stragglers=s, root_cause=rc, rules=rules), s, rc
 
 
@@ -43,7 +47,24 @@ def measures(run, rules=None):
 
 
 def by_id(fs, rule_id):
-    return [f for f in fs if f["id"] == rule_id]
+    return [f for f in fs if f.id == rule_id]
+
+
+def stragglers_of(n_instances, rows=()):
+    """A stragglers result as find_stragglers hands it: the default rule with a 1 ms floor, `rows` its ranks."""
+    rule = StragglerRule()
+    parts = {"clock_residual_ms": 0.0, "from_clock_residual_ms": 0.0, "median_step_ms": 0.0, "from_step_time_ms": 0.0,
+             "arrival_jitter_ms": 0.0, "from_jitter_ms": 0.0}
+    info = StragglerInfo(StragglerRuleInfo(text=rule.text(), threshold_ms=1.0, **parts, **asdict(rule)),
+                         n_instances=n_instances, named=[d.rank for d in rows if d.named])
+    return Stragglers(list(rows), info)
+
+
+def straggler_row(**given):
+    """A stragglers rank row: the figures `given`, every other one 0 (not named unless given)."""
+    row = {f.name: 0.0 for f in fields(StragglerRank)}
+    row.update(host="h", named=False, own_steps_consistent=False)
+    return StragglerRank(**{**row, **given})
 
 
 def loop_run(world=2, n_steps=4, *, step_ms=30.0, dl_ms=0.0, head_gap_ms=0.0, tiny=0, tiny_us=50.0,
@@ -115,12 +136,12 @@ def test_tiny_ops_fires_on_many_tiny_top_level_ops():
     run = loop_run(tiny=300, tiny_us=50, big_ms=2.0, step_ms=30.0)
     fs, _, _ = analyse(run)
     (f,) = by_id(fs, "tiny_ops")
-    m = f["metrics"]
-    assert f["rank"] is None and m["n_ranks"] == 2  # both ranks: one finding
+    m = f.metrics
+    assert f.rank is None and m["n_ranks"] == 2  # both ranks: one finding
     assert m["tiny_ops_per_step"] == 300 and m["ops_per_step"] == 303  # + aten::linear, aten::add_, aten::copy_
     assert m["tiny_share_pct"] > 50
-    assert m["threshold_us"] == 100 and "100 us" in f["evidence"]
-    assert "torch.compile" in f["advice"]
+    assert m["threshold_us"] == 100 and "100 us" in f.evidence
+    assert "torch.compile" in f.advice
 
 
 def test_tiny_ops_does_not_fire_on_nested_tiny_ops_or_few_ops():
@@ -142,13 +163,13 @@ def test_tiny_kernels_on_a_device_rank():
     fs, _, _ = analyse(b.build())
     (f,) = by_id(fs, "tiny_ops")
     # its impact is its own kernel time (8 of 40 ms); the 32 ms of idle between the kernels is device_idle's
-    assert f["rank"] == 0 and f["severity"] == "medium"
-    assert f["metrics"]["impact_pct"] == pytest.approx(20, abs=0.01)
-    assert "kernels" in f["title"] and "of kernel time" in f["title"]
-    assert "8.0 ms of 8.0 ms kernel time" in f["evidence"] and "op time" not in f["evidence"]
+    assert f.rank == 0 and f.severity == "medium"
+    assert f.metrics["impact_pct"] == pytest.approx(20, abs=0.01)
+    assert "kernels" in f.title and "of kernel time" in f.title
+    assert "8.0 ms of 8.0 ms kernel time" in f.evidence and "op time" not in f.evidence
     (d,) = by_id(fs, "device_idle")
-    assert d["metrics"]["device_idle_ms_per_step"] == pytest.approx(32, abs=1e-6)
-    assert f["metrics"]["impact_pct"] + d["metrics"]["impact_pct"] == pytest.approx(100)  # nothing counted twice
+    assert d.metrics["device_idle_ms_per_step"] == pytest.approx(32, abs=1e-6)
+    assert f.metrics["impact_pct"] + d.metrics["impact_pct"] == pytest.approx(100)  # nothing counted twice
 
 
 # -------------------------------------------------------------------------------------- device idle, host sync
@@ -187,8 +208,8 @@ def launch_bound(b, r, s, t):
 def test_device_idle_fires_on_a_launch_bound_rank():
     fs, _, _ = analyse(gpu_run(launch_bound, world=2))
     (f,) = by_id(fs, "device_idle")
-    m = f["metrics"]
-    assert f["rank"] is None and m["n_ranks"] == 2 and f["severity"] == "high"
+    m = f.metrics
+    assert f.rank is None and m["n_ranks"] == 2 and f.severity == "high"
     assert m["impact_pct"] == pytest.approx(90) and m["device_idle_ms_per_step"] == pytest.approx(9)
     assert m["idle_head_ms_per_step"] == pytest.approx(0.3)
     assert m["idle_tail_ms_per_step"] == pytest.approx(0.15)
@@ -196,9 +217,9 @@ def test_device_idle_fires_on_a_launch_bound_rank():
     assert m["idle_host_ops_ms_per_step"] == pytest.approx(9)  # the host was inside aten::add all the time
     assert m["idle_input_ms_per_step"] == m["idle_after_sync_ms_per_step"] == m["idle_host_other_ms_per_step"] == 0
     assert m["kernels_per_step"] == 20 and m["threshold_step_pct"] == 10
-    assert "(largest: aten::add 9.00 ms (rank 0))" in f["evidence"]
-    assert f["advice"].startswith("The device waits for the host to launch work")
-    assert "reduce-overhead" in f["advice"] and "CUDA graphs" in f["advice"]
+    assert "(largest: aten::add 9.00 ms (rank 0))" in f.evidence
+    assert f.advice.startswith("The device waits for the host to launch work")
+    assert "reduce-overhead" in f.advice and "CUDA graphs" in f.advice
     assert not by_id(fs, "tiny_ops") and not by_id(fs, "host_sync")  # 20 kernels per step; no synchronisation
 
 
@@ -211,12 +232,12 @@ def input_bound(b, r, s, t):
 def test_device_idle_split_when_the_host_waits_for_input():
     fs, _, _ = analyse(gpu_run(input_bound))
     (f,) = by_id(fs, "device_idle")
-    m = f["metrics"]
-    assert f["rank"] == 0 and m["impact_pct"] == pytest.approx(41)
+    m = f.metrics
+    assert f.rank == 0 and m["impact_pct"] == pytest.approx(41)
     assert m["idle_head_ms_per_step"] == pytest.approx(4.1) and m["idle_between_ms_per_step"] == pytest.approx(0)
     assert m["idle_input_ms_per_step"] == pytest.approx(4.0) and m["idle_host_ops_ms_per_step"] == pytest.approx(0.1)
-    assert f["advice"].startswith("The device waits while the main thread waits for input")
-    assert "num_workers" in f["advice"]
+    assert f.advice.startswith("The device waits while the main thread waits for input")
+    assert "num_workers" in f.advice
     assert by_id(fs, "input_wait")  # the cause has its own finding; device_idle says how much device time it costs
 
 
@@ -235,22 +256,22 @@ def sync_step(b, r, s, t):
 def test_host_sync_and_the_device_idle_it_causes():
     fs, _, _ = analyse(gpu_run(sync_step))
     (h,) = by_id(fs, "host_sync")
-    m = h["metrics"]
-    assert h["rank"] == 0
+    m = h.metrics
+    assert h.rank == 0
     # the runtime call and Kineto's cuda_sync record of the same wait count once
     assert m["syncs_per_step"] == 1 and m["sync_calls_per_step"] == 1
     assert m["sync_ms_per_step"] == pytest.approx(5.0) and m["blocked_pct"] == pytest.approx(50)
     # device idle from the copy's end (6.02) to the next kernel (8.2)
     assert m["idle_after_sync_ms_per_step"] == pytest.approx(2.18)
-    assert m["impact_pct"] == pytest.approx(21.8) and h["severity"] == "medium"
-    assert "aten::item 5.00 ms (1.0 per step)" in h["evidence"]
-    assert ".item()" in h["advice"] and "non_blocking=True" in h["advice"]
+    assert m["impact_pct"] == pytest.approx(21.8) and h.severity == "medium"
+    assert "aten::item 5.00 ms (1.0 per step)" in h.evidence
+    assert ".item()" in h.advice and "non_blocking=True" in h.advice
     (d,) = by_id(fs, "device_idle")
-    dm = d["metrics"]
+    dm = d.metrics
     assert dm["device_idle_ms_per_step"] == pytest.approx(0.5 + 2.18 + 0.2)
     assert dm["idle_after_sync_ms_per_step"] == pytest.approx(2.18)  # host_sync's impact is this part of it
     assert dm["idle_host_ops_ms_per_step"] == pytest.approx(0.7)  # head and tail, inside aten::mm / aten::add
-    assert d["advice"].startswith("Host synchronisations drain the device's queue")
+    assert d.advice.startswith("Host synchronisations drain the device's queue")
 
 
 def busy_device(b, r, s, t):
@@ -296,14 +317,14 @@ def test_verdict_uses_the_findings_own_number_and_unit():
         b.event(0, "elementwise_kernel", KERNEL, COMPUTE, 7, 0.05 + 0.1 * k, 0.07 + 0.1 * k, step=1, device=0)
     fs, s, rc = analyse(b.build())
     (tiny,) = by_id(fs, "tiny_ops")
-    share = f"{tiny['metrics']['tiny_share_pct']:.0f} % of kernel time"
-    assert share in tiny["title"]
-    summary = {"n_rank_steps": 1, "step_ms_mean": 40.0}
+    share = f"{tiny.metrics['tiny_share_pct']:.0f} % of kernel time"
+    assert share in tiny.title
+    summary = StepSummary(n_rank_steps=1, step_ms_mean=40.0)
     assert f"{share} on rank 0 is in kernels under 100 us" in verdict(summary, s, rc, [tiny])
     # CPU rank: op time
     fs, s, rc = analyse(loop_run(world=1, tiny=300, tiny_us=50, big_ms=2.0))
     (tiny,) = by_id(fs, "tiny_ops")
-    assert "of op time" in tiny["title"] and "% of op time on rank 0 is in ops under 100 us" in verdict(
+    assert "of op time" in tiny.title and "% of op time on rank 0 is in ops under 100 us" in verdict(
         summary, s, rc, [tiny])
     # device_idle: its impact (share of step time) and its largest cause
     fs, s, rc = analyse(gpu_run(launch_bound))
@@ -337,29 +358,29 @@ def test_real_traces_device_idle_and_host_sync(hta_reports):
         assert m["device_rank"] and m["device_idle_ms_per_step"] == pytest.approx(idle_ms, rel=1e-9)
     # MI250 toy run: the device idles 98 % of the step while the host is in ops (one 6.5 ms hipLaunchKernel)
     rep, m, _ = hta_reports["amd_trace"]
-    (d,) = by_id(rep["findings"], "device_idle")
-    assert d["rank"] == 0 and d["severity"] == "high" and rep["findings"][0] is d
-    assert d["metrics"]["impact_pct"] == pytest.approx(rep["summary"]["idle_pct"], abs=0.01)
-    assert d["metrics"]["impact_pct"] > 95 and "aten::add_" in d["evidence"]
-    assert d["advice"].startswith("The device waits for the host to launch work")
-    assert "no kernel or copy runs on the device on rank 0 for 98 % of step time" in rep["verdict"]
+    (d,) = by_id(rep.findings, "device_idle")
+    assert d.rank == 0 and d.severity == "high" and rep.findings[0] is d
+    assert d.metrics["impact_pct"] == pytest.approx(rep.summary.idle_pct, abs=0.01)
+    assert d.metrics["impact_pct"] > 95 and "aten::add_" in d.evidence
+    assert d.advice.startswith("The device waits for the host to launch work")
+    assert "no kernel or copy runs on the device on rank 0 for 98 % of step time" in rep.verdict
     # its two synchronous input copies (hipMemcpyWithStream under aten::to) drain the queue: a low finding
-    (h,) = by_id(rep["findings"], "host_sync")
-    assert h["severity"] == "low" and "aten::to" in h["evidence"] and h["metrics"]["sync_calls_per_step"] == 1
+    (h,) = by_id(rep.findings, "host_sync")
+    assert h.severity == "low" and "aten::to" in h.evidence and h.metrics["sync_calls_per_step"] == 1
     # V100, 97 % compute: nothing about idle, syncs or tiny kernels (its one cudaDeviceSynchronize is outside steps)
     rep, m, _ = hta_reports["ns_resolution_trace"]
-    assert not {f["id"] for f in rep["findings"]} & {"device_idle", "host_sync", "tiny_ops"}
+    assert not {f.id for f in rep.findings} & {"device_idle", "host_sync", "tiny_ops"}
     assert m["syncs_per_step"] == 0
     # A100 DDP rank: 76 % device idle while the host dispatches ops -> device_idle, high; tiny kernels hold 51 % of
     # kernel time but only 9 % of step time (below tiny_ops' 10 %); 8 short cudaEventSynchronize per step: no host_sync
     rep, m, _ = hta_reports["nccl_parser_config"]
-    assert [f["id"] for f in rep["findings"]] == ["device_idle"]
-    (d,) = rep["findings"]
-    assert d["severity"] == "high" and 75 < d["metrics"]["impact_pct"] < 78
-    assert d["metrics"]["idle_host_ops_ms_per_step"] > 0.8 * d["metrics"]["device_idle_ms_per_step"]
+    assert [f.id for f in rep.findings] == ["device_idle"]
+    (d,) = rep.findings
+    assert d.severity == "high" and 75 < d.metrics["impact_pct"] < 78
+    assert d.metrics["idle_host_ops_ms_per_step"] > 0.8 * d.metrics["device_idle_ms_per_step"]
     assert m["tiny_share_pct"] == pytest.approx(51.4, abs=0.1) and m["tiny_ms_per_step"] == pytest.approx(19.8, abs=0.1)
     assert m["syncs_per_step"] == 8 and m["sync_ms_per_step"] < 0.1
-    assert rep["verdict"].startswith("Steps take 222.4 ms on average; no kernel or copy runs on the device on rank 0 "
+    assert rep.verdict.startswith("Steps take 222.4 ms on average; no kernel or copy runs on the device on rank 0 "
                                      "for 76 % of step time, mostly while the host is inside ops")
 
 
@@ -370,12 +391,12 @@ def test_input_wait_fires_on_dataloader_and_boundary_gap():
     run = loop_run(dl_ms=8.0, head_gap_ms=2.0, step_ms=30.0)
     fs, _, _ = analyse(run)
     (f,) = by_id(fs, "input_wait")
-    m = f["metrics"]
+    m = f.metrics
     assert m["dataloader_ms_per_step"] == pytest.approx(7.99, abs=1e-6)
     # head gap 2 ms + the 10 us between the DataLoader's end and the step end
     assert m["boundary_gap_ms_per_step"] == pytest.approx(2.01, abs=1e-6)
     assert m["impact_pct"] == pytest.approx(100 * 10 / 30, abs=0.01)
-    assert f["severity"] == "high" and "num_workers" in f["advice"]
+    assert f.severity == "high" and "num_workers" in f.advice
     assert m["threshold_step_pct"] == 10
 
 
@@ -410,11 +431,11 @@ def test_memory_churn_fires_on_allocation_rate():
     run = with_memory(loop_run(step_ms=30.0), lambda r, s: alloc_free(1000, 4096))  # 33 allocations per ms
     fs, _, _ = analyse(run)
     (f,) = by_id(fs, "memory_churn")
-    m = f["metrics"]
+    m = f.metrics
     assert m["allocs_per_step"] == 1000 and m["allocs_per_ms"] == pytest.approx(1000 / 30)
     assert m["churn_rate"] == 1 and m["churn_turnover"] == 0 and m["churn_swing"] == 0
-    assert f["severity"] == "low"  # 1.7x the threshold
-    assert "--memory-history" in f["advice"]
+    assert f.severity == "low"  # 1.7x the threshold
+    assert "--memory-history" in f.advice
 
 
 def test_memory_churn_fires_on_turnover_and_on_swings_between_steps():
@@ -422,11 +443,11 @@ def test_memory_churn_fires_on_turnover_and_on_swings_between_steps():
     # 100 allocations of 8 MiB each, freed at once: 800 MiB allocated per step for an 8 MiB swing
     fs, _, _ = analyse(with_memory(loop_run(), lambda r, s: alloc_free(100, 8 * mib)))
     (f,) = by_id(fs, "memory_churn")
-    assert f["metrics"]["churn_turnover"] == 1 and f["metrics"]["turnover"] == pytest.approx(100)
+    assert f.metrics["churn_turnover"] == 1 and f.metrics["turnover"] == pytest.approx(100)
     # the per-step peak alternates 100 MiB / 400 MiB (variable shapes)
     fs, _, _ = analyse(with_memory(loop_run(), lambda r, s: alloc_free(2, (100 if s % 2 else 400) * mib)))
     (f,) = by_id(fs, "memory_churn")
-    assert f["metrics"]["churn_swing"] == 1 and f["metrics"]["peak_swing_mib"] == pytest.approx(300)
+    assert f.metrics["churn_swing"] == 1 and f.metrics["peak_swing_mib"] == pytest.approx(300)
 
 
 def test_memory_churn_does_not_fire_on_ordinary_steps():
@@ -506,20 +527,20 @@ def test_memory_churn_uses_the_allocator_history_and_names_the_sites():
     assert run.has_memory_history and run.memory["ts_ns"].size == 0
     fs, _, _ = analyse(run)
     (f,) = by_id(fs, "memory_churn")
-    m = f["metrics"]
-    assert f["rank"] is None and m["n_ranks"] == 2 and m["memory_history"] == 1
+    m = f.metrics
+    assert f.rank is None and m["n_ranks"] == 2 and m["memory_history"] == 1
     assert m["allocs_per_step"] == 1000 and m["allocs_per_ms"] == pytest.approx(1000 / 30)
     assert m["alloc_mib_per_step"] == pytest.approx(1000) and m["swing_mib_per_step"] == pytest.approx(1000)
     assert m["turnover"] == pytest.approx(1.0)  # the working set is allocated once per step
     assert (m["churn_rate"], m["churn_turnover"], m["churn_swing"], m["churn_fragmentation"]) == (1, 0, 0, 0)
-    assert f["severity"] == "low"  # 1.7x the threshold
-    assert "CUDA allocations per step" in f["title"] and "From the CUDA allocator history" in f["evidence"]
+    assert f.severity == "low"  # 1.7x the threshold
+    assert "CUDA allocations per step" in f.title and "From the CUDA allocator history" in f.evidence
     # the sites, largest first, with their bytes per step and whether they were alive at the peak
-    ev = f["evidence"]
+    ev = f.evidence
     assert ev.index("forward (/home/u/train.py:42): 64.0 MiB in 1.0 allocations per step, 100 % alive") < ev.index(
         "loss (/home/u/train.py:57): 8.0 MiB in 1.0 allocations per step.")
-    assert "Reuse buffers at the sites named" in f["advice"] and "memory_viz" in f["advice"]
-    assert "expandable_segments" not in f["advice"]
+    assert "Reuse buffers at the sites named" in f.advice and "memory_viz" in f.advice
+    assert "expandable_segments" not in f.advice
 
 
 def test_memory_churn_history_fragmentation_swing_and_turnover():
@@ -528,13 +549,13 @@ def test_memory_churn_history_fragmentation_swing_and_turnover():
     run = with_history(loop_run(), steady(base=2 * GiB - 63 * mib, reserved=6 * GiB))
     fs, _, _ = analyse(run)
     (f,) = by_id(fs, "memory_churn")
-    m = f["metrics"]
+    m = f.metrics
     assert (m["churn_rate"], m["churn_turnover"], m["churn_swing"], m["churn_fragmentation"]) == (0, 0, 0, 1)
     assert m["reserved_ratio"] == pytest.approx(3.0, rel=1e-3) and m["reserved_gap_mib"] == pytest.approx(4096, abs=1)
-    assert f["severity"] == "medium"  # 3x / 1.5 = 2x the threshold
-    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in f["advice"]
-    assert "empty_cache() is not a fix" in f["advice"] and "Reuse buffers" not in f["advice"]
-    assert "reserves 6144 MiB for a 2048 MiB allocated peak" in f["title"]
+    assert f.severity == "medium"  # 3x / 1.5 = 2x the threshold
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in f.advice
+    assert "empty_cache() is not a fix" in f.advice and "Reuse buffers" not in f.advice
+    assert "reserves 6144 MiB for a 2048 MiB allocated peak" in f.title
 
     # peaks alternate 1 GiB / 2 GiB (variable shapes): swing between steps
     def shapes(r, s):
@@ -543,8 +564,8 @@ def test_memory_churn_history_fragmentation_swing_and_turnover():
                     reserved_end_bytes=2 * GiB)
     fs, _, _ = analyse(with_history(loop_run(), shapes))
     (f,) = by_id(fs, "memory_churn")
-    assert f["metrics"]["churn_swing"] == 1 and f["metrics"]["peak_swing_mib"] == pytest.approx(1024)
-    assert "Keep input shapes fixed" in f["advice"]
+    assert f.metrics["churn_swing"] == 1 and f.metrics["peak_swing_mib"] == pytest.approx(1024)
+    assert "Keep input shapes fixed" in f.advice
 
     # 800 MiB allocated per step around a 8 MiB swing; the step ends 8 MiB below its start, the next starts there:
     # the swing is the peak minus the lower of the step's and the previous step's end level
@@ -554,7 +575,7 @@ def test_memory_churn_history_fragmentation_swing_and_turnover():
                     reserved_peak_bytes=256 * mib)
     fs, _, _ = analyse(with_history(loop_run(n_steps=4), turnover))
     (f,) = by_id(fs, "memory_churn")
-    m = f["metrics"]
+    m = f.metrics
     # step 100: no previous step, 208 - 200 = 8; 101 ends at 208 after 100 ended at 200: 8; and so on
     assert m["swing_mib_per_step"] == pytest.approx(8) and m["turnover"] == pytest.approx(100)
     assert m["churn_turnover"] == 1 and m["churn_rate"] == 0
@@ -590,13 +611,13 @@ def test_memory_churn_with_and_without_history_on_different_ranks():
     assert "memory_history" in ms[0] and "memory_history" not in ms[1]
     fs, _, _ = analyse(run)
     (f,) = by_id(fs, "memory_churn")
-    assert f["rank"] is None and f["metrics"]["n_ranks"] == 2 and f["metrics"]["memory_history"] == 0.5
+    assert f.rank is None and f.metrics["n_ranks"] == 2 and f.metrics["memory_history"] == 0.5
     # rank 0's history says ordinary, rank 1 (events only) still churns: one finding for rank 1, worded as before
     run = with_history(with_memory(loop_run(step_ms=30.0), lambda r, s: alloc_free(1000, 4096)), steady())
     keep = run.cuda_memory["rank"] == 0
     run.cuda_memory = {c: v[keep] for c, v in run.cuda_memory.items()}
     (f,) = by_id(analyse(run)[0], "memory_churn")
-    assert f["rank"] == 1 and "memory_history" not in f["metrics"] and "--memory-history" in f["advice"]
+    assert f.rank == 1 and "memory_history" not in f.metrics and "--memory-history" in f.advice
 
 
 def test_memory_churn_from_a_captured_history(tmp_path):
@@ -623,9 +644,9 @@ def test_memory_churn_from_a_captured_history(tmp_path):
     # the rate per ms depends on this machine's speed: judge by allocations per step only
     fs, _, _ = analyse(run, FindingRules(churn_min_allocs_per_ms=1e-3))
     (f,) = by_id(fs, "memory_churn")
-    m = f["metrics"]
-    assert f["rank"] == 0 and m["memory_history"] == 1 and m["allocs_per_step"] == 600 and m["churn_rate"] == 1
-    assert "step (/home/u/train.py:77): 32.0 KiB in 8.0 allocations per step" in f["evidence"]  # 8 largest of 4 KiB
+    m = f.metrics
+    assert f.rank == 0 and m["memory_history"] == 1 and m["allocs_per_step"] == 600 and m["churn_rate"] == 1
+    assert "step (/home/u/train.py:77): 32.0 KiB in 8.0 allocations per step" in f.evidence  # 8 largest of 4 KiB
 
 
 # ------------------------------------------------------------------------------------- exposed communication
@@ -634,9 +655,9 @@ def test_memory_churn_from_a_captured_history(tmp_path):
 def test_exposed_comm_fires_when_allreduce_is_not_hidden():
     fs, _, _ = analyse(ddp_run(4, n_steps=4, allreduce_ms=8.0))
     (f,) = by_id(fs, "exposed_comm")
-    assert f["rank"] is None and f["metrics"]["n_ranks"] == 4
-    assert f["metrics"]["impact_pct"] > 25 and f["severity"] == "high"
-    assert "bucket_cap_mb" in f["advice"] and "no_sync" in f["advice"]
+    assert f.rank is None and f.metrics["n_ranks"] == 4
+    assert f.metrics["impact_pct"] > 25 and f.severity == "high"
+    assert "bucket_cap_mb" in f.advice and "no_sync" in f.advice
 
 
 def test_exposed_comm_does_not_fire_when_small_or_when_it_is_the_straggler_wait():
@@ -654,13 +675,13 @@ def test_exposed_comm_does_not_fire_when_small_or_when_it_is_the_straggler_wait(
 def test_straggler_rank_with_idle_and_compute_root_causes():
     fs, s, rc = analyse(ddp_run(4, n_steps=4, late_rank=2, late_ms=20))
     (f,) = by_id(fs, "straggler_rank")
-    assert f["rank"] == 2 and f["host"] == "host0" and f["severity"] == "high"
-    assert f["metrics"]["late_fraction"] == 1.0 and f["metrics"]["mean_lateness_ms"] == pytest.approx(20, abs=0.1)
-    assert "[idle]" in f["evidence"] and "outside any recorded op" in f["advice"]
+    assert f.rank == 2 and f.host == "host0" and f.severity == "high"
+    assert f.metrics["late_fraction"] == 1.0 and f.metrics["mean_lateness_ms"] == pytest.approx(20, abs=0.1)
+    assert "[idle]" in f.evidence and "outside any recorded op" in f.advice
     assert fs[0] is f  # most severe first
     fs, _, _ = analyse(ddp_run(4, n_steps=4, late_rank=1, late_ms=20, late_kind="compute"))
     (f,) = by_id(fs, "straggler_rank")
-    assert f["rank"] == 1 and "aten::slow" in f["advice"]
+    assert f.rank == 1 and "aten::slow" in f.advice
 
 
 def test_no_straggler_finding_without_a_late_rank():
@@ -672,13 +693,13 @@ def test_straggler_host_when_its_ranks_are_late_together():
     late = {(s, r): 15.0 for s in range(4) for r in (2, 3)}
     fs, s, _ = analyse(ddp_run(4, n_steps=4, hosts=["a", "a", "b", "b"], late_at=late))
     (h,) = by_id(fs, "straggler_host")
-    assert h["host"] == "b" and h["rank"] is None and h["metrics"]["n_late_ranks"] == 2
+    assert h.host == "b" and h.rank is None and h.metrics["n_late_ranks"] == 2
     assert not by_id(fs, "straggler_rank")  # its ranks are covered by the host finding
-    assert "throttling" in h["advice"]
+    assert "throttling" in h.advice
     # one late rank on a two-host run: a rank finding, no host finding
     fs, _, _ = analyse(ddp_run(4, n_steps=4, hosts=["a", "a", "b", "b"], late_rank=3, late_ms=15))
     assert not by_id(fs, "straggler_host")
-    assert [f["rank"] for f in by_id(fs, "straggler_rank")] == [3]
+    assert [f.rank for f in by_id(fs, "straggler_rank")] == [3]
 
 
 def test_thresholds_are_configurable():
@@ -687,7 +708,7 @@ def test_thresholds_are_configurable():
     assert not by_id(fs, "input_wait")
     fs, _, _ = analyse(run, FindingRules(input_min_step_pct=5.0))
     (f,) = by_id(fs, "input_wait")
-    assert f["metrics"]["threshold_step_pct"] == 5.0 and f["severity"] == "low"
+    assert f.metrics["threshold_step_pct"] == 5.0 and f.severity == "low"
 
 
 def test_per_rank_findings_when_few_ranks_fire():
@@ -702,8 +723,8 @@ def test_per_rank_findings_when_few_ranks_fire():
             b.event(r, "aten::mm", CPU_OP, COMPUTE, 1, t + gap, t + 40, step=s)
     fs, _, _ = analyse(b.build())
     (f,) = by_id(fs, "input_wait")
-    assert f["rank"] == 3 and f["host"] == "host0"
-    assert f["metrics"]["impact_pct"] == pytest.approx(30)
+    assert f.rank == 3 and f.host == "host0"
+    assert f.metrics["impact_pct"] == pytest.approx(30)
 
 
 # ----------------------------------------------------------------------------------------------------- verdict
@@ -712,22 +733,22 @@ def test_per_rank_findings_when_few_ranks_fire():
 def test_verdict_sentences():
     run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20)
     rep = build_report(summarize_merged(run))
-    v = rep["verdict"]
+    v = rep.verdict
     assert v.startswith("Rank 2 on host host0 is late in 100 % of steps by 20.0 ms, and the steps lose 20.0 ms to it")
     assert "outside any recorded op" in v
     rep = build_report(summarize_merged(ddp_run(4, n_steps=4, allreduce_ms=8.0)))
-    assert rep["verdict"].startswith("No straggler: ranks arrive within")
-    assert "exposed communication" in rep["verdict"]
+    assert rep.verdict.startswith("No straggler: ranks arrive within")
+    assert "exposed communication" in rep.verdict
     rep = build_report(summarize_merged(loop_run(world=1, dl_ms=8.0)))
-    assert rep["verdict"].startswith(
+    assert rep.verdict.startswith(
         "Steps take 30.0 ms on average; 27 % of step time on rank 0 is spent waiting for input")
     empty = RunBuilder(2).build()
-    assert build_report(summarize_merged(empty))["verdict"].startswith("No recorded steps")
+    assert build_report(summarize_merged(empty)).verdict.startswith("No recorded steps")
 
 
 def test_verdict_without_findings_names_the_largest_part():
-    s = {"n_rank_steps": 4, "step_ms_mean": 10.0, "compute_pct": 80.0, "idle_pct": 20.0}
-    assert verdict(s, {"n_instances": 0, "ranks": []}, [], []) == \
+    s = StepSummary(n_rank_steps=4, step_ms_mean=10.0, compute_pct=80.0, idle_pct=20.0)
+    assert verdict(s, stragglers_of(0), [], []) == \
         "Steps take 10.0 ms on average; 80 % of step time is compute."
 
 
@@ -739,15 +760,15 @@ def test_annotations_per_rank_and_step():
                1: {"forward": 6.0, "backward": 8.0, "Optimizer.step#Adam.step": 1.0}}
     run = loop_run(regions=regions)
     ann = annotations(summarize_merged(run))
-    assert [a["name"] for a in ann] == ["backward", "forward"]  # framework regions and ProfilerStep# excluded
+    assert [a.name for a in ann] == ["backward", "forward"]  # framework regions and ProfilerStep# excluded
     fwd = ann[1]
-    assert fwd["ranks"]["0"] == {"ms_per_step": pytest.approx(4.0), "count_per_step": 1.0}
-    assert fwd["ranks"]["1"]["ms_per_step"] == pytest.approx(6.0)
-    assert fwd["spread_pct"] == pytest.approx(100 * 2 / 5)
-    assert ann[0]["spread_pct"] == pytest.approx(0)
+    assert fwd.ranks["0"] == AnnotationRank(ms_per_step=pytest.approx(4.0), count_per_step=1.0)
+    assert fwd.ranks["1"].ms_per_step == pytest.approx(6.0)
+    assert fwd.spread_pct == pytest.approx(100 * 2 / 5)
+    assert ann[0].spread_pct == pytest.approx(0)
     # a region only one rank runs: 0 on the other
     ann = annotations(summarize_merged(loop_run(regions={1: {"eval": 2.0}})))
-    assert ann[0]["ranks"]["0"]["ms_per_step"] == 0 and ann[0]["spread_pct"] == pytest.approx(200)
+    assert ann[0].ranks["0"].ms_per_step == 0 and ann[0].spread_pct == pytest.approx(200)
 
 
 def test_report_json_and_console():
@@ -781,28 +802,28 @@ def test_real_job_input_wait_and_annotations(tmp_path):
                  str(EXAMPLES / "slow_input.py"), "--steps", "7", "--item-ms", "2"], cwd=tmp_path)
 
     rep = build_report(distprof.load(only_run_dir(tmp_path / "out"), progress=False))
-    (f,) = by_id(rep["findings"], "input_wait")
-    assert f["rank"] is None and f["metrics"]["n_ranks"] == 2
+    (f,) = by_id(rep.findings, "input_wait")
+    assert f.rank is None and f.metrics["n_ranks"] == 2
     # 8 samples x 2 ms of sleep per batch, in DataLoader __next__ on the main thread
-    assert 14 <= f["metrics"]["dataloader_ms_per_step"] <= 40
-    names = [a["name"] for a in rep["annotations"]]
+    assert 14 <= f.metrics["dataloader_ms_per_step"] <= 40
+    names = [a.name for a in rep.annotations]
     assert set(names) == {"forward", "loss", "backward"}
-    for a in rep["annotations"]:
-        assert set(a["ranks"]) == {"0", "1"}
-        assert all(v["count_per_step"] == 1 for v in a["ranks"].values())
-    assert "waiting for input" in rep["verdict"]
+    for a in rep.annotations:
+        assert set(a.ranks) == {"0", "1"}
+        assert all(v.count_per_step == 1 for v in a.ranks.values())
+    assert "waiting for input" in rep.verdict
 
 
 def test_verdict_leads_with_the_most_severe_finding():
     # a low-severity straggler (1.2 ms of a 40 ms step) and 45 % exposed communication: the latter leads
-    s = {"n_rank_steps": 8, "step_ms_mean": 40.0}
-    strag = {"n_instances": 8, "ranks": [{"rank": 1, "host": "h", "named": True, "late_step_fraction": 1.0,
-                                           "mean_lateness_ms": 1.3, "cost_ms_per_step": 1.2}]}
-    exposed = {"id": "exposed_comm", "severity": "high", "rank": None, "title": "x", "metrics": {"impact_pct": 45.0}}
-    low = {"id": "straggler_rank", "severity": "low", "rank": 1, "title": "y", "metrics": {"impact_pct": 3.0}}
+    s = StepSummary(n_rank_steps=8, step_ms_mean=40.0)
+    strag = stragglers_of(8, [straggler_row(rank=1, host="h", named=True, late_step_fraction=1.0, mean_lateness_ms=1.3,
+                                            cost_ms_per_step=1.2)])
+    exposed = Finding("exposed_comm", "high", None, None, "x", "", "", {"impact_pct": 45.0})
+    low = Finding("straggler_rank", "low", 1, "h", "y", "", "", {"impact_pct": 3.0})
     v = verdict(s, strag, [], [exposed, low])
     assert v.startswith("45 % of step time is exposed communication. Also, rank 1 on host h is late in 100 % of")
     # the straggler leads when it is the most severe
-    high = dict(low, severity="high", metrics={"impact_pct": 50.0})
+    high = replace(low, severity="high", metrics={"impact_pct": 50.0})
     v = verdict(s, strag, [], [high, exposed])
     assert v.startswith("Rank 1 on host h is late") and v.endswith("Also, 45 % of step time is exposed communication.")
