@@ -59,12 +59,12 @@ def test_kernels_launched_before_the_recording_belong_to_no_step(tmp_path):
     assert e["step"][names == "gemm"].tolist() == [1, 2]
     run = distprof.load(run_dir)
     (g,) = gpu_time(run)
-    assert g["n_gpu_events"] == 2  # the unlaunched kernels count in no step
+    assert g.n_gpu_events == 2  # the unlaunched kernels count in no step
     (hta,) = gpu_time(run, drop_last_step=True, whole_us=True)  # HTA's choices drop them too
-    assert hta["n_gpu_events"] == 1
+    assert hta.n_gpu_events == 1
     rep = build_report(run)
     assert any("3 GPU event(s) (0.0 ms) on rank(s) 0 were launched before the recording began" in w
-               for w in rep["warnings"])
+               for w in rep.warnings)
 
 
 def test_work_after_the_last_step_is_outside_every_step_and_named(tmp_path):
@@ -72,13 +72,13 @@ def test_work_after_the_last_step_is_outside_every_step_and_named(tmp_path):
     ev += [_x("cpu_op", "aten::save", 3200, 4000)]  # a 4 ms checkpoint after the loop
     run = distprof.load(_import(tmp_path, ev))
     assert run.steps["step_ms"].max() == 1.0  # no step absorbs it
-    (note,) = [w for w in build_report(run)["warnings"] if "after the last step" in w]
+    (note,) = [w for w in build_report(run).warnings if "after the last step" in w]
     assert "4.2 ms" in note and "rank(s) 0" in note  # from the last step's end to the end of the checkpoint
 
 
 def test_small_work_after_the_last_step_is_not_named(tmp_path):
     ev = _steps(3, 1000.0) + [_x("cpu_op", "aten::item", 3050, 100)]
-    assert not [w for w in build_report(distprof.load(_import(tmp_path, ev)))["warnings"]
+    assert not [w for w in build_report(distprof.load(_import(tmp_path, ev))).warnings
                 if "after the last step" in w]
 
 
@@ -111,5 +111,5 @@ def test_a_multi_rank_gpu_trace_without_recognised_communication_is_warned(tmp_p
         ev += [_x("cuda_runtime", "cudaLaunchKernel", t, 5, correlation=10 + i), _kernel("xyz_route_tokens", t + 10,
                                                                                          600, 10 + i)]
     rep = build_report(distprof.load(_import(tmp_path, ev, world=64)))
-    (w,) = [w for w in rep["warnings"] if "no communication was recognised" in w]
+    (w,) = [w for w in rep.warnings if "no communication was recognised" in w]
     assert "64-rank" in w and "DISTPROF_COMM_KERNELS" in w

@@ -199,7 +199,7 @@ def test_collectives_line_up_with_straggler_lateness(trace, merged, summary, syn
     # one chain of 3 arrows per instance, in arrival order, ending at the latest rank (rank 2 here)
     assert len([e for e in by["s"] if e["cat"] == "collective"]) == 3 * n_inst
     lat = mean_lateness_ms(arr)
-    ref = {d["rank"]: d["mean_instance_lateness_ms"] for d in find_stragglers(summary)["ranks"]}
+    ref = {d.rank: d.mean_instance_lateness_ms for d in find_stragglers(summary).ranks}
     for r in range(4):
         assert lat[r] == pytest.approx(ref[r], abs=1e-3)
     assert lat[2] > 10 and max(lat, key=lat.get) == 2
