@@ -72,14 +72,14 @@ def test_bad_changes_are_refused():
 
 def test_report_findings_carry_their_estimated_gain(runs):
     rep = build_report(runs["late"])
-    f = next(f for f in rep["findings"] if f["id"] == "straggler_rank")
-    assert f["rank"] == 2
-    assert f["estimated_gain_ms_per_step"] == pytest.approx(20, rel=0.1)
-    assert f["predicted_step_ms"] == pytest.approx(whatif.step_time_ms(runs["base"]), rel=0.05)
-    assert rep["whatif"][0]["change"] == "straggler" and rep["whatif"][0]["predicted_step_ms"] is not None
-    assert all(f2.get("estimated_gain_ms_per_step", 0) is None or f2["estimated_gain_ms_per_step"] >= -1e-9
-               for f2 in rep["findings"])
-    assert rep["critical_path"]["ranks"][0]["rank"] == 2
+    f = next(f for f in rep.findings if f.id == "straggler_rank")
+    assert f.rank == 2
+    assert f.estimated_gain_ms_per_step == pytest.approx(20, rel=0.1)
+    assert f.predicted_step_ms == pytest.approx(whatif.step_time_ms(runs["base"]), rel=0.05)
+    assert rep.whatif[0].change == "straggler" and rep.whatif[0].predicted_step_ms is not None
+    assert all(f2.estimated_gain_ms_per_step is None or f2.estimated_gain_ms_per_step >= -1e-9
+               for f2 in rep.findings)
+    assert rep.critical_path.ranks[0].rank == 2
 
 
 @pytest.mark.slow
@@ -91,5 +91,5 @@ def test_removed_delay_predicts_the_measured_rerun(tmp_path_factory):
     rerun = whatif.step_time_ms(distprof.load(job(tmp_path_factory, "plain")))
     w = whatif.estimate(slow, whatif.Straggler(ranks=(1,)))
     err = abs(w.predicted_step_ms - rerun)
-    assert err <= max(4.0, 0.35 * rerun), (w.to_dict(), rerun)
-    assert np.isfinite(w.gain_ms_per_step) and w.gain_ms_per_step > 0.5 * DELAY_MS, w.to_dict()
+    assert err <= max(4.0, 0.35 * rerun), (w.to_json(), rerun)
+    assert np.isfinite(w.gain_ms_per_step) and w.gain_ms_per_step > 0.5 * DELAY_MS, w.to_json()
