@@ -275,9 +275,9 @@ def test_pipeline_transfers_are_paired_not_matched_as_collectives(job, request):
     rs, rep = report_of(run)
     assert rs.collectives.members["rank"].size == 0
     assert len(rs.p2p) >= 4 * 5 and rs.p2p.n_unmatched == 0 and rs.p2p.n_unknown_peer == 0
-    assert not any("collective instance" in w for w in rep["warnings"]), rep["warnings"]
-    (pipe,) = rep["pipelines"]
-    assert pipe["ranks"] == [0, 1] and pipe["micro_batches"] == 4
+    assert not any("collective instance" in w for w in rep.warnings), rep.warnings
+    (pipe,) = rep.pipelines
+    assert pipe.ranks == [0, 1] and pipe.micro_batches == 4
     # nearly every transfer is paired: only those whose partner fell just outside the other stage's window are not
     assert len(rs.p2p) >= 0.8 * rs.p2p.n_sends and rs.p2p.n_edge <= 0.2 * rs.p2p.n_sends
 
@@ -313,14 +313,14 @@ def test_pipeline_slow_stage_holds_the_other(sendrecv):
     collective straggler is named and no DDP advice is given."""
     run, _, _ = sendrecv
     _, rep = report_of(run)
-    (pipe,) = rep["pipelines"]
-    stage = {s["rank"]: s for s in pipe["stages"]}
-    assert pipe["holds_rank"] == 0
-    assert stage[1]["wait_ms"] > stage[0]["wait_ms"] and stage[0]["caused_ms"] > stage[1]["caused_ms"]
-    (f,) = [f for f in rep["findings"] if f["id"] == "pipeline_bubble"]
-    assert "Stage 0 (rank 0) holds the others" in f["advice"] and "ScheduleInterleaved1F1B" in f["advice"]
-    assert rep["straggler_info"]["named"] == []
-    assert not any("bucket_cap_mb" in x["advice"] for x in rep["findings"])
+    (pipe,) = rep.pipelines
+    stage = {s.rank: s for s in pipe.stages}
+    assert pipe.holds_rank == 0
+    assert stage[1].wait_ms > stage[0].wait_ms and stage[0].caused_ms > stage[1].caused_ms
+    (f,) = [f for f in rep.findings if f.id == "pipeline_bubble"]
+    assert "Stage 0 (rank 0) holds the others" in f.advice and "ScheduleInterleaved1F1B" in f.advice
+    assert rep.straggler_info.named == []
+    assert not any("bucket_cap_mb" in x.advice for x in rep.findings)
 
 
 def test_balanced_mesh_names_nobody_and_matches_within_groups(mesh):
@@ -336,8 +336,8 @@ def test_balanced_mesh_names_nobody_and_matches_within_groups(mesh):
         pgs = set(np.asarray(m["pg"])[sel].tolist())
         assert len(pgs) == 1, pgs
         assert set(np.asarray(m["rank"])[sel].tolist()) <= groups[pgs.pop()]
-    assert rep["straggler_info"]["named"] == [], rep["stragglers"]
-    assert not any("disagree" in w for w in rep["warnings"]), rep["warnings"]
+    assert rep.straggler_info.named == [], rep.stragglers
+    assert not any("disagree" in w for w in rep.warnings), rep.warnings
 
 
 def test_fsdp2_slowed_rank_is_named_and_the_waiting_one_is_not(fsdp_ckpt):
@@ -345,6 +345,6 @@ def test_fsdp2_slowed_rank_is_named_and_the_waiting_one_is_not(fsdp_ckpt):
     never named, and no op of rank 0 is called slower."""
     run, _, _ = fsdp_ckpt
     _, rep = report_of(run)
-    assert rep["straggler_info"]["named"] == [1], rep["stragglers"]
-    assert all(rc["rank"] != 0 for rc in rep["root_cause"])
-    assert rep["verdict"].startswith("Rank 1 ") or "rank 1" in rep["verdict"], rep["verdict"]
+    assert rep.straggler_info.named == [1], rep.stragglers
+    assert all(rc.rank != 0 for rc in rep.root_cause)
+    assert rep.verdict.startswith("Rank 1 ") or "rank 1" in rep.verdict, rep.verdict

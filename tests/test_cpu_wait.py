@@ -192,9 +192,9 @@ def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
 
     rs = distprof.load(run, progress=False)
     rep = build_report(rs)
-    f = [x for x in rep["findings"] if x["id"] == "cpu_contention"]
-    assert f and f[0]["metrics"]["impact_pct"] >= 10, [(x["id"], x["title"]) for x in rep["findings"]]
-    assert f[0]["estimated_gain_ms_per_step"] > 0
+    f = [x for x in rep.findings if x.id == "cpu_contention"]
+    assert f and f[0].metrics["impact_pct"] >= 10, [(x.id, x.title) for x in rep.findings]
+    assert f[0].estimated_gain_ms_per_step > 0
     w = whatif.estimate(rs, whatif.NoCpuWait())
     assert 0 < w.gain_ms_per_step < w.measured_step_ms
 
