@@ -53,8 +53,65 @@ MAX_TRIGGER_MARGIN = 1_000_000
 
 
 @dataclass(frozen=True)
+class TriggerConfig:
+    """On-demand windows asked for with ``distprof trigger`` (options ``--trigger``, ``--trigger-poll``,
+    ``--trigger-margin``; docs/trigger.md)."""
+
+    enabled: bool = True  # answer `distprof trigger` (rank 0 looks for a request file, the others at the store)
+    poll_s: float = 0.5  # how often rank 0 looks for a request; the others check the store at least this far apart,
+    # more with many ranks (capture/trigger.py: check_interval_s)
+    margin: int = 3  # fewest steps between rank 0 seeing a request and its window's first (warm-up) step
+
+    def __post_init__(self) -> None:
+        if not 0.05 <= self.poll_s <= 3600:
+            raise ConfigError(f"trigger_poll_s={self.poll_s}: need a number of seconds in 0.05..3600")
+        if not isinstance(self.margin, int) or not 0 <= self.margin <= MAX_TRIGGER_MARGIN:
+            raise ConfigError(f"trigger_margin={self.margin!r}: need an integer in 0..{MAX_TRIGGER_MARGIN}")
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    """The always-on watch (options ``--watch``, ``--watch-interval``, ``--watch-threshold``, ``--watch-steps``,
+    ``--watch-cooldown``; docs/watch.md)."""
+
+    enabled: bool = False  # a few timings of every step on every rank, and a window when a rank drifts
+    interval_s: float = 2.0  # how often each rank flushes its series and publishes its own work
+    threshold: float = 0.2  # a rank drifts when its own work exceeds the others' median by this fraction ...
+    steps: int = 10  # ... for this many consecutive steps
+    cooldown_s: float = 300.0  # at most one window asked for by the watch per this many seconds
+
+    def __post_init__(self) -> None:
+        if not 0.05 <= self.interval_s <= 3600:
+            raise ConfigError(f"watch_interval_s={self.interval_s}: need a number of seconds in 0.05..3600")
+        if not (0 < self.threshold <= 100):
+            raise ConfigError(f"watch_threshold={self.threshold}: need a fraction > 0 (0.2: 20 % above the "
+                              "other ranks' median)")
+        if not isinstance(self.steps, int) or not 1 <= self.steps <= 100_000:
+            raise ConfigError(f"watch_steps={self.steps!r}: need an integer in 1..100000")
+        if not 0 <= self.cooldown_s <= 1e7:
+            raise ConfigError(f"watch_cooldown_s={self.cooldown_s}: need a number of seconds >= 0")
+
+
+#: option (CLI dest, DISTPROF_* variable, shard ``config`` key) -> (section of ProfileConfig, field in it)
+SECTION_OPTIONS: dict[str, tuple[str, str]] = {
+    "wait": ("schedule", "wait"), "warmup": ("schedule", "warmup"), "active": ("schedule", "active"),
+    "repeat": ("schedule", "repeat"), "skip_first": ("schedule", "skip_first"), "schedule": ("schedule", "kind"),
+    "trigger": ("trigger", "enabled"), "trigger_poll_s": ("trigger", "poll_s"), "trigger_margin": ("trigger", "margin"),
+    "watch": ("watch", "enabled"), "watch_interval_s": ("watch", "interval_s"),
+    "watch_threshold": ("watch", "threshold"), "watch_steps": ("watch", "steps"),
+    "watch_cooldown_s": ("watch", "cooldown_s"),
+}
+_SECTIONS = {"schedule": ScheduleConfig, "trigger": TriggerConfig, "watch": WatchConfig}
+
+
+@dataclass(frozen=True)
 class ProfileConfig:
-    """Everything the capture needs. Build from the CLI (`distprof.launch`), the API, or the environment."""
+    """Everything the capture needs. Build from the CLI (`distprof.launch`), the API, or the environment.
+
+    The schedule, the trigger and the watch are sections of their own (`ScheduleConfig`, `TriggerConfig`,
+    `WatchConfig`); their options keep their flat names on the command line, in DISTPROF_* variables and in the
+    shard's ``config`` attribute (`to_dict`, `from_dict`).
+    """
 
     out: str = "distprof"
     run_id: str | None = None
@@ -70,18 +127,14 @@ class ProfileConfig:
     sync_timeout_s: float = 30.0
     memory_history: bool = False  # CUDA only: allocator history per window (torch.cuda.memory._record_memory_history)
     memory_history_entries: int = 100_000  # its ring buffer: the most alloc/free entries kept per window
-    trigger: bool = True  # answer `distprof trigger` (rank 0 looks for a request file, the others at the store)
-    trigger_poll_s: float = 0.5  # how often rank 0 looks for a request; the others check the store at least this
-    # far apart, more with many ranks (capture/trigger.py: check_interval_s)
-    trigger_margin: int = 3  # fewest steps between rank 0 seeing a request and its window's first (warm-up) step
+    trigger: TriggerConfig = field(default_factory=TriggerConfig)
     cpu_sample_ms: float = 1.0  # how often a side thread samples the training thread's CPU waits while recording; 0 off
-    watch: bool = False  # a few timings of every step on every rank, and a window when a rank drifts (docs/watch.md)
-    watch_interval_s: float = 2.0  # how often each rank flushes its series and publishes its own work
-    watch_threshold: float = 0.2  # a rank drifts when its own work exceeds the others' median by this fraction ...
-    watch_steps: int = 10  # ... for this many consecutive steps
-    watch_cooldown_s: float = 300.0  # at most one window asked for by the watch per this many seconds
+    watch: WatchConfig = field(default_factory=WatchConfig)
 
     def __post_init__(self) -> None:
+        for name, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: need a {cls.__name__}")
         if self.step_on not in STEP_MODES:
             raise ConfigError(f"step_on={self.step_on!r}: choose one of {', '.join(STEP_MODES)}")
         if self.codec not in CODECS:
@@ -94,25 +147,40 @@ class ProfileConfig:
             raise ConfigError(f"memory_history_entries={self.memory_history_entries!r}: need an integer >= 1")
         if not (self.cpu_sample_ms == 0 or 0.2 <= self.cpu_sample_ms <= 1000):
             raise ConfigError(f"cpu_sample_ms={self.cpu_sample_ms}: need 0 (off) or milliseconds in 0.2..1000")
-        if self.schedule.kind == "none" and not self.trigger:
+        if self.schedule.kind == "none" and not self.trigger.enabled:
             raise ConfigError("--schedule none records only triggered windows, and --no-trigger turns them off: "
                               "nothing would be recorded; drop one of them")
-        if not 0.05 <= self.trigger_poll_s <= 3600:
-            raise ConfigError(f"trigger_poll_s={self.trigger_poll_s}: need a number of seconds in 0.05..3600")
-        if not 0.05 <= self.watch_interval_s <= 3600:
-            raise ConfigError(f"watch_interval_s={self.watch_interval_s}: need a number of seconds in 0.05..3600")
-        if not (0 < self.watch_threshold <= 100):
-            raise ConfigError(f"watch_threshold={self.watch_threshold}: need a fraction > 0 (0.2: 20 % above the "
-                              "other ranks' median)")
-        if not isinstance(self.watch_steps, int) or not 1 <= self.watch_steps <= 100_000:
-            raise ConfigError(f"watch_steps={self.watch_steps!r}: need an integer in 1..100000")
-        if not 0 <= self.watch_cooldown_s <= 1e7:
-            raise ConfigError(f"watch_cooldown_s={self.watch_cooldown_s}: need a number of seconds >= 0")
-        if not isinstance(self.trigger_margin, int) or not 0 <= self.trigger_margin <= MAX_TRIGGER_MARGIN:
-            raise ConfigError(f"trigger_margin={self.trigger_margin!r}: need an integer in 0..{MAX_TRIGGER_MARGIN}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The shard's ``config`` attribute: the schedule nested as ``schedule`` (its ``kind`` included), the trigger's
+        and the watch's options flat under their option names (``trigger``, ``trigger_poll_s``, ``watch_threshold``,
+        ...), as every shard has had them (docs/shard-format.md)."""
+        d: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "schedule":
+                d[f.name] = dataclasses.asdict(v)
+            elif f.name in ("trigger", "watch"):
+                d.update({opt: getattr(v, fld) for opt, (sec, fld) in SECTION_OPTIONS.items() if sec == f.name})
+            else:
+                d[f.name] = v
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ProfileConfig":
+        """The inverse of `to_dict` (a shard's ``config`` attribute; keys it does not know are left out, those it
+        lacks take their defaults)."""
+        top = {f.name for f in dataclasses.fields(cls)} - set(_SECTIONS)
+        sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+        sched = d.get("schedule")
+        if isinstance(sched, Mapping):
+            known = {f.name for f in dataclasses.fields(ScheduleConfig)}
+            sections["schedule"] = {k: v for k, v in sched.items() if k in known}
+        for opt, (sec, fld) in SECTION_OPTIONS.items():
+            if sec != "schedule" and opt in d:
+                sections[sec][fld] = d[opt]
+        return cls(**{k: v for k, v in d.items() if k in top},
+                   **{name: _SECTIONS[name](**kw) for name, kw in sections.items()})
 
 
 # ---- environment ---------------------------------------------------------------------------------------------
@@ -152,13 +220,9 @@ def _parse_str(value: str, name: str) -> str | None:
     return value or None  # an empty variable means unset
 
 
-#: option -> its field of ScheduleConfig (``schedule`` is the kind: ``--schedule none`` / DISTPROF_SCHEDULE=none)
-_SCHEDULE_FIELDS = {"wait": "wait", "warmup": "warmup", "active": "active", "repeat": "repeat",
-                    "skip_first": "skip_first", "schedule": "kind"}
-_SCHEDULE_KEYS = tuple(_SCHEDULE_FIELDS)
-#: option -> parser of its DISTPROF_* variable; schedule keys go into ScheduleConfig, the rest into ProfileConfig.
+#: option -> parser of its DISTPROF_* variable; section options (SECTION_OPTIONS) go into their section.
 _PARSERS = {
-    **{k: parse_int for k in _SCHEDULE_KEYS if k != "schedule"},
+    **{k: parse_int for k in ("wait", "warmup", "active", "repeat", "skip_first")},
     "schedule": _parse_str,
     **{k: parse_bool for k in ("flops", "memory", "shapes", "stack", "strict", "memory_history", "trigger",
                                      "watch")},
@@ -183,14 +247,15 @@ def config_from_mapping(values: Mapping[str, Any], environ: Mapping[str, str] | 
     if unknown:
         raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_PARSERS))}")
     top: dict[str, Any] = {}
-    sched: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     for key, parse in _PARSERS.items():
         v = values.get(key)
         if v is None and env_name(key) in env:
             v = parse(env[env_name(key)], env_name(key))
         if v is not None and v != "":
-            if key in _SCHEDULE_FIELDS:
-                sched[_SCHEDULE_FIELDS[key]] = v
+            if key in SECTION_OPTIONS:
+                sec, fld = SECTION_OPTIONS[key]
+                sections[sec][fld] = v
             else:
                 top[key] = v
-    return ProfileConfig(schedule=ScheduleConfig(**sched), **top)
+    return ProfileConfig(**top, **{name: cls(**sections[name]) for name, cls in _SECTIONS.items()})

@@ -1,13 +1,18 @@
 """Profile an unchanged training script on every rank.
 
     torchrun --nproc_per_node=N -m distprof.launch [distprof options] train.py [script args]
-    mpiexec -n N python -m distprof.launch [distprof options] train.py [script args]
-    srun python -m distprof.launch [distprof options] train.py [script args]  (one Slurm task per rank)
-    python -m distprof.launch [distprof options] train.py [script args]      (single process)
+    torchrun --nproc_per_node=N -m distprof.launch [distprof options] -m pkg.train [script args]
+    mpiexec -n N python -m distprof.launch [distprof options] train.py|-m pkg.train [script args]
+    srun python -m distprof.launch [distprof options] train.py|-m pkg.train [script args]  (one Slurm task per rank)
+    python -m distprof.launch [distprof options] train.py|-m pkg.train [script args]      (single process)
+
+With -m the target is a module, run as `python -m pkg.train` would run it (torchrun's -m): found on sys.path (the
+current directory first), a package's __main__, relative imports, sys.argv[0] the module's file, __name__ ==
+"__main__".
 
 Under mpiexec or srun the torchrun-style variables the script expects (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) are set from the launcher's own where missing (distprof.capture.env).
-The script runs as `__main__` with its own argv. Every rank profiles the same global steps (advanced by the
+The script (or module) runs as `__main__` with its own argv. Every rank profiles the same global steps (advanced by the
 optimizer-step hook, or by `distprof.step()` with --step-on manual) and writes one HDF5 shard per finished window to
 OUT/<run-id>/. The script's exit code and exceptions pass through unchanged; a profiler failure logs one warning and
 training goes on (unless --strict).
@@ -25,7 +30,7 @@ import runpy
 import sys
 
 from .capture import env as launch_env
-from .config import ProfileConfig, ScheduleConfig, config_from_mapping
+from .config import ProfileConfig, ScheduleConfig, TriggerConfig, WatchConfig, config_from_mapping
 from .errors import ConfigError
 
 log = logging.getLogger("distprof.launch")
@@ -38,15 +43,22 @@ def get_args_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0].strip() + " Run under torchrun, mpiexec or srun for several ranks.",
         epilog="Every option can also be set as DISTPROF_<NAME> (dashes become underscores); the flag wins. "
         "Test-only: DISTPROF_SIM_HOSTS / DISTPROF_SIM_CLOCKS simulate several hosts (docs/shard-format.md).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        # each option's help ends with its default in [brackets]: no argparse "(default: None)" beside it
+        formatter_class=argparse.HelpFormatter,
     )
+    p.usage = ("%(prog)s [distprof options] train.py [script args]\n"
+               "       %(prog)s [distprof options] -m pkg.module [script args]")
     _add_output_args(p, d)
     _add_schedule_args(p, d, s)
     _add_record_args(p, d)
     _add_behaviour_args(p, d)
-    _add_trigger_args(p, d)
-    _add_watch_args(p, d)
-    p.add_argument("script", help="the training script, run unchanged as __main__")
+    _add_trigger_args(p, d.trigger)
+    _add_watch_args(p, d.watch)
+    p.add_argument("-m", "--module", action="store_true",
+                   help="the target is a module, run as `python -m` runs it (a package's __main__, relative imports), "
+                        "as torchrun's -m")
+    p.add_argument("script", metavar="script|module", help="the training script (a path), or with -m a module name "
+                                                           "(pkg.train), run unchanged as __main__")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return p
 
@@ -108,36 +120,36 @@ def _add_behaviour_args(p: argparse.ArgumentParser, d: ProfileConfig) -> None:
                         f"waits for it), and the reference rank for the host leaders at close [{d.sync_timeout_s:g}]")
 
 
-def _add_trigger_args(p: argparse.ArgumentParser, d: ProfileConfig) -> None:
-    """The options of on-demand windows, asked for with `distprof trigger` (defaults shown from `d`)."""
+def _add_trigger_args(p: argparse.ArgumentParser, t: TriggerConfig) -> None:
+    """The options of on-demand windows, asked for with `distprof trigger` (defaults shown from `t`)."""
     g = p.add_argument_group("on-demand windows (distprof trigger RUN_DIR)")
-    _bool(g, "trigger", d.trigger, "answer `distprof trigger`: rank 0 looks for a request in the run directory, the "
+    _bool(g, "trigger", t.enabled, "answer `distprof trigger`: rank 0 looks for a request in the run directory, the "
                                    "other ranks learn the window through the c10d store, on side threads")
     g.add_argument("--trigger-poll", dest="trigger_poll_s", type=float, default=None,
                    help="seconds between two looks for a request (rank 0) and, at least, between two store checks of "
                         "each other rank (more apart with many ranks: at most 200 checks/s in all) "
-                        f"[{d.trigger_poll_s:g}]")
+                        f"[{t.poll_s:g}]")
     g.add_argument("--trigger-margin", type=int, default=None,
                    help="fewest steps between rank 0 taking a request and the window's first (warm-up) step; more "
                         "when the ranks need longer to hear of it at the job's step rate (`distprof trigger --in` "
-                        f"overrides it per request) [{d.trigger_margin}]")
+                        f"overrides it per request) [{t.margin}]")
 
 
-def _add_watch_args(p: argparse.ArgumentParser, d: ProfileConfig) -> None:
-    """The options of the always-on watch (defaults shown from `d`)."""
+def _add_watch_args(p: argparse.ArgumentParser, w: WatchConfig) -> None:
+    """The options of the always-on watch (defaults shown from `w`)."""
     g = p.add_argument_group("always-on watch (docs/watch.md)")
-    _bool(g, "watch", d.watch, "time every step on every rank (step, data wait, optimizer, blocked in communication, "
+    _bool(g, "watch", w.enabled, "time every step on every rank (step, data wait, optimizer, blocked in communication, "
                                "device memory peak) into RUN_DIR/watch/, and ask for a window when a rank drifts")
     g.add_argument("--watch-interval", dest="watch_interval_s", type=float, default=None,
                    help="seconds between two flushes of each rank's series and publications of its own work (rank 0 "
-                        f"reads at most 100 ranks' per second) [{d.watch_interval_s:g}]")
+                        f"reads at most 100 ranks' per second) [{w.interval_s:g}]")
     g.add_argument("--watch-threshold", type=float, default=None,
                    help="a rank drifts when its own work per step (step time minus time blocked in communication) "
-                        f"exceeds the other ranks' median by more than this fraction ... [{d.watch_threshold:g}]")
+                        f"exceeds the other ranks' median by more than this fraction ... [{w.threshold:g}]")
     g.add_argument("--watch-steps", type=int, default=None,
-                   help=f"... for this many consecutive steps [{d.watch_steps}]")
+                   help=f"... for this many consecutive steps [{w.steps}]")
     g.add_argument("--watch-cooldown", dest="watch_cooldown_s", type=float, default=None,
-                   help=f"seconds between two windows asked for by the watch [{d.watch_cooldown_s:g}]")
+                   help=f"seconds between two windows asked for by the watch [{w.cooldown_s:g}]")
 
 
 def _bool(group, name: str, default: bool, help_text: str) -> None:
@@ -146,24 +158,74 @@ def _bool(group, name: str, default: bool, help_text: str) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ProfileConfig:
-    values = {k: v for k, v in vars(args).items() if k not in ("script", "script_args")}
+    values = {k: v for k, v in vars(args).items() if k not in ("script", "script_args", "module")}
     return config_from_mapping(values)
 
 
-def run(config: ProfileConfig, script: str, script_args: list[str]) -> None:
-    """Run `script` as __main__ under a RankProfiler; exceptions and SystemExit pass through after close(), which
-    prints this rank's closing line (also when a signal ends the job: capture.signals)."""
+def run(config: ProfileConfig, script: str, script_args: list[str], *, module: bool = False) -> None:
+    """Run `script` (a path, or with `module` a module name) as __main__ under a RankProfiler; exceptions and
+    SystemExit pass through after close(), which prints this rank's closing line (also when a signal ends the job:
+    capture.signals). How the script ended is told to the profiler first: one that failed gets no hint about
+    steps, and its run directory (if one was made) is marked failed in the status file."""
     from .capture.profiler import RankProfiler
 
     prof = RankProfiler(config)
     prof.on_closed = _print_closing_line
-    sys.argv = [script, *script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    sys.argv = [script, *script_args]  # runpy sets argv[0] to the module's file, as python -m does
+    if module:
+        if os.getcwd() not in sys.path:  # python -m puts the current directory first
+            sys.path.insert(0, os.getcwd())
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     prof.start()
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module:
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            prof.script_ended(f"exit code {e.code}" if isinstance(e.code, int) else "SystemExit")
+        raise
+    except BaseException as e:
+        prof.script_ended(f"{type(e).__name__}: {e}"[:500])
+        raise
     finally:
         prof.close()
+
+
+def find_module(name: str) -> str | None:
+    """Why `python -m name` would not find `name` (None: it would), without running any of it.
+
+    Each dotted part is looked for in the package found before it (its __path__, read with the path finders: the
+    packages' __init__ is not run), the first on sys.path; a package needs a __main__ module.
+    """
+    from importlib.machinery import PathFinder
+    from importlib.util import find_spec
+
+    if not name or not all(p.isidentifier() for p in name.split(".")):
+        return f"module name {name!r} is not a dotted Python name (pkg.module)"
+    parts = name.split(".")
+    try:
+        spec = find_spec(parts[0])
+    except (ImportError, ValueError):
+        spec = None
+    where = f"on sys.path (the current directory {os.getcwd()} first)"
+    for i in range(len(parts)):
+        if spec is None:
+            return f"no module named {'.'.join(parts[:i + 1])!r}: looked {where}"
+        if i + 1 == len(parts):
+            break
+        locations = spec.submodule_search_locations
+        if locations is None:
+            return f"{'.'.join(parts[:i + 1])!r} ({spec.origin}) is a module, not a package: it has no {parts[i + 1]!r}"
+        where = f"in the package {'.'.join(parts[:i + 1])} ({', '.join(locations)})"
+        spec = PathFinder.find_spec(".".join(parts[:i + 2]), list(locations))
+    if spec.submodule_search_locations is not None and \
+            PathFinder.find_spec(f"{name}.__main__", list(spec.submodule_search_locations)) is None:
+        return (f"{name!r} is a package without a __main__.py ({', '.join(spec.submodule_search_locations)}): "
+                f"name the module to run (-m {name}.train) or add {name.replace('.', '/')}/__main__.py")
+    return None
 
 
 def _print_closing_line(prof) -> None:
@@ -180,10 +242,21 @@ def main(argv: list[str] | None = None) -> None:
         config = config_from_args(args)
     except ConfigError as e:
         parser.error(str(e))
-    if not os.path.isfile(args.script):
-        parser.error(f"script {args.script!r} not found")
+    problem = find_module(args.script) if args.module else _script_problem(args.script)
+    if problem:
+        print(f"{parser.prog}: error: {problem}", file=sys.stderr)  # one line, not the whole usage
+        sys.exit(2)
     launch_env.prepare()  # mpiexec / srun: RANK, WORLD_SIZE, MASTER_ADDR, ... for the script where missing
-    _recorded(run)(config, args.script, args.script_args)
+    _recorded(run)(config, args.script, args.script_args, module=args.module)
+
+
+def _script_problem(script: str) -> str | None:
+    if os.path.isfile(script):
+        return None
+    hint = ""
+    if not script.endswith(".py") and os.sep not in script and find_module(script) is None:
+        hint = f"; to run the module {script}, put -m before it"
+    return f"script {script!r} not found (looked for the file {os.path.abspath(script)}){hint}"
 
 
 def _recorded(fn):

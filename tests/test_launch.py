@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 
 import pytest
 
-from conftest import job_env, only_run_dir, python, torchrun
+from conftest import EXAMPLES, job_env, only_run_dir, python, torchrun
 from distprof.config import ProfileConfig, config_from_mapping
 from distprof.errors import ConfigError
 from distprof.launch import config_from_args, get_args_parser
@@ -204,3 +205,165 @@ def test_api_rejects_unknown_options():
 
     with pytest.raises(ConfigError, match="unknown option.*actve"):
         distprof.profile(actve=3)
+
+
+# ---- module launch (-m), as python -m and torchrun -m run a module ---------------------------------------------------
+SHOW = """
+import sys
+from . import helper
+print("SHOW", __name__, __package__, sys.argv[1:], helper.VALUE, sys.argv[0].endswith({file!r}))
+"""
+
+
+def make_package(tmp_path):
+    """tmp_path/showpkg: a package whose modules import each other relatively, with a __main__."""
+    pkg = tmp_path / "showpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text("VALUE = 'relative-import-ok'\n")
+    (pkg / "__main__.py").write_text(SHOW.format(file="__main__.py"))
+    (pkg / "show.py").write_text(SHOW.format(file="show.py"))
+    return pkg
+
+
+@pytest.mark.parametrize("module", ["showpkg", "showpkg.show"])
+def test_module_runs_as_python_m_runs_it(tmp_path, module):
+    """-m pkg / -m pkg.mod: what the module sees (__name__, __package__, argv, relative imports) is what python -m
+    gives it."""
+    make_package(tmp_path)
+    plain = python(["-m", module, "--lr", "0.5", "pos"], cwd=tmp_path, env=job_env(PYTHONPATH=""))
+    proc = python(["-m", "distprof.launch", "--out", "o", "--no-trigger", "-m", module, "--lr", "0.5", "pos"],
+                  cwd=tmp_path)
+    shown = [ln for ln in proc.stdout.splitlines() if ln.startswith("SHOW")]
+    assert shown == [ln for ln in plain.stdout.splitlines() if ln.startswith("SHOW")], (proc.stdout, plain.stdout)
+    assert shown == ["SHOW __main__ showpkg ['--lr', '0.5', 'pos'] relative-import-ok True"], shown
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-m", "nosuchpkg.train"], "no module named 'nosuchpkg': looked on sys.path (the current directory"),
+    (["-m", "showpkg.nosuch"], "no module named 'showpkg.nosuch': looked in the package showpkg ("),
+    (["-m", "showpkg.helper.x"], "'showpkg.helper' ("),
+    (["-m", "emptypkg"], "'emptypkg' is a package without a __main__.py"),
+    (["-m", "bad-name"], "module name 'bad-name' is not a dotted Python name"),
+    (["showpkg.show"], "to run the module showpkg.show, put -m before it"),
+    (["missing.py"], "script 'missing.py' not found (looked for the file "),
+])
+def test_wrong_target_is_one_line(tmp_path, args, message):
+    make_package(tmp_path)
+    (tmp_path / "emptypkg").mkdir()
+    (tmp_path / "emptypkg" / "__init__.py").write_text("raise SystemExit('the package must not be imported')\n")
+    proc = python(["-m", "distprof.launch", "--out", "o", *args], cwd=tmp_path, check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_help_shows_both_forms_and_one_default_per_option():
+    text = get_args_parser().format_help()
+    assert "[distprof options] train.py [script args]" in text
+    assert "[distprof options] -m pkg.module [script args]" in text
+    assert "(default:" not in text
+    assert "[zstd]" in text and "[5]" in text  # the defaults, once each, in brackets
+
+
+def test_module_flag_after_the_target_belongs_to_the_script():
+    args = get_args_parser().parse_args(["--active", "3", "-m", "pkg.train", "-m", "x", "--out", "y"])
+    assert (args.module, args.script, args.script_args) == (True, "pkg.train", ["-m", "x", "--out", "y"])
+    assert config_from_args(args).out == "distprof"  # --out after the target is the script's
+
+
+@pytest.mark.slow
+def test_module_under_torchrun_keeps_exit_code_and_records(tmp_path):
+    """torchrun -m distprof.launch -m pkgtrain.train: the package's relative imports work on every rank, its exit code
+    reaches torchrun, and both ranks' shards are written."""
+    shutil.copytree(EXAMPLES / "pkgtrain", tmp_path / "pkgtrain")
+    proc = torchrun(2, ["-m", "distprof.launch", "--out", "o", *SCHED, "-m", "pkgtrain.train", "--steps", "6",
+                        "--exit-code", "3"], cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "exitcode  : 3" in proc.stderr, proc.stderr[-3000:]
+    assert "pkgtrain: __name__=__main__ __package__=pkgtrain" in proc.stdout, proc.stdout
+    shards = [read_shard(p) for p in find_shards(only_run_dir(tmp_path / "o"))]
+    assert sorted(s.rank for s in shards) == [0, 1]
+
+
+# ---- a script that fails before training ----------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("body, why", [("raise RuntimeError('broken before training')\n", "RuntimeError"),
+                                       ("import no_such_module_here\n", "ModuleNotFoundError"),
+                                       ("import sys\nsys.exit(5)\n", "exit code 5")])
+def test_script_failing_before_training_gets_no_step_hint(tmp_path, body, why):
+    """No "no optimizer step" guess before the traceback: one line that the script failed, and the run directory the
+    single process made is marked failed (its status file holds why)."""
+    script = write(tmp_path, "fails.py", body)
+    proc = python(["-m", "distprof.launch", "--out", "o", str(script)], cwd=tmp_path, check=False)
+    assert proc.returncode == (5 if "exit" in why else 1), proc.stderr
+    assert "optimizer" not in proc.stderr and "--step-on" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("distprof:")]
+    assert lines == [f"distprof: nothing was recorded: the script failed before its first step ({why})"], proc.stderr
+    run = only_run_dir(tmp_path / "o")
+    assert not find_shards(run)
+    status = json.loads((run / "rank00000.status.json").read_text())
+    assert status["script_error"].startswith(why) and status["iterations"] == 0, status
+
+
+@pytest.mark.slow
+def test_script_failing_after_init_under_torchrun(tmp_path):
+    """Both ranks fail after init_process_group (the run directory exists): no step hint on any rank, and every
+    rank's status file is marked."""
+    script = write(tmp_path, "fails.py", """
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        raise RuntimeError("model build failed")
+    """)
+    proc = torchrun(2, ["-m", "distprof.launch", "--out", "o", str(script)], cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "model build failed" in proc.stderr
+    assert "optimizer step" not in proc.stderr, proc.stderr
+    run = only_run_dir(tmp_path / "o")
+    for r in (0, 1):
+        status = json.loads((run / f"rank{r:05d}.status.json").read_text())
+        assert status["script_error"] == "RuntimeError: model build failed", status
+    rep = python(["-m", "distprof", "report", str(run)], cwd=tmp_path, check=False)
+    assert rep.returncode != 0 and "Traceback" not in rep.stderr, rep.stderr
+    assert rep.stderr.strip().splitlines() == [
+        f"distprof: error: {run}: no shard: the job failed before a window was recorded (rank 0: the script ended "
+        "with RuntimeError: model build failed after 0 step(s)); nothing to analyse"], rep.stderr
+
+
+# ---- the profiler's lifecycle (ProfilerState) -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_profiler_states_and_steps_outside_the_run(tmp_path, caplog):
+    """NEW -> RUNNING -> DISABLED (a step that fails stops profiling, training goes on) -> CLOSING -> CLOSED; a step()
+    before start() or after close() is ignored with one warning, and is no failure."""
+    import torch
+
+    from distprof.capture.profiler import ProfilerState, RankProfiler
+    from distprof.config import ScheduleConfig, TriggerConfig
+
+    cfg = ProfileConfig(out=str(tmp_path), run_id="states", step_on="manual", trigger=TriggerConfig(enabled=False),
+                        schedule=ScheduleConfig(wait=0, warmup=1, active=3))
+    p = RankProfiler(cfg)
+    p.step()
+    p.step()
+    assert (p._state, p.step_num, p.errors) == (ProfilerState.NEW, 0, [])
+    assert [r.getMessage() for r in caplog.records].count(
+        "distprof: rank 0: step() called before the profiler started (start() or `with`); ignored") == 1
+    p.start()
+    assert p._state is ProfilerState.RUNNING
+    torch.ones(4).sum()
+    p.step()
+    assert p.step_num == 1
+
+    def broken_step():
+        raise RuntimeError("torch profiler broke")
+
+    p._prof.step = broken_step
+    p.step()  # training goes on: one warning, profiling stops
+    assert p._state is ProfilerState.DISABLED and p.errors[0]["stage"] == "step", p.errors
+    p.step()
+    assert p.step_num == 2 and len(p.errors) == 1  # the failed step counted; later ones ignored
+    p.close()
+    assert p._state is ProfilerState.CLOSED
+    p.step()
+    p.close()
+    assert p._state is ProfilerState.CLOSED and len(p.errors) == 1
+    assert "profiling stops" in caplog.text and "torch profiler broke" in p.closing_line()

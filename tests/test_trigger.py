@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, job_env, require_slow
 from distprof.capture import trigger_files as tf
 from distprof.capture.schedule import Action, TriggeredWindow, WindowPlan
-from distprof.config import ProfileConfig, ScheduleConfig, config_from_mapping
+from distprof.config import ProfileConfig, ScheduleConfig, TriggerConfig, config_from_mapping
 from distprof.errors import ConfigError
 from distprof.storage import find_shards, read_shard, schema
 
@@ -72,17 +72,17 @@ def test_plan_a_rank_that_learns_late_records_nothing_but_keeps_the_numbering():
 def test_schedule_and_trigger_options_from_env_and_flags():
     cfg = config_from_mapping({}, {"DISTPROF_SCHEDULE": "none", "DISTPROF_TRIGGER_POLL_S": "0.25",
                                    "DISTPROF_TRIGGER_MARGIN": "7"})
-    assert (cfg.schedule.kind, cfg.trigger_poll_s, cfg.trigger_margin, cfg.trigger) == ("none", 0.25, 7, True)
-    assert config_from_mapping({}, {"DISTPROF_TRIGGER": "0"}).trigger is False
+    assert (cfg.schedule.kind, cfg.trigger.poll_s, cfg.trigger.margin, cfg.trigger.enabled) == ("none", 0.25, 7, True)
+    assert config_from_mapping({}, {"DISTPROF_TRIGGER": "0"}).trigger.enabled is False
     with pytest.raises(ConfigError, match="nothing would be recorded"):
         config_from_mapping({"trigger": False}, {"DISTPROF_SCHEDULE": "none"})
     from distprof.launch import config_from_args, get_args_parser
 
     args = get_args_parser().parse_args(["--schedule", "none", "--trigger-poll", "2", "--trigger-margin", "1", "x.py"])
     cfg = config_from_args(args)
-    assert (cfg.schedule.kind, cfg.trigger_poll_s, cfg.trigger_margin, cfg.trigger) == ("none", 2.0, 1, True)
+    assert (cfg.schedule.kind, cfg.trigger.poll_s, cfg.trigger.margin, cfg.trigger.enabled) == ("none", 2.0, 1, True)
     with pytest.raises(ConfigError, match="trigger_poll_s=0.0"):
-        ProfileConfig(trigger_poll_s=0.0)
+        ProfileConfig(trigger=TriggerConfig(poll_s=0.0))
 
 
 # ---- the request file ----------------------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class _Rank:
         from distprof.capture.trigger import Trigger
 
         self.cfg = ProfileConfig(out=str(out), run_id="run", schedule=ScheduleConfig(kind="none", warmup=1, active=2),
-                                 trigger_poll_s=0.05, trigger_margin=2)
+                                 trigger=TriggerConfig(poll_s=0.05, margin=2))
         self.step = 0
         self.written: list[dict] = []
         self.errors: list = []

@@ -17,7 +17,7 @@ from conftest import ROOT, job_env, only_run_dir, python, torchrun
 from test_html_report import browser  # noqa: F401  (the fixture: a headless Chromium)
 from distprof.drift import DriftRule, DriftTracker, flag_drift, own_ms, peer_median
 from distprof.analysis.report.watch import watch_report
-from distprof.config import ProfileConfig, config_from_mapping
+from distprof.config import ProfileConfig, WatchConfig, config_from_mapping
 from distprof.errors import ConfigError
 from distprof.storage import read_shard, find_shards
 from distprof.storage import watchfile as wf
@@ -125,20 +125,18 @@ def test_watch_options_from_env_and_flags():
     cfg = config_from_mapping({}, {"DISTPROF_WATCH": "1", "DISTPROF_WATCH_THRESHOLD": "0.5",
                                    "DISTPROF_WATCH_STEPS": "7", "DISTPROF_WATCH_INTERVAL_S": "0.5",
                                    "DISTPROF_WATCH_COOLDOWN_S": "60"})
-    assert (cfg.watch, cfg.watch_threshold, cfg.watch_steps, cfg.watch_interval_s, cfg.watch_cooldown_s) == \
-        (True, 0.5, 7, 0.5, 60.0)
-    assert ProfileConfig().watch is False
+    assert cfg.watch == WatchConfig(enabled=True, threshold=0.5, steps=7, interval_s=0.5, cooldown_s=60.0)
+    assert ProfileConfig().watch.enabled is False
     from distprof.launch import config_from_args, get_args_parser
 
     args = get_args_parser().parse_args(["--watch", "--watch-threshold", "0.3", "--watch-steps", "4",
                                          "--watch-interval", "1", "--watch-cooldown", "10", "x.py"])
     cfg = config_from_args(args)
-    assert (cfg.watch, cfg.watch_threshold, cfg.watch_steps, cfg.watch_interval_s, cfg.watch_cooldown_s) == \
-        (True, 0.3, 4, 1.0, 10.0)
-    for bad, match in (({"watch_threshold": 0.0}, "watch_threshold"), ({"watch_steps": 0}, "watch_steps"),
-                       ({"watch_interval_s": 0.0}, "watch_interval_s")):
+    assert cfg.watch == WatchConfig(enabled=True, threshold=0.3, steps=4, interval_s=1.0, cooldown_s=10.0)
+    for bad, match in (({"threshold": 0.0}, "watch_threshold"), ({"steps": 0}, "watch_steps"),
+                       ({"interval_s": 0.0}, "watch_interval_s")):
         with pytest.raises(ConfigError, match=match):
-            ProfileConfig(**bad)
+            ProfileConfig(watch=WatchConfig(**bad))
 
 
 # ---- the series files ----------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ torch without that function, ``init_process_group`` and ``new_group`` are wrappe
 then missed).
 
 Membership, names (``pg_name``: the same on every rank), descriptions and backends are read from the registry when
-asked (:func:`process_groups`), so they are complete whenever a window ends.
+asked (:func:`process_groups`), so they are complete whenever a window ends. What a framework uses a group for
+(DeepSpeed's ZeRO data-parallel group: ``frameworks.py``) is added to the group's entry by :func:`tag`.
 """
 
 from __future__ import annotations
@@ -277,6 +278,28 @@ def _device_backend_map(config: str) -> dict[str, str]:
 #: The registry as last seen while the default group existed: a window that ends after the script destroyed its
 #: process groups (the loop ran to the window's last step, then ``destroy_process_group``) still names them.
 _last_seen: dict[str, Any] = {}
+#: pg_name -> {key: value} added to that group's entry by process_groups() (tag())
+_tags: dict[str, dict[str, Any]] = {}
+
+
+def tag(pg: Any, key: str, value: Any) -> bool:
+    """Note `value` as `key` of the group `pg` (None: the default group) in its process_groups() entry, e.g. the
+    ZeRO stage a DeepSpeed engine runs on it. True when the group's name could be read."""
+    import torch.distributed as dist
+
+    if not _initialized():
+        return False
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        group = pg if pg is not None else c10d._get_default_group()
+        name = str(c10d._get_pg_config(group).get("pg_name"))
+    except Exception as e:  # noqa: BLE001 -- private API, best effort metadata
+        log.debug("distprof: cannot name a framework's process group: %s", e)
+        return False
+    with _lock:
+        _tags.setdefault(name, {})[key] = value
+    return dist.is_initialized()
 
 
 def _initialized() -> bool:
@@ -352,6 +375,7 @@ def process_groups() -> list[dict[str, Any]]:
             log.debug("distprof: cannot read a process group's configuration: %s", e)
             continue
         out.append({"index": len(out), "name": str(cfg.get("pg_name")), "desc": str(cfg.get("pg_desc") or ""),
-                    "backend": str(cfg.get("backend_config") or ""), "ranks": [int(r) for r in cfg.get("ranks", [])]})
+                    "backend": str(cfg.get("backend_config") or ""), "ranks": [int(r) for r in cfg.get("ranks", [])],
+                    **_tags.get(str(cfg.get("pg_name")), {})})
     _last_seen["process_groups"] = list(out)
     return out

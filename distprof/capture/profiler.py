@@ -39,28 +39,32 @@ _active: "RankProfiler | None" = None
 #: keys of `RankProfiler._warned_about` (besides ``lost:<kind>``, one per kind of reason a window was lost for)
 WARN_FAILURE = "failure"  # the first failure (a lost window counts: after one, failures are only recorded)
 WARN_MANUAL_STEP = "manual step"  # step() called while steps come from the optimizer hook
+WARN_STEP_OUTSIDE = "step outside"  # step() called before start() or once close() has begun
 
 
 class ProfilerState(enum.Enum):
     """Where a RankProfiler is in its life: `RankProfiler._state`, changed only by its ``_mark_*`` methods.
 
-    NEW      built; start() has not run (or raised before it began: --memory-history in strict mode without CUDA).
-             -> STARTED (start()).
-    STARTED  start() has begun: hooks, the shard writer, side threads and signal handlers are (being) installed and
-             steps are profiled, unless a failure has disabled profiling. -> CLOSING (close()).
-    CLOSING  close() has begun: the window in flight is finished, the writer and the side threads are waited for,
-             the status file is written. Nothing begins again: a second close(), the process group's agreement and a
-             signal's flush are ignored. -> CLOSED.
-    CLOSED   close() is done (its last act is to call `on_closed`). Final.
+    NEW       built; start() has not run (or raised before it began: --memory-history in strict mode without CUDA).
+              A step() now is ignored (one warning): there is nothing to step. -> RUNNING (start()).
+    RUNNING   start() has begun: hooks, the shard writer, side threads and signal handlers are (being) installed and
+              steps are profiled. -> DISABLED (a failure that stops profiling), CLOSING (close()).
+    DISABLED  a failure stopped profiling while running (the run directory could not be had, a step or a window's end
+              failed): the optimizer hook is removed, the trace stopped (or, inside torch's own callback, left for
+              close() to stop), steps are ignored; training goes on. -> CLOSING (close()).
+    CLOSING   close() has begun: the window in flight is finished, the writer and the side threads are waited for,
+              the status file is written. Nothing begins again: a second close(), the process group's agreement and a
+              signal's flush are ignored, and a failure here is recorded without changing the state. -> CLOSED.
+    CLOSED    close() is done (its last act is to call `on_closed`). Final; a step() now is ignored (one warning).
 
-    Whether a failure has stopped profiling (`RankProfiler._disabled`) is not one of these states but kept beside
-    them: it can happen in each (a step() called before start() or after close() fails, so does a window's end while
-    started or the stop in the close), what it changes outlives the close (a step() after it is ignored only then,
-    start() after it still installs the hooks) and it never goes back.
+    Failures happen only while RUNNING or CLOSING: nothing runs before start() (a step() is ignored), and after the
+    close nothing is left to fail. A failure that stops profiling is recorded in `RankProfiler.errors` (the closing
+    line and the status file name it), so nothing about it needs to outlive the state.
     """
 
     NEW = "new"
-    STARTED = "started"
+    RUNNING = "running"
+    DISABLED = "disabled"
     CLOSING = "closing"
     CLOSED = "closed"
 
@@ -83,7 +87,7 @@ class RankProfiler:
         self._stepper: OptimizerStepper | None = None
         self._writer: ShardWriter | None = None
         self._state = ProfilerState.NEW
-        self._disabled = False  # a failure stopped profiling (in any state; see ProfilerState): never goes back
+        self._script_error: str | None = None  # how the script ended, when it failed (script_ended())
         self._strict_error: BaseException | None = None
         self._warned_about: set[str] = set()  # warnings given once, already given (WARN_*, lost:<kind>)
         # not a state: True only while torch's on_trace_ready callback runs (inside prof.step()), where a failure
@@ -184,12 +188,12 @@ class RankProfiler:
             self._stepper = OptimizerStepper(self._advance, self._cpu_mark_optimizer)
             self._stepper.install()
         _active = self
-        if cfg.trigger:
+        if cfg.trigger.enabled:
             self._trigger = Trigger(cfg, self._setup, self._plan, step=lambda: self.step_num,
                                     written=lambda: self.windows_written,
                                     on_error=lambda stage, e: self._fail(stage, e, disable=False))
             self._trigger.start()
-        if cfg.watch:
+        if cfg.watch.enabled:
             self._watch = Watch(cfg, self._setup, trigger=self._trigger, step=lambda: self.step_num,
                                 on_error=lambda stage, e: self._fail(stage, e, disable=False))
             self._watch.start()
@@ -197,7 +201,7 @@ class RankProfiler:
         self._guard("setup", self._setup.agree_with_existing_group)
         self._guard("setup", self._setup.agree_over_mpi)  # mpiexec: every rank is here, before the script
         self._check_run_dir()
-        if self._disabled:  # the agreement failed: warned once, training goes on unprofiled
+        if self._state is ProfilerState.DISABLED:  # the agreement failed: warned once, training goes on unprofiled
             self._raise_strict()
             return self
         self._cpu = schedstat.ThreadCpu(faults=True)
@@ -219,6 +223,12 @@ class RankProfiler:
     def step(self) -> None:
         """One training iteration is done (explicit API: `p.step()` / `distprof.step()`)."""
         self._raise_strict()
+        if self._state in (ProfilerState.NEW, ProfilerState.CLOSING, ProfilerState.CLOSED):
+            if self._first_warning(WARN_STEP_OUTSIDE):
+                log.warning("distprof: rank %s: step() called %s; ignored", self._rank_label(),
+                            "before the profiler started (start() or `with`)" if self._state is ProfilerState.NEW
+                            else "after the profiler closed")
+            return
         if self._stepper is not None:
             if self._first_warning(WARN_MANUAL_STEP):
                 log.warning(
@@ -233,10 +243,16 @@ class RankProfiler:
         is left of the signal's deadline (signals.FLUSH_S)."""
         self._inside(self._close)
 
+    def script_ended(self, error: str | None) -> None:
+        """The launcher: how the script ended (None: normally; else its exception or non-zero exit), before close().
+        The closing line and the status file say so; no hint about steps is given for a script that failed."""
+        self._script_error = error
+
     def _close(self) -> None:
         global _active
-        if self._state is not ProfilerState.STARTED:  # not started, or closing already
+        if self._state not in (ProfilerState.RUNNING, ProfilerState.DISABLED):  # not started, or closing already
             return
+        disabled = self._state is ProfilerState.DISABLED
         self._mark_closing()
         self._close_began = time.monotonic()
         left = self._time_left()
@@ -250,10 +266,12 @@ class RankProfiler:
                 iteration_done = self._stepper.pending
                 self._stepper.remove()
             if self._prof is not None:
-                if self._disabled:
+                if disabled:  # a failure inside torch's callback left the trace for the close to stop
                     self._stop_quietly()
                 else:
                     self._guard("stop", lambda: self._stop_partial(iteration_done))
+            if iteration_done and not disabled:
+                self.step_num += 1  # that step is done: it counts among the steps seen (status: steps_seen)
         finally:
             self._memhist_stop()
             if self._cpu is not None:  # every sample is taken: the last at the final step's end, above
@@ -280,6 +298,7 @@ class RankProfiler:
             left = self._time_left()
             # after a signal every rank is going: the reference does not wait for the leaders' goodbyes
             self._clock.close(None if left is None else min(0.1, left))
+            self._mark_failed_run()
             self._write_status(final=True)
             self._signals.uninstall()
             self._mark_closed()
@@ -292,10 +311,14 @@ class RankProfiler:
     # -- state transitions (ProfilerState) ---------------------------------------------------------------------
     def _mark_started(self) -> None:
         assert self._state is ProfilerState.NEW, self._state
-        self._state = ProfilerState.STARTED
+        self._state = ProfilerState.RUNNING
+
+    def _mark_disabled(self) -> None:
+        assert self._state is ProfilerState.RUNNING, self._state
+        self._state = ProfilerState.DISABLED
 
     def _mark_closing(self) -> None:
-        assert self._state is ProfilerState.STARTED, self._state
+        assert self._state in (ProfilerState.RUNNING, ProfilerState.DISABLED), self._state
         self._state = ProfilerState.CLOSING
 
     def _mark_closed(self) -> None:
@@ -362,7 +385,8 @@ class RankProfiler:
 
     def _recording_window(self) -> tuple[int, int] | None:
         """(window, first step) being recorded now, or None."""
-        if self._disabled or self._prof is None or self._plan.action(self.step_num) not in RECORDING:
+        if self._state is not ProfilerState.RUNNING or self._prof is None \
+                or self._plan.action(self.step_num) not in RECORDING:
             return None
         w = self._plan.window(self.step_num)
         return w, self._plan.steps_of(w)[0]
@@ -370,19 +394,19 @@ class RankProfiler:
     # -- the agreement ------------------------------------------------------------------------------------------
     def _on_default_group(self, pg, store) -> None:
         """Inside init_process_group, every rank: agree the run id and host roles (never raises into torch)."""
-        if self._close_begun() or self._disabled or self._setup.agreement is not None:
+        if self._state is not ProfilerState.RUNNING or self._setup.agreement is not None:
             return
         self._guard("setup", lambda: self._setup.agree(store, pg.rank(), pg.size()))
         self._check_run_dir()
 
     def _check_run_dir(self) -> None:
         """Rank 0 could not claim a run directory: nothing can be recorded on any rank; say so now, once."""
-        if self._setup.dir_error and not self._disabled:
+        if self._setup.dir_error and self._state is ProfilerState.RUNNING:
             self._fail("setup", ClaimError(self._setup.dir_error))
 
     # -- stepping -----------------------------------------------------------------------------------------------
     def _advance(self) -> None:
-        if self._disabled:
+        if self._state is not ProfilerState.RUNNING:
             return
         self._inside(lambda: self._guard("step", self._advance_unguarded))
 
@@ -440,7 +464,7 @@ class RankProfiler:
     def _cpu_mark_optimizer(self) -> None:
         """The same sample as the primary optimizer's step begins (the hook runs on the training thread). Taken every
         step: a triggered window learnt one step ahead needs the step before its first."""
-        if self._cpu is not None and not self._disabled:  # sample() never raises
+        if self._cpu is not None and self._state is ProfilerState.RUNNING:  # sample() never raises
             self._cpu_opt_marks[self.step_num] = self._cpu.sample(faults=False)  # only its wait is used
 
     def _ensure_info(self) -> None:
@@ -609,12 +633,11 @@ class RankProfiler:
                 log.warning("distprof: rank %s: %s failed (%s); %s, training goes on (--strict raises instead)",
                             self._rank_label(), stage, message,
                             "profiling stops" if stops else "capture goes on without it")
-        if disable and stage != "write":
-            if not self._disabled:
-                inflight = self._recording_window()
-                if inflight is not None and not self._in_callback:
-                    self._lose_extra(LostWindow(inflight[0], inflight[1], self.step_num, "profiling stopped",
-                                                f"profiling stopped ({stage} failed: {message})"))
+        if disable and stage != "write" and self._state is ProfilerState.RUNNING:  # closing: recorded only
+            inflight = self._recording_window()
+            if inflight is not None and not self._in_callback:
+                self._lose_extra(LostWindow(inflight[0], inflight[1], self.step_num, "profiling stopped",
+                                            f"profiling stopped ({stage} failed: {message})"))
             self._disable()
 
     def _window_lost(self, lw: LostWindow) -> None:
@@ -639,9 +662,7 @@ class RankProfiler:
             self._extra_lost.append(lw)
 
     def _disable(self) -> None:
-        if self._disabled:
-            return
-        self._disabled = True
+        self._mark_disabled()
         if self._stepper is not None:
             self._stepper.remove()
         if self._trigger is not None:  # no window can be recorded now: rank 0 says so in its live file
@@ -664,27 +685,44 @@ class RankProfiler:
             e, self._strict_error = self._strict_error, None
             raise RuntimeError(f"distprof (strict mode): {e}") from e
 
+    def _mark_failed_run(self) -> None:
+        """The script failed on a rank that has not opened the run directory rank 0 claimed for the job (it had no
+        window yet): open it, so that this rank's status file says why too."""
+        if self._script_error is None or self.run_dir is not None or self._setup.agreement is None:
+            return
+        try:
+            self._setup.ensure_run_dir(self._info.rank if self._info else int(os.environ.get("RANK", 0)), wait=False)
+        except Exception as e:  # noqa: BLE001 -- the job is failing already; its status file is a nicety
+            log.debug("distprof: no run directory for the failed script's status: %s", e)
+
     def _write_status(self, *, final: bool) -> None:
         if self.run_dir is None:
             return
         rank = self._info.rank if self._info else int(os.environ.get("RANK", 0))
-        status.write(self.run_dir, rank, status.document(
+        doc = status.document(
             rank=rank, run_id=self.run_id, job=self._setup.job.to_dict() if self._setup.job else None,
             note=self._setup.note, steps_seen=self.step_num, iterations=self.iterations,
             skipped_steps=self._stepper.skipped if self._stepper else 0, windows=list(self.windows_written),
             lost=self.lost, errors=list(self.errors), signal_num=self._signal, final=final,
-            triggered_windows=self._trigger.records() if self._trigger is not None else []))
+            triggered_windows=self._trigger.records() if self._trigger is not None else [])
+        if self._script_error is not None:  # a run without shards is marked failed: `distprof report` names it
+            doc["script_error"] = self._script_error
+        status.write(self.run_dir, rank, doc)
 
     def closing_line(self) -> str | None:
         """What the launcher prints for this rank when it closes (status.closing_line)."""
         hint = None
-        if self.config.schedule.kind == "none":
+        if self._script_error is not None:  # its traceback follows; no guess about steps
+            when = "before its first step" if self.iterations == 0 else \
+                f"after {self.iterations} step(s), before a window was recorded"
+            hint = f"nothing was recorded: the script failed {when} ({self._script_error.split(':', 1)[0]})"
+        elif self.config.schedule.kind == "none":
             hint = ("no window was recorded: --schedule none records only windows asked for with `distprof trigger "
                     f"{self.run_dir or '<out>/<run-id>'}` while the job runs (none came)")
         elif self.config.step_on == "optimizer" and self.iterations == 0:
             hint = ("no optimizer step was seen, so no step was recorded: a loop without torch.optim needs "
                     "--step-on manual and a distprof.step() call at the end of each iteration")
-        elif not self._disabled:
+        else:  # (a failure that stopped profiling is in the errors, which the closing line names instead)
             hint = ("no window was recorded (the job ran fewer steps than the schedule needs: "
                     f"see --wait/--warmup/--active; steps seen: {self.iterations})")
         rank = self._info.rank if self._info else int(os.environ.get("RANK", 0))

@@ -11,6 +11,9 @@ the primary optimizer, else close. Handled:
   outermost steps count;
 * GradScaler steps skipped because of inf/NaN gradients (the optimizer hook does not fire): still one iteration.
 
+At the first few primary optimizer steps the callers are looked at for a framework distprof knows
+(``frameworks.py``: DeepSpeed's ZeRO engine, its stage and data-parallel group).
+
 `last_end_ns` is when the latest iteration finished (``time.time_ns()`` as the primary optimizer's step returned): a
 step still pending when the job closes ends there, not at the close (what follows the loop is no step's work).
 """
@@ -19,11 +22,17 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
 import weakref
 from typing import Callable
 
+from . import frameworks
+
 log = logging.getLogger(__name__)
+
+#: Primary optimizer steps at whose start the callers are looked at for a framework, until one is found.
+FRAMEWORK_PROBES = 3
 
 
 class OptimizerStepper:
@@ -39,6 +48,7 @@ class OptimizerStepper:
         self.iterations = 0  # completed iterations seen (including GradScaler-skipped ones)
         self.skipped = 0  # GradScaler-skipped iterations
         self.last_end_ns = 0  # time.time_ns() when the latest iteration finished (0: none yet)
+        self._probes_left = FRAMEWORK_PROBES
 
     # -- install / remove ---------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -89,6 +99,8 @@ class OptimizerStepper:
             self.fire()
         if self._depth == 1 and self._on_optimizer_start is not None and self._is_primary(opt):
             self._on_optimizer_start()
+        if self._depth == 1 and self._probes_left and self._is_primary(opt):
+            self._probes_left = 0 if frameworks.probe(sys._getframe(1)) else self._probes_left - 1
 
     def _post(self, opt, args, kwargs) -> None:
         self._depth = max(0, self._depth - 1)

@@ -233,8 +233,8 @@ class Trigger:
                                               f"{pending.last}, asked by request {pending.request_id}); ask again "
                                               f"after step {pending.last}")
         n = req.steps if req.steps is not None else sched.active
-        margin = req.margin if req.margin is not None else cfg.trigger_margin
-        ahead = max(margin, lead_steps(self._rate, cfg.trigger_poll_s, self._world))
+        margin = req.margin if req.margin is not None else cfg.trigger.margin
+        ahead = max(margin, lead_steps(self._rate, cfg.trigger.poll_s, self._world))
         begin = self._plan.place(step + 1 + ahead, sched.warmup, n)
         if begin is None:
             return _Decision(req, step, None, f"the schedule leaves no gap of {sched.warmup + n} steps (warm-up + "
@@ -246,7 +246,7 @@ class Trigger:
 
     # -- side thread --------------------------------------------------------------------------------------------
     def _run(self) -> None:
-        tick = self.config.trigger_poll_s
+        tick = self.config.trigger.poll_s
         try:
             while True:
                 stopping = self._stop.is_set()
@@ -274,14 +274,14 @@ class Trigger:
                 return
             self._take_submitted()
             if now >= self._next_poll:
-                self._next_poll = now + self.config.trigger_poll_s
+                self._next_poll = now + self.config.trigger.poll_s
                 self._poll_request()
             self._follow(now)
             if now >= self._next_heartbeat:
-                self._next_heartbeat = now + max(MIN_HEARTBEAT_S, self.config.trigger_poll_s)
+                self._next_heartbeat = now + max(MIN_HEARTBEAT_S, self.config.trigger.poll_s)
                 self._write_live("running")
         elif now >= self._next_check and self.inbox is None:
-            self._next_check = now + check_interval_s(self.config.trigger_poll_s, self._world)
+            self._next_check = now + check_interval_s(self.config.trigger.poll_s, self._world)
             self._check_store()
 
     def _identify(self) -> bool:
@@ -502,8 +502,8 @@ class Trigger:
         live = tf.LiveStatus(
             session=self.session, run_id=self._setup.run_id or "", pid=os.getpid(), host=socket.gethostname(),
             world_size=self._world, started_ns=self._started_ns, updated_ns=time.time_ns(),
-            heartbeat_s=max(MIN_HEARTBEAT_S, self.config.trigger_poll_s), state=state, step=step,
-            schedule=asdict(sched), trigger_steps=sched.active, trigger_margin=self.config.trigger_margin,
+            heartbeat_s=max(MIN_HEARTBEAT_S, self.config.trigger.poll_s), state=state, step=step,
+            schedule=asdict(sched), trigger_steps=sched.active, trigger_margin=self.config.trigger.margin,
             window=list(busy) if busy is not None else None, closed_ns=time.time_ns() if state == "closed" else 0)
         tf.write_doc(self._run_dir / tf.LIVE_NAME, live.to_doc())
 

@@ -196,7 +196,7 @@ class Watch:
     def __init__(self, config: ProfileConfig, setup: RunSetup, *, trigger, step: Callable[[], int],
                  on_error: Callable[[str, BaseException], None]) -> None:
         self.config = config
-        self.rule = DriftRule(config.watch_threshold, config.watch_steps)
+        self.rule = DriftRule(config.watch.threshold, config.watch.steps)
         self.recorder = WatchRecorder(threading.get_ident())
         self._setup = setup
         self._trigger = trigger
@@ -270,7 +270,7 @@ class Watch:
 
     # -- side thread --------------------------------------------------------------------------------------------
     def _run(self) -> None:
-        tick = self.config.watch_interval_s
+        tick = self.config.watch.interval_s
         try:
             while True:
                 stopping = self._stop.is_set()
@@ -411,7 +411,7 @@ class Watch:
         """Read the keys of up to STORE_READS_PER_S x the time since the last read of the other ranks."""
         if self._store is None or self._world <= 1 or now < self._next_read:
             return
-        budget = max(1, int(STORE_READS_PER_S * max(self.config.watch_interval_s, 1e-3)))
+        budget = max(1, int(STORE_READS_PER_S * max(self.config.watch.interval_s, 1e-3)))
         n = min(budget, self._world - 1)
         for _ in range(n):
             r = self._cursor
@@ -432,7 +432,7 @@ class Watch:
                 keep = steps > max(p.last_step, self._evaluated_to)
                 self._own_into_hist(r, steps[keep], vals[keep])
                 p.last_step, p.moved_round = int(steps[-1]), self._round
-        self._next_read = now + read_interval_s(self.config.watch_interval_s, self._world) * n / (self._world - 1)
+        self._next_read = now + read_interval_s(self.config.watch.interval_s, self._world) * n / (self._world - 1)
 
     def _compare(self, now: float, final: bool) -> None:
         self._read_peers(now)
@@ -477,14 +477,14 @@ class Watch:
             return
         if now < self._cooldown_until:
             self._set(i, state="cooldown", message=f"a window was asked for less than --watch-cooldown "
-                                                   f"{self.config.watch_cooldown_s:g} s ago; none asked for this drift")
+                                                   f"{self.config.watch.cooldown_s:g} s ago; none asked for this drift")
             return
         rid = f"watch-{self._trigger.session}-{i}"
         reason = (f"watch: rank {d['rank']} own work {d['own_ms']:.1f} ms/step, {d['excess_ms']:+.1f} ms "
                   f"({d['excess_pct']}%) over the other ranks' median {d['peers_ms']:.1f} ms for {d['flagged_steps']}"
                   f" steps from step {d['first_step']}")
         req = tf.TriggerRequest(rid, None, None, self._trigger.session, time.time_ns(), reason=reason)
-        self._cooldown_until = now + self.config.watch_cooldown_s
+        self._cooldown_until = now + self.config.watch.cooldown_s
         self._set(i, request_id=rid, state="asked", reason=reason)
         self._trigger.submit(req, on_answer=lambda a, i=i: self._answered(i, a))
 
@@ -495,7 +495,7 @@ class Watch:
         if a.state == "refused" and "already" in a.message:  # a window was running: ask again once it is over
             with self._lock:
                 self._cooldown_until = 0.0
-                self._retry = (i, time.monotonic() + self.config.watch_interval_s)
+                self._retry = (i, time.monotonic() + self.config.watch.interval_s)
 
     def _service_retry(self, now: float) -> None:
         with self._lock:

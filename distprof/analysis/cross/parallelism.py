@@ -7,7 +7,10 @@ Read from what the trace shows, each style with its evidence:
 * **TP** — a tensor/sequence-parallel mesh dimension (``mesh_tp``, ``mesh_sp``, ``mesh_cp``) with collectives, or
   functional collectives (``_c10d_functional::``, DTensor) outside any FSDP group;
 * **PP** — ranks that send to each other (``pipeline.pipelines``), or ``PipelineStage`` regions;
-* **EP** — all-to-alls (MoE dispatch and combine), or an expert mesh dimension (``mesh_ep``).
+* **EP** — all-to-alls (MoE dispatch and combine), or an expert mesh dimension (``mesh_ep``);
+* **ZeRO-1 / -2 / -3** — the DeepSpeed engine's data-parallel group, tagged with its stage by the capture
+  (``capture/frameworks.py``: a trace cannot tell ZeRO-1 from ZeRO-2), with that group's collectives; without the
+  tag, ZeRO-3 from its parameter hooks' regions (``LinearFunctionForZeroStage3``, ``PreBackwardFunctionForModule``).
 
 The **mesh** is the DeviceMesh dimensions the groups name (``mesh_<dim>``), with their sizes; **groups** are the
 group kinds of :mod:`.comm_table` with their size and role. :func:`advice_for_exposed` gives the exposed
@@ -41,10 +44,10 @@ def dim_role(dim: str) -> str:
 
 @dataclass
 class Parallelism(Record):
-    styles: list[str]  # e.g. ["FSDP2", "TP"], in the order DDP, FSDP, FSDP2, TP, PP, EP
+    styles: list[str]  # e.g. ["FSDP2", "TP"], in the order DDP, FSDP, FSDP2, ZeRO-n, TP, PP, EP
     evidence: dict[str, str]  # style -> what showed it
     mesh: dict[str, int] = field(default_factory=dict)  # DeviceMesh dimension -> size
-    groups: list[dict[str, Any]] = field(default_factory=list)  # kind, size, count, role
+    groups: list[dict[str, Any]] = field(default_factory=list)  # kind, size, count, role (+ zero: DeepSpeed's)
 
     @property
     def label(self) -> str:
@@ -78,8 +81,11 @@ def detect_parallelism(run: RunSummary, table: list[CommRow], pipes: list[Pipeli
         members = [g for g in run.process_groups if group_kind(g) == kind]
         role = dim_role(kind[5:]) if kind.startswith("mesh_") else ("world" if kind == "default_pg" else "")
         groups.append({"kind": kind, "count": len(members), "size": max(len(g.get("ranks") or []) for g in members),
-                       "role": role, "ops": sorted(ops_by_kind.get(kind, ()))})
+                       "role": role, "ops": sorted(ops_by_kind.get(kind, ())),
+                       **({"zero": members[0]["zero"]} if isinstance(members[0].get("zero"), dict) else {})})
     ev: dict[str, str] = {}
+    zero = _zero_evidence(groups, names)
+    ev.update(zero)
     fsdp2 = sorted(n for n in names if n.startswith("FSDP::"))
     fsdp1 = sorted(n for n in names if "FullyShardedDataParallel" in n)
     if fsdp2:
@@ -89,7 +95,7 @@ def detect_parallelism(run: RunSummary, table: list[CommRow], pipes: list[Pipeli
     ddp = sorted(n for n in names if n.startswith("DistributedDataParallel"))
     if ddp:
         ev["DDP"] = f"{ddp[0]} regions"
-    elif not (fsdp1 or fsdp2) and any("all_reduce" in ops for k, ops in ops_by_kind.items()
+    elif not (fsdp1 or fsdp2 or zero) and any("all_reduce" in ops for k, ops in ops_by_kind.items()
                                       if k == "default_pg" or (k.startswith("mesh_") and dim_role(k[5:]) == "data")):
         ev["DDP"] = "all-reduces on the data-parallel group (no FSDP regions)"
     tp_dims = [d for d in mesh if dim_role(d) in ("tensor", "context") and ops_by_kind.get(f"mesh_{d}")]
@@ -104,8 +110,50 @@ def detect_parallelism(run: RunSummary, table: list[CommRow], pipes: list[Pipeli
     a2a = [k for k, ops in ops_by_kind.items() if "all_to_all" in ops]
     if a2a or any(dim_role(d) == "expert" for d in mesh):
         ev["EP"] = f"all-to-alls on {', '.join(a2a)}" if a2a else "an expert mesh dimension"
-    order = ["DDP", "FSDP", "FSDP2", "TP", "PP", "EP"]
+    order = ["DDP", "FSDP", "FSDP2", "ZeRO-1", "ZeRO-2", "ZeRO-3", "TP", "PP", "EP"]
     return Parallelism(styles=[s for s in order if s in ev], evidence=ev, mesh=mesh, groups=groups)
+
+
+#: Region names of DeepSpeed ZeRO-3's parameter hooks (autograd functions around each module), seen in any trace.
+ZERO3_REGIONS = ("LinearFunctionForZeroStage3", "PreBackwardFunctionForModule", "PostBackwardFunctionModule")
+
+
+def _zero_evidence(groups: list[dict[str, Any]], names: set[str]) -> dict[str, str]:
+    """{"ZeRO-<stage>": what showed it}: the group the capture tagged with DeepSpeed's stage, else ZeRO-3's regions."""
+    for g in groups:
+        z = g.get("zero")
+        if isinstance(z, dict) and isinstance(z.get("stage"), int) and 1 <= z["stage"] <= 3:
+            ops = f" ({', '.join(g['ops'])})" if g.get("ops") else ""
+            return {f"ZeRO-{z['stage']}": f"DeepSpeed engine at ZeRO stage {z['stage']} on {g['kind']}{ops}"}
+    seen = sorted(n for n in names if n in ZERO3_REGIONS)
+    return {"ZeRO-3": f"DeepSpeed ZeRO-3 parameter hooks ({', '.join(seen)})"} if seen else {}
+
+
+def _zero_advice(par: Parallelism) -> str | None:
+    """The exposed-communication advice for a DeepSpeed ZeRO job, naming its settings where the capture read them."""
+    stage = next((int(s[5:]) for s in par.styles if s.startswith("ZeRO-")), None)
+    if stage is None:
+        return None
+    z = next((g["zero"] for g in par.groups if isinstance(g.get("zero"), dict)), {})
+
+    def now(key: str) -> str:
+        v = z.get(key)
+        return "" if v is None else f" (now {'on' if v is True else 'off' if v is False else f'{v:,}'})"
+
+    if stage == 3:
+        return ("The exposed time is DeepSpeed ZeRO-3's parameter all-gathers and gradient reduce-scatters waiting: "
+                f"keep overlap_comm on{now('overlap_comm')}, prefetch further ahead with a larger "
+                f"stage3_prefetch_bucket_size{now('prefetch_bucket_size')}, raise reduce_bucket_size"
+                f"{now('reduce_bucket_size')} for fewer, fuller reduce-scatters, keep contiguous_gradients on"
+                f"{now('contiguous_gradients')}, keep small parameters whole (stage3_param_persistence_threshold), and "
+                "choose ZeRO-2 when the parameters fit without sharding: it drops the per-layer all-gathers.")
+    return (f"The exposed time is DeepSpeed ZeRO-{stage}'s gradient reduction and parameter all-gather waiting: set "
+            f"overlap_comm: true{now('overlap_comm')} to reduce gradients during the backward pass, tune "
+            f"reduce_bucket_size{now('reduce_bucket_size')} and allgather_bucket_size{now('allgather_bucket_size')} "
+            "(larger: fewer, fuller collectives; smaller: the first ones start earlier), keep contiguous_gradients on"
+            f"{now('contiguous_gradients')}, and choose the stage by memory: ZeRO-1 and ZeRO-2 send the same volume "
+            "(ZeRO-2 also shards the gradients), ZeRO-3 adds an all-gather of the parameters in every forward and "
+            "backward, so move up a stage only when the model does not fit.")
 
 
 def advice_for_exposed(par: Parallelism | None, table: list[CommRow]) -> str:
@@ -123,6 +171,9 @@ def advice_for_exposed(par: Parallelism | None, table: list[CommRow]) -> str:
                 "inside a node (NVLink), use sequence parallelism (SequenceParallel) so activations are reduce-"
                 "scattered instead of all-reduced, and async TP (torch._inductor.config._micro_pipeline_tp = True with "
                 "torch.compile) to overlap them with the matmuls.")
+    zero = _zero_advice(par) if par is not None else None
+    if zero is not None:
+        return zero
     if {"FSDP", "FSDP2"} & styles:
         return ("The exposed time is FSDP's all-gathers and reduce-scatters waiting: prefetch further ahead "
                 "(FSDP2: module.set_modules_to_forward_prefetch / set_modules_to_backward_prefetch; FSDP1: "

@@ -113,9 +113,7 @@ def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None
         raise IncompleteRunError(f"{run_dir}: no such run directory; pass the <out>/<run-id> folder the capture wrote")
     paths = find_shards(run_dir)
     if not paths:
-        raise IncompleteRunError(
-            f"{run_dir}: no shard files (rank*.w*.h5); pass the <out>/<run-id> folder, or check the capture's "
-            "status files for errors")
+        raise IncompleteRunError(_no_shard_message(run_dir))
     if steps is not None:
         lo, hi = int(steps[0]), int(steps[1])
         if lo > hi:
@@ -173,6 +171,19 @@ def with_read_skips(cat: RunCatalog, skipped: list[SkippedShard], ranks_read: se
                    first_attrs={r: a for r, a in cat.first_attrs.items() if r not in gone},
                    pg_luts={p: lut for p, lut in cat.pg_luts.items() if p not in lost},
                    warnings=warnings, skipped=list(cat.skipped) + list(skipped))
+
+
+def _no_shard_message(run_dir: Path) -> str:
+    """Why a run directory holds no shard, in one line: the script failed before a window was recorded (its status
+    files say so: ``script_error``), else where to look."""
+    failed = sorted((d["rank"], d) for d in read_status(run_dir).values() if isinstance(d.get("script_error"), str))
+    if failed:
+        rank, doc = failed[0]
+        why = (doc["script_error"].splitlines() or [""])[0][:300]
+        return (f"{run_dir}: no shard: the job failed before a window was recorded (rank {rank}: the script ended "
+                f"with {why} after {doc.get('iterations', 0)} step(s)); nothing to analyse")
+    return (f"{run_dir}: no shard files (rank*.w*.h5); pass the <out>/<run-id> folder, or check the capture's "
+            "status files for errors")
 
 
 # ---- consistency and gaps --------------------------------------------------------------------------------------------
@@ -251,7 +262,8 @@ def _merge_process_groups(shards: list[Shard]) -> tuple[list[dict[str, Any]], li
             if key not in by_key:
                 by_key[key] = len(glob)
                 glob.append({"index": len(glob), "name": g.get("name", key), "desc": g.get("desc", ""),
-                             "backend": g.get("backend", ""), "ranks": list(g.get("ranks") or [])})
+                             "backend": g.get("backend", ""), "ranks": list(g.get("ranks") or []),
+                             **({"zero": g["zero"]} if isinstance(g.get("zero"), dict) else {})})
             lut[int(g.get("index", i))] = by_key[key]
         maps.append(lut)
     return glob, maps
