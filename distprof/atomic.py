@@ -6,9 +6,10 @@
 
 What `path` is decides how (:func:`output_target`):
 
-* a regular file, or nothing yet: written into a temporary file beside it (``<name>.<random>.tmp``), then one rename;
-  an existing file keeps its permission bits. Through a **symlink**, the link's target is written (atomically, beside
-  the target) and the link stays a link.
+* a regular file, or nothing yet: written into a temporary file beside it (``<name>.<random>.tmp``, created with
+  O_EXCL|O_NOFOLLOW and mode 0600 relative to the folder's descriptor), then one rename over the name; an existing
+  file keeps its permission bits, a new one gets 0666 less the umask. Through a **symlink** the user named, the
+  link's target is written (atomically, beside the target) and the link stays a link.
 * the same file as this process's **stdout or stderr** (``/dev/stdout``, ``/proc/self/fd/1``, a shell redirection):
   written through that stream, after what it already holds, in order.
 * a **character device or a FIFO** (``/dev/null``, ``/dev/full``, a named pipe, a terminal): written in place; a
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from .errors import OutputError
+from .storage import safefs
 from .storage.schema import TMP_SUFFIX
 
 __all__ = ["atomic_write", "output_target", "OutputTarget", "TMP_SUFFIX"]
@@ -109,28 +111,42 @@ def _maybe_gzip(raw: BinaryIO, gzip: bool, compresslevel: int, name: str) -> Ite
 
 @contextmanager
 def _replace(target: OutputTarget, fsync: bool) -> Iterator[BinaryIO]:
-    """A new file beside ``target.path``; renamed over it when the block ends without an exception."""
+    """A new file beside ``target.path``; renamed over it when the block ends without an exception.
+
+    The temporary is created relative to the folder's descriptor with O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600 (a
+    name planted there is never opened, nobody else can open it while it is written), given the final mode, and
+    renamed relative to the same descriptor (storage.safefs)."""
     final = target.path
-    fd, tmp = _create_beside(final)
     try:
-        with os.fdopen(fd, "wb") as raw:
-            yield raw
-            raw.flush()
-            if fsync:
-                os.fsync(raw.fileno())
-        if target.mode is not None:
-            os.chmod(tmp, target.mode)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _create_beside(final: Path) -> tuple[int, Path]:
-    for _ in range(8):
-        tmp = final.with_name(f"{final.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        dfd = safefs.open_dir(final.parent)
+    except OSError as e:
+        raise OutputError(f"{final}: cannot create a file in {final.parent} ({e.strerror or e})") from None
+    try:
+        fd, tmp = _create_beside(final, dfd)
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+            with os.fdopen(fd, "wb") as raw:
+                yield raw
+                raw.flush()
+                if fsync:
+                    os.fsync(raw.fileno())
+                os.fchmod(raw.fileno(), target.mode if target.mode is not None else safefs.default_mode(0o666))
+            os.replace(tmp, final.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)
+
+
+def _create_beside(final: Path, dfd: int) -> tuple[int, str]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(8):
+        tmp = f"{final.name}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        try:
+            return os.open(tmp, flags, 0o600, dir_fd=dfd), tmp
         except FileExistsError:
             continue
         except OSError as e:

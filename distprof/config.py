@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .runid import check_run_id
 
 STEP_MODES = ("optimizer", "manual")
 CODECS = ("zstd", "gzip")
@@ -135,6 +136,8 @@ class ProfileConfig:
         for name, cls in _SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: need a {cls.__name__}")
+        if self.run_id is not None:
+            check_run_id(self.run_id)  # one safe directory name (distprof/runid.py)
         if self.step_on not in STEP_MODES:
             raise ConfigError(f"step_on={self.step_on!r}: choose one of {', '.join(STEP_MODES)}")
         if self.codec not in CODECS:

@@ -246,6 +246,12 @@ def main(argv: list[str] | None = None) -> None:
     if problem:
         print(f"{parser.prog}: error: {problem}", file=sys.stderr)  # one line, not the whole usage
         sys.exit(2)
+    from .capture.rundir import check_out
+
+    bad_out = check_out(config.out)  # a dangling --out: said now, before training starts
+    if bad_out:
+        print(f"{parser.prog}: error: {bad_out}", file=sys.stderr)
+        sys.exit(2)
     launch_env.prepare()  # mpiexec / srun: RANK, WORLD_SIZE, MASTER_ADDR, ... for the script where missing
     _recorded(run)(config, args.script, args.script_args, module=args.module)
 

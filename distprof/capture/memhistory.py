@@ -24,9 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..atomic import atomic_write
 from ..events.tables import Strings
-from ..storage import schema
+from ..storage import safefs, schema
 
 log = logging.getLogger(__name__)
 
@@ -305,9 +304,10 @@ def summarize_snapshot(
 def dump_snapshot(snapshot: Any, path: str | os.PathLike) -> int:
     """Pickle the raw snapshot to `path` (tmp → rename), the file pytorch.org/memory_viz opens. Returns bytes."""
     path = Path(path)
-    with atomic_write(path, fsync=True) as f:
+    with safefs.atomic_file(path.parent, path.name, fsync=True) as f:  # never through a link planted at `path`
         pickle.dump(snapshot, f, protocol=pickle.HIGHEST_PROTOCOL)
-    return path.stat().st_size
+        size = f.tell()
+    return size
 
 
 # ---- capture side ----------------------------------------------------------------------------------------------------

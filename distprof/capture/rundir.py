@@ -7,20 +7,26 @@ second job with the same run id — two job steps of one Slurm allocation share 
 the same ``--run-id``; a torchrun restart — finds the directory claimed and takes the next free name, ``<run-id>.2``,
 ``<run-id>.3``, …, which becomes its run id (the closing line says so). Nothing is ever written into another job's
 directory, and a directory that holds shards but no claim file (from before claim files) counts as taken. Concurrent
-jobs cannot both win a name: ``O_EXCL`` lets exactly one create the claim.
+jobs cannot both win a name: ``O_EXCL`` lets exactly one create the claim. A name that is a symbolic link, not a
+directory, or another user's directory is never used (the next name is taken), and ``job.json`` is read only when
+it is a regular file (never a FIFO: a reader is never blocked).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..storage import schema
+from ..storage import safefs, schema
 from ..storage.writer import cause
+
+log = logging.getLogger(__name__)
 
 #: The claim file in a run directory.
 JOB_FILE = "job.json"
@@ -114,28 +120,60 @@ class ClaimError(OSError):
         super().__init__(message)
 
 
+#: A claim file is never read past this size (a claim is a few hundred bytes).
+MAX_CLAIM_BYTES = 64 * 1024
+
+
 def owner(run_dir: Path) -> str | None:
-    """The job id a directory belongs to; ``"?"`` when it holds a capture without a (readable) claim; None when
-    free (empty of shards, status files and claim)."""
+    """The job id a directory belongs to; ``"?"`` when it holds a capture without a (readable) claim, or a claim
+    that is not a regular file (a FIFO, a link: never opened blocking, never followed); None when free (empty of
+    shards, status files and claim)."""
     path = run_dir / JOB_FILE
     deadline = time.monotonic() + _CLAIM_SETTLE_S
     while True:
         try:
-            text = path.read_text()
+            data = safefs.read_file(path, MAX_CLAIM_BYTES, what="claim file")
         except FileNotFoundError:
             break
         except OSError:
             return "?"
         try:
-            doc = json.loads(text)
+            doc = safefs.load_json(data, path)
             return str(doc["job"]["id"])
-        except (ValueError, KeyError, TypeError):
-            if text.strip() or time.monotonic() > deadline:  # garbage, or a claim never finished
+        except (safefs.FileRefused, KeyError, TypeError):
+            if data.strip() or time.monotonic() > deadline:  # garbage, or a claim never finished
                 return "?"
             time.sleep(0.02)  # created an instant ago by its job, not yet written
     for pattern in (schema.SHARD_GLOB, "rank*.status.json"):
         if next(run_dir.glob(pattern), None) is not None:
             return "?"
+    return None
+
+
+def why_taken(run_dir: Path) -> str | None:
+    """Why `run_dir` can never be this job's, whoever claims it: not a directory of this user that only they can
+    write to the way distprof needs (a link, another user's directory); None when it is fine."""
+    try:
+        st = os.lstat(run_dir)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return f"{run_dir} is a symbolic link (distprof never writes a run through a link)"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{run_dir} is {safefs.kind_of(st.st_mode)}, not a directory"
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"{run_dir} belongs to another user (uid {st.st_uid})"
+    return None
+
+
+def check_out(out: Path | str) -> str | None:
+    """Why `out` (--out) cannot hold runs, in words; None when it can, or does not exist yet (it is created)."""
+    out = Path(out)
+    if os.path.islink(out) and not out.exists():
+        return (f"--out {out} is a symbolic link to {os.readlink(out)}, which does not exist (a dangling link); "
+                "create its target or choose another --out")
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is not a directory; choose a directory (it is created when missing)"
     return None
 
 
@@ -158,14 +196,31 @@ def latest_run_dir(out: Path | str, run_id: str) -> Path:
 
 
 def claim(out: Path | str, run_id: str, job: JobIdentity) -> Claim:
-    """Claim ``out/<run_id>`` for `job`, or the first free ``out/<run_id>.<n>``. Raises ClaimError."""
+    """Claim ``out/<run_id>`` for `job`, or the first free ``out/<run_id>.<n>``. A name that is a link, not a
+    directory, or another user's directory is taken (never written into). Raises ClaimError."""
     out = Path(out)
+    bad_out = check_out(out)
+    if bad_out:
+        raise ClaimError(f"cannot create the run directory {out / run_id}: {bad_out}")
     taken: list[str] = []
+    warned = False
     for n in range(1, MAX_TRIES + 1):
         name = run_dir_name(run_id, n)
         d = out / name
         try:
-            d.mkdir(parents=True, exist_ok=True)
+            out.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mkdir(d, 0o755)
+                created = True
+            except FileExistsError:
+                created = False
+            why = None if created else why_taken(d)
+            if why is not None:
+                if not warned:
+                    log.warning("distprof: %s; this job's run goes elsewhere", why)
+                    warned = True
+                taken.append(name)
+                continue
             held = owner(d)
             if held == job.id:
                 return Claim(d, name, tuple(taken))
@@ -173,6 +228,8 @@ def claim(out: Path | str, run_id: str, job: JobIdentity) -> Claim:
                 return Claim(d, name, tuple(taken))
             if owner(d) == job.id:  # lost the race to another rank of this very job
                 return Claim(d, name, tuple(taken))
+        except safefs.FileRefused as e:  # swapped for a link after the check
+            log.warning("distprof: %s; this job's run goes elsewhere", e)
         except OSError as e:
             raise ClaimError(f"cannot create the run directory {d} ({cause(e)})") from None
         taken.append(name)
@@ -181,22 +238,27 @@ def claim(out: Path | str, run_id: str, job: JobIdentity) -> Claim:
 
 
 def _create_claim(d: Path, run_id: str, job: JobIdentity) -> bool:
-    """Create the claim file with O_EXCL: True when this job now owns `d`, False when another got there first."""
-    path = d / JOB_FILE
+    """Create the claim file with O_EXCL|O_NOFOLLOW relative to the directory (a link there is never followed): True
+    when this job now owns `d`, False when another got there first."""
+    dfd = safefs.open_dir(d)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        os.write(fd, json.dumps({"run_id": run_id, "job": job.to_dict(), "claimed_ns": time.time_ns()},
-                                indent=1).encode())
-        os.fsync(fd)
-    except OSError:
-        os.close(fd)
         try:
-            path.unlink()
+            fd = os.open(JOB_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         safefs.default_mode(0o644), dir_fd=dfd)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, json.dumps({"run_id": run_id, "job": job.to_dict(), "claimed_ns": time.time_ns()},
+                                    indent=1).encode())
+            os.fsync(fd)
         except OSError:
-            pass
-        raise
-    os.close(fd)
-    return True
+            os.close(fd)
+            try:
+                os.unlink(JOB_FILE, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        os.close(fd)
+        return True
+    finally:
+        os.close(dfd)

@@ -23,6 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ..config import ProfileConfig
+from ..runid import is_safe_run_id
 from ..storage.writer import cause, remove_orphans
 from . import clock, dist_info, rundir
 from .sim import sim_clock, sim_host_index
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 def env_run_id() -> str | None:
     for key in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
         v = os.environ.get(key, "").strip()
-        if v and v.lower() != "none":
+        if v and v.lower() != "none" and is_safe_run_id(v):  # else not a directory name: a run id of its own
             return v
     return None
 

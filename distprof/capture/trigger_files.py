@@ -8,22 +8,23 @@
   schedule; ``state`` "closed" once the job's profiler closed.
 
 Every file is one JSON object with ``format`` and ``version``; a reader refuses a newer version, more than
-:data:`MAX_FILE_BYTES`, and wrong fields with one line naming the file, the field and the fix.
+:data:`MAX_FILE_BYTES`, anything but a regular file (a FIFO, a link: opened non-blocking, never followed) and wrong
+fields with one line naming the file, the field and the fix. Writers never open the final name: a temporary file
+is renamed over it (storage.safefs).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write
 from ..config import MAX_TRIGGER_MARGIN
 from ..errors import DistprofError
+from ..storage import safefs
 
 REQUEST_NAME = "trigger.json"
 ANSWER_NAME = "trigger.answer.json"
@@ -199,37 +200,28 @@ class LiveStatus:
 
 # -- reading and writing ------------------------------------------------------------------------------------------
 def read_doc(path: Path) -> Any:
-    """The JSON in `path`, read only when it is a regular file of at most MAX_FILE_BYTES. FileNotFoundError passes
-    through; every other problem is a TriggerFileError naming the file."""
+    """The JSON in `path`, read only when it is a regular file (not a link, never a FIFO: opened non-blocking) of at
+    most MAX_FILE_BYTES. FileNotFoundError passes through; every other problem is a TriggerFileError naming the
+    file."""
     try:
-        st = os.stat(path)
+        data = safefs.read_file(path, MAX_FILE_BYTES, what="trigger file")
     except FileNotFoundError:
         raise
+    except safefs.FileRefused as e:
+        raise TriggerFileError(str(e)) from None
     except OSError as e:
-        raise TriggerFileError(f"{path}: cannot read ({e.strerror})") from None
-    if not os.path.isfile(path):
-        raise TriggerFileError(f"{path}: not a regular file; remove it")
-    if st.st_size > MAX_FILE_BYTES:
-        raise TriggerFileError(f"{path}: {st.st_size} bytes, more than a trigger file's {MAX_FILE_BYTES}; remove it")
+        raise TriggerFileError(f"{path}: cannot read ({e.strerror or e})") from None
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise TriggerFileError(f"{path}: cannot read ({e.strerror})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise TriggerFileError(f"{path}: more than a trigger file's {MAX_FILE_BYTES} bytes; remove it")
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise TriggerFileError(f"{path}: not JSON ({_short(e)}); rewrite it with `distprof trigger`") from None
+        return safefs.load_json(data, path)
+    except safefs.FileRefused as e:
+        raise TriggerFileError(f"{e}; rewrite it with `distprof trigger`") from None
 
 
 def write_doc(path: Path, doc: dict[str, Any]) -> None:
-    """`doc` as JSON at `path`, atomically (a temporary file beside it, renamed over it)."""
-    with atomic_write(path) as fh:
-        fh.write(json.dumps(doc, indent=1).encode())
+    """`doc` as JSON at `path`, atomically: a new temporary file beside it (O_EXCL|O_NOFOLLOW), renamed over it —
+    whatever is at `path` (a link, a FIFO) is replaced, never written through (storage.safefs). Raises OSError."""
+    path = Path(path)
+    safefs.write_file(path.parent, path.name, json.dumps(doc, indent=1).encode())
 
 
 def read_request(path: Path) -> TriggerRequest:
@@ -284,8 +276,3 @@ def _field_error(path: Path, key: str, value: Any, expected: str) -> TriggerFile
 def _show(v: Any) -> str:
     text = "missing" if v is None else repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _short(e: BaseException) -> str:
-    text = str(e)
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -9,14 +9,13 @@ Every problem with a file is a BadShardError (a ShardFormatError) naming the fil
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 import hdf5plugin  # noqa: F401  -- registers the Zstd filter; every reader must import it
 
-from . import schema
+from . import safefs, schema
 from .h5file import open_h5
 from .shard import Shard
 from .validate import MAX_WORLD_SIZE, check_attrs, read_attrs
@@ -51,21 +50,28 @@ def find_shards(run_dir: os.PathLike | str) -> list[Path]:
 MAX_STATUS_BYTES = 16 << 20
 
 
-def read_status(run_dir: os.PathLike | str) -> dict[int, dict]:
-    """Per-rank status files (written at close): rank -> status dict. A file that is not a JSON object with an
-    integer ``rank`` is ignored; ``errors`` is always a list."""
+def read_status(run_dir: os.PathLike | str, problems: list[str] | None = None) -> dict[int, dict]:
+    """Per-rank status files (written at close): rank -> status dict. A file that is not a regular file (a FIFO, a
+    link: never followed, never waited on), larger than MAX_STATUS_BYTES, not JSON, or not a JSON object with an
+    integer ``rank`` is skipped (named in `problems` when given); ``errors`` and ``lost`` are always lists."""
     out = {}
-    for p in Path(run_dir).glob("rank*.status.json"):
+    for p in sorted(Path(run_dir).glob("rank*.status.json")):
         try:
-            if p.stat().st_size > MAX_STATUS_BYTES:
-                continue
-            doc = json.loads(p.read_bytes())
-        except (OSError, ValueError, RecursionError):
+            doc = safefs.read_json(p, MAX_STATUS_BYTES, what="status file")
+        except FileNotFoundError:
+            continue
+        except OSError as e:  # FileRefused: not a regular file, too large, not JSON
+            if problems is not None:
+                problems.append(f"skipped {e}" if isinstance(e, safefs.FileRefused) else
+                                f"skipped {p}: cannot read ({e.strerror or e})")
             continue
         rank = doc.get("rank") if isinstance(doc, dict) else None
         if rank.__class__ is not int or not 0 <= rank < MAX_WORLD_SIZE:
+            if problems is not None:
+                problems.append(f"skipped {p}: not a distprof status file (no integer 'rank')")
             continue
-        if not isinstance(doc.get("errors"), list):
-            doc["errors"] = []
+        for key in ("errors", "lost"):
+            if not isinstance(doc.get(key), list):
+                doc[key] = []
         out[rank] = doc
     return out

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import BadShardError
 from . import schema
-from .h5file import H5_ERRORS, h5_message, open_h5
+from .h5file import H5_ERRORS, check_expansion, h5_message, open_h5, read_column
 
 __all__ = ["Shard"]
 
@@ -48,7 +48,7 @@ class Shard:
         Invalid UTF-8 reads as U+FFFD."""
         with self._open() as f:
             try:
-                return _names(f)
+                return _names(f, self.path)
             except H5_ERRORS as e:
                 raise BadShardError(self.path, f"cannot read /strings/names ({h5_message(e)})") from None
 
@@ -81,7 +81,7 @@ class Shard:
             if not names:
                 return out, None
             try:
-                return out, _names(f)
+                return out, _names(f, self.path)
             except H5_ERRORS as e:
                 raise BadShardError(self.path, f"cannot read /strings/names ({h5_message(e)})") from None
 
@@ -96,20 +96,25 @@ class Shard:
             raise KeyError(f"{self.path}: table {name!r} has no column {unknown[0]!r}")
         try:
             grp = f.get(name)
+            n = _table_len(grp)
+            if grp is not None:  # the table's size as read, against what the file stores, before any read
+                check_expansion(self.path, f"/{name}", n, [grp[c].id for c in known if c in grp])
             for col in cols:
                 if grp is None or col not in grp:
-                    n = _table_len(grp)
                     out[col] = np.full(n, schema.MISSING_DEFAULTS.get((name, col), 0), dtype=known[col])
                     continue
-                out[col] = np.asarray(grp[col][()]).astype(known[col], copy=False)
+                out[col] = read_column(grp[col], known[col])
+        except BadShardError:
+            raise
         except H5_ERRORS as e:
             raise BadShardError(self.path, f"cannot read /{name} ({h5_message(e)}); the shard is damaged") \
                 from None
         return out
 
 
-def _names(f: h5py.File) -> np.ndarray:
+def _names(f: h5py.File, path: Path) -> np.ndarray:
     raw = f["strings/names"]
+    check_expansion(path, "/strings/names", int(raw.shape[0]), [raw.id])
     if h5py.check_string_dtype(raw.dtype) is not None:
         return np.asarray(raw.asstr(errors="replace")[()], dtype=object)
     return np.array([s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s) for s in raw[()]], dtype=object)

@@ -19,7 +19,8 @@ value it holds):
 * **values** (:func:`check_values`, on the columns as a reader loads them): every column that indexes something is
   in range: ``name_id``/``op_id``/frame ids below the string table's length, ``comms.row`` inside ``/events``, ``pg``
   either −1 or an index of ``process_groups``, clock ``peer`` a rank, ``step`` −1 or more; times and durations are
-  in 0..2^62 ns, steps end after they start, clock samples are round trips (0..2^40 ns) with an offset under 2^52 ns.
+  in 0..2^62 ns, steps end after they start, clock samples are round trips (within ±2^40 ns: a clock that stepped
+  back mid-exchange gives a negative one, which the clock alignment leaves out) with an offset under 2^52 ns.
 
 Activity, category and role codes are not checked: readers tolerate codes they do not know (a newer writer's).
 """
@@ -27,7 +28,6 @@ Activity, category and role codes are not checked: readers tolerate codes they d
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import os
@@ -39,8 +39,8 @@ import hdf5plugin  # noqa: F401  -- registers the Zstd filter; every reader must
 import numpy as np
 
 from ..errors import BadShardError
-from . import schema
-from .h5file import H5_ERRORS, h5_message, open_h5
+from . import safefs, schema
+from .h5file import H5_ERRORS, check_expansion, h5_message, open_h5
 from .shard import Shard
 
 log = logging.getLogger(__name__)
@@ -72,9 +72,33 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+#: Longest text of a plain string attribute, by key (characters); hosts are names of at most 255 (an FQDN).
+TEXT_ATTR_CHARS = {"host": 255, "real_host": 255}
+#: ... of the identity attributes every shard has, and of any other plain string attribute.
+NAME_ATTR_CHARS, OTHER_ATTR_CHARS = 1024, 65536
+NAME_ATTRS = ("format", "schema_version", "run_id", "device", "device_type", "backend", "torch_version",
+              "distprof_version", "python_version", "codec", "clock_source", "clock_role")
+#: Largest JSON attribute (characters), by key; MAX_JSON_ATTR_CHARS for the others.
+JSON_ATTR_CHARS = {"process_groups": 64 << 20, "steps_covered": 16 << 20, "errors": 4 << 20}
+MAX_JSON_ATTR_CHARS = 1 << 20
+#: Largest attribute stored as an array or a fixed-size string (bytes), and most attributes on a shard's root.
+MAX_ARRAY_ATTR_BYTES, MAX_ATTRS = 1 << 20, 256
+
+
+def attr_limit(key: str) -> int:
+    """The most characters (bytes for arrays) attribute `key` may hold."""
+    if key in schema.JSON_ATTRS or key == "job":
+        return JSON_ATTR_CHARS.get(key, MAX_JSON_ATTR_CHARS)
+    return TEXT_ATTR_CHARS.get(key, NAME_ATTR_CHARS if key in NAME_ATTRS else OTHER_ATTR_CHARS)
+
+
 def decode_attr(path: os.PathLike | str, key: str, value: Any) -> Any:
-    """An HDF5 attribute as a Python value: bytes -> str, numpy scalars -> Python, JSON attributes decoded."""
+    """An HDF5 attribute as a Python value: bytes -> str, numpy scalars -> Python, JSON attributes decoded. Text longer
+    than :func:`attr_limit`, JSON nested deeper than safefs.MAX_JSON_DEPTH or that the decoder refuses in any way is
+    a BadShardError."""
     if isinstance(value, bytes):
+        if len(value) > attr_limit(key) * 4:
+            raise _too_long(path, key, len(value))
         try:
             value = value.decode("utf-8")
         except UnicodeDecodeError:
@@ -83,12 +107,19 @@ def decode_attr(path: os.PathLike | str, key: str, value: Any) -> Any:
         value = value.item()
         if isinstance(value, bytes):
             return decode_attr(path, key, value)
+    if isinstance(value, str) and len(value) > attr_limit(key):
+        raise _too_long(path, key, len(value))
     if (key in schema.JSON_ATTRS or key == "job") and isinstance(value, str):
         try:
-            return json.loads(value) if value else None
-        except ValueError as e:  # JSONDecodeError, and recursion/number limits
-            raise BadShardError(path, f"attribute {key!r} is not valid JSON ({e}); {_FIX}") from None
+            return safefs.load_json(value, path) if value else None
+        except safefs.BadJSON as e:  # every decoder exception, recursion and depth included
+            raise BadShardError(path, f"attribute {key!r} is not valid JSON ({e.detail}); {_FIX}") from None
     return value
+
+
+def _too_long(path, key: str, n: int) -> BadShardError:
+    return BadShardError(path, f"attribute {key!r} holds {n:,} characters, more than the {attr_limit(key):,} "
+                               f"distprof writes (forged?); {_FIX}")
 
 
 def _want_int(path, attrs: Mapping[str, Any], key: str, lo: int, hi: int, *, optional: bool = False,
@@ -333,6 +364,7 @@ def _check_layout(path, f: h5py.File) -> dict[str, int]:
                 raise BadShardError(path, f"no table /{table}; {_FIX}")
             continue
         lengths: dict[str, int] = {}
+        dsets = []
         required = _columns_required(table)
         for col, want in cols.items():
             ds = _dataset(path, g, col, f"/{table}/{col}")
@@ -344,12 +376,25 @@ def _check_layout(path, f: h5py.File) -> dict[str, int]:
                 raise BadShardError(path, f"/{table}/{col} holds {ds.dtype}, not {want} (or a type that converts "
                                           f"to it exactly); {_FIX}")
             lengths[col] = int(ds.shape[0])
+            dsets.append(ds)
         if len(set(lengths.values())) > 1:
             lo, hi = min(lengths, key=lengths.get), max(lengths, key=lengths.get)
             raise BadShardError(path, f"table /{table}: columns differ in length ({lo} {lengths[lo]:,} rows, "
                                       f"{hi} {lengths[hi]:,}); {_FIX}")
         rows[table] = next(iter(lengths.values()), 0)
+        check_expansion(path, f"/{table}", rows[table], dsets)
+    check_expansion(path, "/strings/names", rows["strings"], [names])
     return rows
+
+
+def check_counts(path, attrs: Mapping[str, Any], rows: dict[str, int]) -> None:
+    """The events the shard says it holds (attribute ``timings``: ``n_events``, written by capture and import) are
+    the rows /events has."""
+    timings = attrs.get("timings")
+    n = timings.get("n_events") if isinstance(timings, dict) else None
+    if _is_int(n) and n != rows.get("events", 0):
+        raise BadShardError(path, f"/events has {rows.get('events', 0):,} rows but attribute 'timings' says "
+                                  f"{n:,} events (truncated or forged); {_FIX}")
 
 
 #: (table, column, what its values index: "names", "events", "pg" or "rank").
@@ -443,10 +488,11 @@ def _check_times(path, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
     cs = tables.get("clock/samples", {})
     if all(c in cs for c in ("t_send_ns", "t_remote_ns", "t_recv_ns")) and len(cs["t_send_ns"]):
         send, remote, recv = (np.asarray(cs[c], np.int64) for c in ("t_send_ns", "t_remote_ns", "t_recv_ns"))
-        rtt = recv - send
-        if int(rtt.min()) < 0 or int(rtt.max()) > MAX_RTT_NS:
-            raise BadShardError(path, f"/clock/samples: a round trip of {int(rtt.min() if rtt.min() < 0 else rtt.max())}"
-                                      f" ns (answers before their question, or beyond 2^40 ns); {_FIX}")
+        rtt = recv - send  # negative within bounds: the rank's clock stepped back mid-exchange (analysis drops it)
+        worst = int(rtt.min()) if -int(rtt.min()) > int(rtt.max()) else int(rtt.max())
+        if abs(worst) > MAX_RTT_NS:
+            raise BadShardError(path, f"/clock/samples: a round trip of {worst} ns (beyond ±2^40 ns, about 18 "
+                                      f"minutes: not a measurement); {_FIX}")
         off = remote - (send + rtt // 2)
         if int(np.abs(off).max()) > MAX_OFFSET_NS:
             raise BadShardError(path, f"/clock/samples: a clock offset of {int(np.abs(off).max())} ns (beyond 2^52 ns, "
@@ -464,12 +510,26 @@ def _span(values: set[int]) -> str:
 
 
 def read_attrs(path: Path, f: h5py.File) -> dict[str, Any]:
-    """The decoded root attributes of an open shard (BadShardError on undecodable ones)."""
+    """The decoded root attributes of an open shard (BadShardError on undecodable or oversized ones: an array or a
+    fixed-size string is measured before it is read)."""
     try:
-        raw = dict(f.attrs)
+        keys = list(f.attrs.keys())
+        if len(keys) > MAX_ATTRS:
+            raise BadShardError(path, f"{len(keys):,} root attributes, more than the {MAX_ATTRS} distprof reads "
+                                      f"(forged?); {_FIX}")
+        out = {}
+        for k in keys:
+            aid = h5py.h5a.open(f.id, k.encode())
+            if aid.dtype.kind != "O":  # fixed size: its size is known before reading
+                nbytes = int(np.prod(aid.shape or (1,), dtype=np.int64)) * aid.dtype.itemsize
+                if nbytes > max(MAX_ARRAY_ATTR_BYTES, attr_limit(k)):
+                    raise _too_long(path, k, nbytes)
+            out[k] = decode_attr(path, k, f.attrs[k])
+        return out
+    except BadShardError:
+        raise
     except H5_ERRORS as e:
         raise BadShardError(path, f"cannot read its attributes ({h5_message(e)}); {_FIX}") from None
-    return {k: decode_attr(path, k, v) for k, v in raw.items()}
 
 
 def check_shard(path: os.PathLike | str):
@@ -482,7 +542,7 @@ def check_shard(path: os.PathLike | str):
         attrs = read_attrs(path, f)
         check_attrs(path, attrs)
         try:
-            _check_layout(path, f)
+            check_counts(path, attrs, _check_layout(path, f))
         except BadShardError:
             raise
         except H5_ERRORS as e:  # damaged metadata or chunks: h5py raises whatever HDF5's error stack maps to

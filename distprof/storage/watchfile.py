@@ -20,15 +20,16 @@ Rows (:data:`SERIES_DTYPE`), times on the rank's own clock:
 
 from __future__ import annotations
 
-import json
+import io
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_write
 from ..errors import DistprofError
+from . import safefs
 
 WATCH_DIR = "watch"
 SEGMENT_STEPS = 4096
@@ -58,10 +59,24 @@ def segment_path(run_dir: Path, rank: int, segment: int) -> Path:
 
 
 def write_segment(path: Path, rows: np.ndarray) -> None:
-    """`rows` (SERIES_DTYPE, at most SEGMENT_STEPS) to `path`, atomically."""
+    """`rows` (SERIES_DTYPE, at most SEGMENT_STEPS) to `path`, atomically, never through a link (storage.safefs).
+    Raises OSError."""
     assert rows.dtype == SERIES_DTYPE and rows.size <= SEGMENT_STEPS
-    with atomic_write(path) as fh:
-        np.lib.format.write_array(fh, np.ascontiguousarray(rows), allow_pickle=False)
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.ascontiguousarray(rows), allow_pickle=False)
+    path = Path(path)
+    safefs.write_file(path.parent, path.name, buf.getbuffer())
+
+
+def ensure_watch_dir(run_dir: Path) -> Path:
+    """RUN_DIR/watch, created when missing; OSError (safefs.FileRefused) when it is a link or not a directory."""
+    d = Path(run_dir) / WATCH_DIR
+    try:
+        os.mkdir(d, 0o755)
+    except FileExistsError:
+        pass
+    os.close(safefs.open_dir(d))  # a link planted at RUN_DIR/watch is refused here, and by every write after
+    return d
 
 
 def list_segments(run_dir: Path) -> dict[int, list[tuple[int, Path]]]:
@@ -72,7 +87,7 @@ def list_segments(run_dir: Path) -> dict[int, list[tuple[int, Path]]]:
         return out
     for p in d.iterdir():
         m = _SEGMENT_RE.match(p.name)
-        if m and p.is_file():
+        if m:  # whatever it is: a reader names what is not a regular file and skips it
             out.setdefault(int(m.group(1)), []).append((int(m.group(2)), p))
     for v in out.values():
         v.sort()
@@ -80,27 +95,27 @@ def list_segments(run_dir: Path) -> dict[int, list[tuple[int, Path]]]:
 
 
 def read_segment(path: Path) -> np.ndarray:
-    """One segment, checked before anything is allocated: size, header, dtype, row count against the file size."""
+    """One segment, checked before anything is allocated: a regular file (never a FIFO: opened non-blocking), size,
+    header, dtype, row count against the file size."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_SEGMENT_BYTES:
-            raise WatchFileError(f"{path}: {size} bytes, more than a watch segment's {MAX_SEGMENT_BYTES}; not a "
-                                 "distprof watch file (remove it)")
-        with open(path, "rb") as fh:
-            try:
-                version = np.lib.format.read_magic(fh)
-                if version != (1, 0):
-                    raise ValueError(f"npy version {version}")
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-            except ValueError as e:
-                raise WatchFileError(f"{path}: not a watch segment ({e}); remove it") from None
-            if dtype != SERIES_DTYPE or fortran or len(shape) != 1 or not 0 <= shape[0] <= SEGMENT_STEPS:
-                raise WatchFileError(f"{path}: field 'dtype/shape' is {dtype}/{shape}, not distprof's watch rows "
-                                     f"(at most {SEGMENT_STEPS}); written by another version? remove it")
-            data = fh.read(shape[0] * SERIES_DTYPE.itemsize + 1)
+        raw = safefs.read_file(path, MAX_SEGMENT_BYTES, what="watch segment")
+    except safefs.FileRefused as e:
+        raise WatchFileError(f"{e}") from None
     except OSError as e:
         raise WatchFileError(f"{path}: cannot read ({e.strerror or e})") from None
+    fh = io.BytesIO(raw)
+    try:
+        version = np.lib.format.read_magic(fh)
+        if version != (1, 0):
+            raise ValueError(f"npy version {version}")
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+    except (ValueError, TypeError, SyntaxError, OverflowError, MemoryError) as e:
+        raise WatchFileError(f"{path}: not a watch segment ({_short(e)}); remove it") from None
+    if dtype != SERIES_DTYPE or fortran or len(shape) != 1 or not 0 <= shape[0] <= SEGMENT_STEPS:
+        raise WatchFileError(f"{path}: field 'dtype/shape' is {dtype}/{shape}, not distprof's watch rows "
+                             f"(at most {SEGMENT_STEPS}); written by another version? remove it")
+    data = raw[fh.tell():]
     if len(data) != shape[0] * SERIES_DTYPE.itemsize:
         raise WatchFileError(f"{path}: {len(data)} bytes of rows, the header says {shape[0]} rows; a damaged "
                              "file (remove it)")
@@ -108,6 +123,11 @@ def read_segment(path: Path) -> np.ndarray:
     if rows.size and (np.any(np.diff(rows["step"]) <= 0) or rows["step"][0] < 0):
         raise WatchFileError(f"{path}: field 'step' is not increasing; a damaged file (remove it)")
     return rows
+
+
+def _short(e: BaseException) -> str:
+    text = str(e)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def read_rank_series(run_dir: Path, rank: int, segments: list[tuple[int, Path]] | None = None) -> np.ndarray:
@@ -118,22 +138,25 @@ def read_rank_series(run_dir: Path, rank: int, segments: list[tuple[int, Path]] 
 
 
 def write_drifts(run_dir: Path, drifts: list[dict[str, Any]]) -> None:
+    """Rank 0's drift records to RUN_DIR/watch/drifts.json, atomically, never through a link. Raises OSError."""
+    import json
+
     doc = {"format": DRIFTS_FORMAT, "version": DRIFTS_VERSION, "drifts": drifts}
-    with atomic_write(Path(run_dir) / WATCH_DIR / DRIFTS_NAME) as fh:
-        fh.write(json.dumps(doc, indent=1).encode())
+    safefs.write_file(Path(run_dir) / WATCH_DIR, DRIFTS_NAME, json.dumps(doc, indent=1).encode())
 
 
 def read_drifts(run_dir: Path) -> list[dict[str, Any]]:
-    """Rank 0's drift records ([] when there is no file); one-line error for a bad one."""
+    """Rank 0's drift records ([] when there is no file); one-line error for a bad one (a FIFO, a link, too large,
+    not JSON)."""
     path = Path(run_dir) / WATCH_DIR / DRIFTS_NAME
     try:
-        if path.stat().st_size > MAX_DRIFTS_BYTES:
-            raise WatchFileError(f"{path}: more than {MAX_DRIFTS_BYTES} bytes; not distprof's (remove it)")
-        doc = json.loads(path.read_bytes())
+        doc = safefs.read_json(path, MAX_DRIFTS_BYTES, what="drifts file")
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as e:
-        raise WatchFileError(f"{path}: cannot read it as JSON ({e}); remove it") from None
+    except safefs.FileRefused as e:
+        raise WatchFileError(f"{e}; remove it") from None
+    except OSError as e:
+        raise WatchFileError(f"{path}: cannot read ({e.strerror or e}); remove it") from None
     if not isinstance(doc, dict) or doc.get("format") != DRIFTS_FORMAT:
         raise WatchFileError(f"{path}: field 'format' is not {DRIFTS_FORMAT!r}; remove it")
     if not isinstance(doc.get("version"), int) or doc["version"] > DRIFTS_VERSION:

@@ -3,10 +3,12 @@
 The shard is built in memory by HDF5 (the core driver without a backing store: no HDF5 call ever touches the disk,
 so a full disk cannot reach HDF5's error paths, which are not safe on ENOSPC -- a segfault in ``File.close()`` was
 measured), then its bytes are written by :func:`write_durably`: free space checked first (``os.statvfs``), a
-temporary file written with plain ``os.write`` calls, fsynced, its size verified, renamed. A crash while writing
-leaves at most an orphan ``*.tmp`` (removed by the next writer in that directory), never a partial file under a
-final name. Every failure to store is a :class:`ShardWriteError` saying why in words (no space, the file-size limit,
-a read-only file system), with nothing left behind.
+temporary file of a unique name (``O_CREAT|O_EXCL|O_NOFOLLOW``, mode 0600) written with plain ``os.write`` calls,
+fsynced, its size verified, renamed over the final name relative to the directory's descriptor (``storage.safefs``:
+a link planted at either name is never followed). A crash while writing leaves at most an orphan ``*.tmp`` (removed
+by the next writer in that directory), never a partial file under a final name. Every failure to store is a
+:class:`ShardWriteError` saying why in words (no space, no free inode, the file-size limit, a read-only file system),
+with nothing left behind.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Mapping
 import h5py
 import numpy as np
 
-from . import schema
+from . import safefs, schema
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,13 @@ def free_bytes(directory: str | os.PathLike) -> tuple[int, int]:
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
+def free_inodes(directory: str | os.PathLike) -> tuple[int, int]:
+    """(inodes an unprivileged writer may still use, the file system's inodes); (-1, 0) when it does not count them
+    (some file systems report 0 inodes in all)."""
+    st = os.statvfs(directory)
+    return (st.f_favail, st.f_files) if st.f_files > 0 else (-1, 0)
+
+
 def reserve_bytes(fs_size: int) -> int:
     """Bytes a write leaves free on a file system of `fs_size` bytes."""
     return min(RESERVE_MAX, int(fs_size * RESERVE_FRACTION))
@@ -161,6 +170,12 @@ def no_space(directory: Path, size: int, avail: int, fs_size: int, *, estimated:
             f"{human_bytes(size)} to write and {human_bytes(reserve_bytes(fs_size))} kept free for the job")
 
 
+def no_inodes(directory: Path, total: int) -> str:
+    """The reason a file is not written because its file system has no free inode (space may be left)."""
+    return (f"no free inodes on {directory} (all {total:,} files the file system can hold are used; free space "
+            "does not help: remove files or use another --out)")
+
+
 #: errno -> what it means for a file being written, in words
 _CAUSES = {
     errno.ENOSPC: "no space left on the device",
@@ -170,76 +185,51 @@ _CAUSES = {
     errno.EACCES: "permission denied",
     errno.EPERM: "permission denied",
     errno.EIO: "I/O error",
+    errno.ELOOP: "a symbolic link is in the way",
 }
 
 
 def cause(e: OSError) -> str:
     """An OSError while storing a file, in words."""
+    if isinstance(e, safefs.FileRefused):
+        return str(e)
     return _CAUSES.get(e.errno, e.strerror or type(e).__name__)
 
 
+def _cause_in(directory: Path, e: OSError) -> str:
+    """`cause` of a failed write in `directory`; ENOSPC while bytes are free is the file system's inodes."""
+    if e.errno == errno.ENOSPC:
+        try:
+            avail, total = free_inodes(directory)
+        except OSError:
+            avail, total = -1, 0
+        if avail == 0:
+            return no_inodes(directory, total)
+    return cause(e)
+
+
 def write_durably(path: str | os.PathLike, data: bytes | memoryview) -> int:
-    """Store `data` at `path`: free space checked, written to ``path.tmp`` with os.write, fsynced, size verified,
-    renamed, directory fsynced. Returns the size. On any failure the temporary is removed and ShardWriteError says
-    why; a file already at `path` is then untouched."""
+    """Store `data` at `path`: free space (and inodes) checked, written to a new temporary file beside it (a unique
+    name, created with O_EXCL|O_NOFOLLOW, mode 0600) with os.write, fsynced, size verified, renamed over `path`
+    (never opened: a link there is replaced, not followed), directory fsynced (storage.safefs). Returns the size.
+    On any failure the temporary is removed and ShardWriteError says why; a file already at `path` is untouched."""
     path = Path(path)
     size = len(data)
     try:
         avail, fs_size = free_bytes(path.parent)
+        inodes, n_inodes = free_inodes(path.parent)
     except OSError as e:
         raise ShardWriteError(path, f"cannot reach {path.parent} ({cause(e)})", e.errno) from None
+    if inodes == 0:
+        raise ShardWriteError(path, no_inodes(path.parent, n_inodes), errno.ENOSPC)
     if avail < size + reserve_bytes(fs_size):
         raise ShardWriteError(path, no_space(path.parent, size, avail, fs_size), errno.ENOSPC)
-    tmp = path.with_name(path.name + schema.TMP_SUFFIX)
-    fd = -1
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-        view = memoryview(data).cast("B")
-        done = 0
-        while done < size:
-            n = os.write(fd, view[done:done + (8 << 20)])
-            if n <= 0:
-                raise OSError(errno.EIO, "write returned 0")
-            done += n
-        os.fsync(fd)
-        written = os.fstat(fd).st_size
-        if written != size:
-            raise OSError(errno.EIO, f"{written} of {size} bytes on disk after fsync")
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, path)
+        safefs.write_file(path.parent, path.name, data, fsync=True)
     except OSError as e:
-        if fd >= 0:
-            os.close(fd)
-        _unlink(tmp)
-        raise ShardWriteError(path, f"{cause(e)} in {path.parent}: {human_bytes(size)} not written", e.errno) from None
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        _unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+        raise ShardWriteError(path, f"{_cause_in(path.parent, e)} in {path.parent}: {human_bytes(size)} not written",
+                              e.errno) from None
     return size
-
-
-def _unlink(p: Path) -> None:
-    try:
-        p.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def remove_orphans(directory: str | os.PathLike, rank: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -128,11 +129,13 @@ def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None
 
     all_ranks = sorted({s.rank for s in shards})
     ranks_missing = sorted(set(range(world_size)) - set(all_ranks))
+    status = read_status(run_dir, warnings)  # bounded, never blocks on a FIFO; bad status files are named
     if ranks_missing:
-        warnings.append(_missing_ranks_message(run_dir, ranks_missing, world_size))
+        warnings.append(_missing_ranks_message(ranks_missing, world_size, status))
         if strict:
             raise IncompleteRunError(f"{run_dir}: {warnings[-1]} (--strict: every rank needs a shard)")
     _note_shard_problems(shards, warnings)
+    warnings.extend(lost_windows_messages(shards, status))
 
     if steps is not None:
         kept = [s for s in shards if _overlaps(s, *steps)]
@@ -189,20 +192,38 @@ def _no_shard_message(run_dir: Path) -> str:
 # ---- consistency and gaps --------------------------------------------------------------------------------------------
 
 
-def _missing_ranks_message(run_dir: Path, missing: list[int], world_size: int) -> str:
+#: A recorded error quoted in a warning is cut to this many characters (report.json stays bounded).
+MAX_QUOTED_CHARS = 300
+#: Ranks whose lost windows are named one by one; the others are counted.
+MAX_LOST_RANKS = 8
+_LOST_RE = re.compile(r"window (\d+) lost: (.*)", re.S)
+
+
+def _quote(text: Any) -> str:
+    t = str(text)
+    return t if len(t) <= MAX_QUOTED_CHARS else t[:MAX_QUOTED_CHARS - 3] + "..."
+
+
+def _error_text(e: Any, rank: int) -> str:
+    return (f"rank {rank}: {_quote(e.get('stage', '?'))}: {_quote(e.get('message', e))}" if isinstance(e, dict)
+            else f"rank {rank}: {_quote(e)}")
+
+
+def _missing_ranks_message(missing: list[int], world_size: int, status: Mapping[int, dict]) -> str:
     msg = (f"rank(s) {rank_ranges(missing, sep=',')} of 0..{world_size - 1} have no shard: their data is absent "
            "from every analysis")
-    status = read_status(run_dir)
     notes = []
     for r in missing:
         errs = (status.get(r) or {}).get("errors") or []
         if errs:
-            e = errs[-1]
-            notes.append(f"rank {r}: {e.get('stage', '?')}: {e.get('message', e)}" if isinstance(e, dict)
-                         else f"rank {r}: {e}")
+            notes.append(_error_text(errs[-1], r))
     if notes:
         msg += " (" + "; ".join(notes[:3]) + ")"
     return msg
+
+
+def _is_lost_entry(e: Any) -> bool:
+    return isinstance(e, dict) and isinstance(e.get("message"), str) and _LOST_RE.match(e["message"]) is not None
 
 
 def _note_shard_problems(shards: list[Shard], warnings: list[str]) -> None:
@@ -213,14 +234,63 @@ def _note_shard_problems(shards: list[Shard], warnings: list[str]) -> None:
                         + (f" and {len(cut) - 8} more" if len(cut) > 8 else ""))
     errs = {}
     for s in shards:
-        e = s.attrs.get("errors") or []
+        e = [x for x in s.attrs.get("errors") or [] if not _is_lost_entry(x)]  # lost windows: their own warning
         if e:
             errs[s.rank] = e[-1]
     if errs:
         items = list(errs.items())[:3]
-        warnings.append("capture errors recorded on rank(s) " + rank_ranges(errs, sep=',') + ": " + "; ".join(
-            f"rank {r}: {e.get('stage', '?')}: {e.get('message', '')}" if isinstance(e, dict) else f"rank {r}: {e}"
-            for r, e in items))
+        warnings.append("capture errors recorded on rank(s) " + rank_ranges(errs, sep=',') + ": "
+                        + "; ".join(_error_text(e, r) for r, e in items))
+
+
+def lost_windows(shards: list[Shard], status: Mapping[int, dict]) -> dict[int, dict[int, str]]:
+    """rank -> window -> why, for every window a rank recorded and could not store: from its status file (every one,
+    written at its close) and from the errors its later shards carry (while it runs)."""
+    out: dict[int, dict[int, str]] = {}
+    for r, doc in status.items():
+        for w in doc.get("lost") or []:
+            if isinstance(w, dict) and w.get("window").__class__ is int and w["window"] >= 0:
+                out.setdefault(r, {})[w["window"]] = str(w.get("reason", ""))
+    for s in shards:
+        for e in s.attrs.get("errors") or []:
+            m = _LOST_RE.match(e["message"]) if _is_lost_entry(e) else None
+            if m:
+                out.setdefault(s.rank, {}).setdefault(int(m.group(1)), m.group(2))
+    have = {(s.rank, s.window) for s in shards}
+    return {r: {w: why for w, why in ws.items() if (r, w) not in have} for r, ws in sorted(out.items())
+            if any((r, w) not in have for w in ws)}
+
+
+def lost_windows_messages(shards: list[Shard], status: Mapping[int, dict]) -> list[str]:
+    """One warning per rank that lost windows, naming every one of them (consecutive ones as a range, grouped by the
+    kind of reason: the text before its first ':'), at most MAX_LOST_RANKS ranks, then one line for the rest."""
+    lost = lost_windows(shards, status)
+    out = []
+    for r, ws in list(lost.items())[:MAX_LOST_RANKS]:
+        groups: dict[str, list[int]] = {}
+        first_reason: dict[str, str] = {}
+        for w in sorted(ws):
+            kind = ws[w].split(":", 1)[0]
+            groups.setdefault(kind, []).append(w)
+            first_reason.setdefault(kind, ws[w])
+        parts = [f"{_window_ranges(g)}: {_quote(first_reason[k])}" for k, g in groups.items()]
+        out.append(f"rank {r} lost {len(ws)} window(s) it recorded (not on disk): " + "; ".join(parts))
+    if len(lost) > MAX_LOST_RANKS:
+        rest = list(lost)[MAX_LOST_RANKS:]
+        out.append(f"rank(s) {rank_ranges(rest, sep=',')} lost {sum(len(lost[r]) for r in rest)} more window(s) "
+                   "(their status files name each)")
+    return out
+
+
+def _window_ranges(ws: list[int]) -> str:
+    """[2, 3, 4, 9] -> 'w0002-w0004, w0009'."""
+    spans: list[list[int]] = []
+    for w in ws:
+        if spans and w == spans[-1][1] + 1:
+            spans[-1][1] = w
+        else:
+            spans.append([w, w])
+    return ", ".join(f"w{a:04d}" if a == b else f"w{a:04d}-w{b:04d}" for a, b in spans)
 
 
 def _note_missing_windows(shards: list[Shard], warnings: list[str]) -> int:

@@ -184,17 +184,13 @@ _MAX_STATUS_BYTES = 16 * 1024 * 1024
 def triggered_windows(run_dir: str | Path) -> list[dict[str, Any]]:
     """The run's triggered windows as rank 0 recorded them in its status file (the first readable rank's otherwise):
     window, first_step, last_step, request_id, reason. [] when there is none."""
-    import json
-
-    from ...storage import schema
+    from ...storage import safefs, schema
 
     paths = sorted(Path(run_dir).glob(schema.STATUS_TEMPLATE.replace("{rank:05d}", "*")))
     for p in paths:
-        try:
-            if p.stat().st_size > _MAX_STATUS_BYTES:
-                continue
-            doc = json.loads(p.read_bytes())
-        except (OSError, ValueError):
+        try:  # a regular file only (never a FIFO: opened non-blocking), bounded, any bad JSON skipped
+            doc = safefs.read_json(p, _MAX_STATUS_BYTES, what="status file")
+        except OSError:
             continue
         tws = doc.get("triggered_windows") if isinstance(doc, dict) else None
         if not isinstance(tws, list):
