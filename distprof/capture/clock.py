@@ -13,6 +13,14 @@ reference rank (rank 0). Two parts:
   answers every leader, whenever it pings (:class:`ClockServer`). The writer collects a window's samples
   (:meth:`ClockSync.take`) before writing its shard.
 
+The channel is the job's alone: the reference listens on loopback when every rank is on its host, else on the
+interface that routes to MASTER_ADDR (:func:`bind_address`); each connection is greeted with a nonce and must answer
+with an HMAC of it under a per-job secret that rank 0 shares through the c10d store (or MPI) — never on disk —
+within :data:`HELLO_DEADLINE_S`, or it is closed. The reference keeps at most one connection per leader plus
+:data:`EXTRA_AUTHED`, and :data:`PENDING_MIN` (or twice the leaders) waiting for their hello (the oldest is closed
+when more come), so a flood of idle or garbage connections costs it neither descriptors nor time; when accept()
+runs out of descriptors it stops listening for a moment (EMFILE_BACKOFF_S, doubling) rather than spin.
+
 Every wait is bounded by `timeout_s`, and no failure lasts: an exchange that times out or fails (a peer late, gone, or
 a reference busy past the timeout) costs that phase's samples and closes that leader's connection; the next request
 connects afresh. The channel is plain TCP rather than a gloo group because a gloo pair that timed out stays broken
@@ -23,6 +31,9 @@ Raw samples are stored; the merger turns them into offsets (docs/shard-format.md
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import hmac
 import logging
 import os
 import queue
@@ -45,9 +56,22 @@ log = logging.getLogger(__name__)
 
 #: Message kinds. A message is four little-endian int64: kind, a, b, c (below).
 HELLO, PING, PONG, BYE = 1, 2, 3, 4
-#: HELLO: (HELLO, token, leader rank, 0); PING: (PING, window, phase, 0); PONG: (PONG, window, phase, remote time);
-#: BYE: (BYE, 0, 0, 0).
+#: The reference greets each connection with NONCE_BYTES random bytes; the leader answers (HELLO, leader rank, 0, 0)
+#: followed by HMAC-SHA256(the job's secret, HELLO_TAG + nonce + rank as 8 bytes): the secret (shared through the
+#: c10d store or MPI, never on disk) never crosses the channel. Then PING: (PING, window, phase, 0); PONG: (PONG,
+#: window, phase, remote time); BYE: (BYE, 0, 0, 0).
 _MSG = struct.Struct("<4q")
+NONCE_BYTES, MAC_BYTES = 16, 32
+HELLO_TAG = b"distprof-clock-hello/1"
+HELLO_SIZE = _MSG.size + MAC_BYTES
+#: A connection that has not said a correct hello this long after it was accepted is closed (the timeout, if
+#: shorter).
+HELLO_DEADLINE_S = 5.0
+#: Connections the reference keeps besides one per host leader: authenticated (a leader's reconnect) and waiting
+#: for their hello (the oldest waiting one is closed when another arrives past the cap).
+EXTRA_AUTHED, PENDING_MIN = 4, 8
+#: After accept() fails for want of file descriptors, the listening socket rests this long (doubling to the max).
+EMFILE_BACKOFF_S, EMFILE_BACKOFF_MAX_S = 0.05, 1.0
 
 _agreements = 0  # per process: each agreement uses fresh store keys (all ranks make the same sequence of them)
 
@@ -120,14 +144,9 @@ def advertised_addresses() -> list[str]:
     """Addresses other hosts can reach this one at: the interface that routes to MASTER_ADDR (what the job's own
     rendezvous uses), then the hostname's address, then the hostname itself."""
     out: list[str] = []
-    master = os.environ.get("MASTER_ADDR", "").strip()
-    if master:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent
-                s.connect((master, int(os.environ.get("MASTER_PORT", "29500") or 29500)))
-                out.append(s.getsockname()[0])
-        except (OSError, ValueError):
-            pass
+    routed = _routed_address(os.environ.get("MASTER_ADDR", "").strip(), os.environ.get("MASTER_PORT", ""))
+    if routed:
+        out.append(routed)
     name = socket.gethostname()
     try:
         out.append(socket.gethostbyname(name))
@@ -137,25 +156,72 @@ def advertised_addresses() -> list[str]:
     return list(dict.fromkeys(out))
 
 
-class ClockServer:
-    """The reference's listening socket (opened at the agreement, before its address is published) and token."""
+def bind_address(environ: dict | None = None) -> str:
+    """Where the reference's clock server listens: loopback when every rank of the job is on this host (the
+    launcher's LOCAL_WORLD_SIZE equals WORLD_SIZE, or Slurm runs one node), else the address of the interface that
+    routes to MASTER_ADDR (what the other hosts use to reach this one); all interfaces only when neither is known
+    (each connection must still authenticate)."""
+    env = os.environ if environ is None else environ
 
-    def __init__(self) -> None:
+    def num(key: str) -> int | None:
+        try:
+            return int(env.get(key, ""))
+        except ValueError:
+            return None
+
+    ws, lws = num("WORLD_SIZE"), num("LOCAL_WORLD_SIZE")
+    if (ws is not None and ws == lws) or num("SLURM_JOB_NUM_NODES") == 1 or num("SLURM_NNODES") == 1:
+        return "127.0.0.1"
+    routed = _routed_address(env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", ""))
+    return routed if routed and not routed.startswith("127.") else ""
+
+
+def _routed_address(master: str, port: str) -> str | None:
+    if not master:
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent
+            s.connect((master, int(port or 29500)))
+            return s.getsockname()[0]
+    except (OSError, ValueError):
+        return None
+
+
+class ClockServer:
+    """The reference's listening socket (opened at the agreement, before its address is published), bound to
+    :func:`bind_address`, and the job's secret (32 random bytes) that every connection must prove it knows."""
+
+    def __init__(self, bind: str | None = None) -> None:
+        self.address = bind_address() if bind is None else bind
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("", 0))
-        self.sock.listen(128)
-        self.sock.setblocking(False)
-        self.token = secrets.randbits(62)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind((self.address, 0))
+            self.sock.listen(128)
+            self.sock.setblocking(False)
+        except OSError:
+            self.sock.close()
+            raise
+        self.secret = secrets.token_bytes(32)
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
 
     def endpoint(self) -> dict:
-        return {"addrs": advertised_addresses(), "port": self.sock.getsockname()[1], "token": self.token}
+        addrs = [self.address] if self.address else advertised_addresses()
+        return {"addrs": addrs, "port": self.port, "secret": self.secret.hex()}
 
     def close(self) -> None:
         try:
             self.sock.close()
         except OSError:
             pass
+
+
+def hello_mac(secret: bytes, nonce: bytes, rank: int) -> bytes:
+    """What a leader answers the reference's `nonce` with: proof it knows the job's secret."""
+    return hmac.new(secret, HELLO_TAG + nonce + struct.pack("<q", rank), hashlib.sha256).digest()
 
 
 @dataclass
@@ -166,15 +232,32 @@ class _Window:
 
 
 @dataclass
+class _Pending:
+    """An accepted connection that has not said its hello yet."""
+
+    nonce: bytes
+    deadline: float  # time.monotonic() by which its hello must be in
+    buf: bytearray = field(default_factory=bytearray)
+
+
+@dataclass
 class _Serving:
-    """The reference's connections from leaders while it serves them."""
+    """The reference's connections while it serves: those waiting for their hello (at most `max_pending`, oldest
+    first) and the leaders' (at most `max_authed`), and when the listening socket may accept again."""
 
     server: ClockServer
     sel: selectors.BaseSelector
     remaining: set[int]  # leaders that have not said goodbye
-    pending: dict[socket.socket, bytearray] = field(default_factory=dict)  # each connection's partial message
-    authed: set[socket.socket] = field(default_factory=set)  # said hello with the run's token
-    rank_of: dict[socket.socket, int] = field(default_factory=dict)  # the leader rank of an authed connection
+    leaders: set[int]  # the ranks allowed to say hello
+    max_authed: int
+    max_pending: int
+    hello_s: float
+    waiting: dict[socket.socket, _Pending] = field(default_factory=dict)  # insertion order: oldest first
+    rank_of: dict[socket.socket, int] = field(default_factory=dict)  # authenticated connections -> leader rank
+    buf: dict[socket.socket, bytearray] = field(default_factory=dict)  # their partial messages
+    resume_at: float = 0.0  # accept() failed for want of descriptors: the listening socket rests until then
+    backoff_s: float = 0.0
+    refused: int = 0  # connections closed unauthenticated (no hello in time, a wrong one, past the cap)
 
     def drop(self, c: socket.socket) -> None:
         """Forget connection `c` and close it."""
@@ -182,9 +265,20 @@ class _Serving:
             self.sel.unregister(c)
         except (KeyError, ValueError):
             pass
-        self.pending.pop(c, None)
-        self.authed.discard(c)
+        if self.waiting.pop(c, None) is not None:
+            self.refused += 1
+        self.rank_of.pop(c, None)
+        self.buf.pop(c, None)
         _close(c)
+
+    def expire(self, now: float) -> float | None:
+        """Close the waiting connections past their deadline; seconds until the next deadline (None: none)."""
+        for c in [c for c, p in self.waiting.items() if p.deadline <= now]:
+            self.drop(c)
+        nxt = min((p.deadline for p in self.waiting.values()), default=None)
+        if self.resume_at:
+            nxt = self.resume_at if nxt is None else min(nxt, self.resume_at)
+        return None if nxt is None else max(0.0, nxt - now)
 
 
 class ClockSyncError(OSError):
@@ -216,6 +310,15 @@ class ClockSync:
         self._abort = threading.Event()  # terminating: no more waiting for exchanges
         self._stop_serving = threading.Event()
         self._wake_r, self._wake_w = -1, -1
+
+    @property
+    def server_address(self) -> tuple[str, int] | None:
+        """(address, port) the reference's clock server listens on while it serves; None on other ranks."""
+        srv = self._server
+        try:
+            return None if srv is None else (srv.address or "0.0.0.0", srv.port)
+        except OSError:  # closed
+            return None
 
     def now(self) -> int:
         t = time.time_ns()
@@ -358,7 +461,9 @@ class ClockSync:
                 self._cond.notify_all()
 
     def _connect(self) -> socket.socket:
+        """A connection to the reference, authenticated: its nonce answered with this rank's proof of the secret."""
         ep = self._endpoint
+        secret = bytes.fromhex(ep["secret"])
         last: OSError | None = None
         for addr in ep["addrs"]:
             try:
@@ -366,10 +471,11 @@ class ClockSync:
             except OSError as e:
                 last = e
                 continue
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.settimeout(self.timeout_s)
             try:
-                conn.sendall(_MSG.pack(HELLO, ep["token"], self._rank, 0))
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.settimeout(self.timeout_s)
+                nonce = _recv_exact(conn, NONCE_BYTES)
+                conn.sendall(_MSG.pack(HELLO, self._rank, 0, 0) + hello_mac(secret, nonce, self._rank))
             except OSError:
                 _close(conn)
                 raise
@@ -382,40 +488,113 @@ class ClockSync:
         sel = selectors.DefaultSelector()
         sel.register(server.sock, selectors.EVENT_READ, "listen")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        conns = _Serving(server, sel, remaining=set(self.roles.leaders) - {self._rank})
+        others = set(self.roles.leaders) - {self._rank}
+        conns = _Serving(server, sel, remaining=set(others), leaders=others, max_authed=len(others) + EXTRA_AUTHED,
+                         max_pending=max(PENDING_MIN, 2 * len(others)),
+                         hello_s=min(HELLO_DEADLINE_S, max(self.timeout_s, 0.5)))
         try:
             while conns.remaining and not self._stop_serving.is_set():
-                for key, _ in sel.select():
+                timeout = conns.expire(time.monotonic())
+                if conns.resume_at and time.monotonic() >= conns.resume_at:
+                    conns.resume_at = 0.0
+                    sel.register(server.sock, selectors.EVENT_READ, "listen")
+                for key, _ in sel.select(timeout):
                     if key.data == "wake":
                         os.read(self._wake_r, 64)
                     elif key.data == "listen":
                         self._accept(conns)
-                    else:
+                    elif key.fileobj in conns.waiting:
+                        self._on_hello(conns, key.fileobj)
+                    elif key.fileobj in conns.rank_of:
                         self._on_readable(conns, key.fileobj)
         except Exception as e:  # noqa: BLE001 -- never raised into anything; the leaders' exchanges fail and retry
             log.debug("distprof: clock reference stops serving: %s", e)
         finally:
-            for c in list(conns.pending):
+            for c in list(conns.waiting) + list(conns.rank_of):
                 conns.drop(c)
             sel.close()
             server.close()
+            if conns.refused:
+                log.info("distprof: clock reference closed %d connection(s) that did not authenticate",
+                         conns.refused)
 
     def _accept(self, conns: _Serving) -> None:
-        """A leader connects: its socket joins the selector (non-blocking, no Nagle delay)."""
+        """A connection: greeted with a fresh nonce and given `hello_s` to answer. Past the cap the oldest waiting
+        one is closed; out of descriptors, the listening socket rests (backing off) instead of spinning."""
         try:
             c, _ = conns.server.sock.accept()
-        except OSError:
+        except (BlockingIOError, InterruptedError):
             return
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        c.setblocking(False)
-        conns.pending[c] = bytearray()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                self._rest(conns, e)
+            return
+        conns.backoff_s = 0.0
+        if len(conns.waiting) >= conns.max_pending:
+            conns.drop(next(iter(conns.waiting)))
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        try:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c.setblocking(False)
+            c.send(nonce)  # 16 bytes into a fresh socket's buffer
+        except OSError:
+            _close(c)
+            return
+        conns.waiting[c] = _Pending(nonce, time.monotonic() + conns.hello_s)
         conns.sel.register(c, selectors.EVENT_READ, "conn")
+
+    @staticmethod
+    def _rest(conns: _Serving, e: OSError) -> None:
+        """accept() failed for want of descriptors: free the oldest waiting connection, and stop listening for a
+        while (EMFILE_BACKOFF_S, doubling) rather than spin on a socket that stays readable."""
+        if conns.waiting:
+            conns.drop(next(iter(conns.waiting)))
+        conns.backoff_s = min(EMFILE_BACKOFF_MAX_S, max(EMFILE_BACKOFF_S, 2 * conns.backoff_s))
+        conns.resume_at = time.monotonic() + conns.backoff_s
+        try:
+            conns.sel.unregister(conns.server.sock)
+        except (KeyError, ValueError):
+            pass
+        log.debug("distprof: clock reference: accept failed (%s); resting %.2f s", e, conns.backoff_s)
+
+    def _on_hello(self, conns: _Serving, c: socket.socket) -> None:
+        """A waiting connection's bytes: once HELLO_SIZE are in, a leader's correct hello makes it one of the
+        leaders' connections (replacing that leader's older one); anything else closes it."""
+        p = conns.waiting[c]
+        try:
+            data = c.recv(HELLO_SIZE - len(p.buf))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            conns.drop(c)
+            return
+        p.buf += data
+        if len(p.buf) < HELLO_SIZE:
+            return
+        kind, rank, _, _ = _MSG.unpack_from(p.buf)
+        mac = bytes(p.buf[_MSG.size:])
+        ok = (kind == HELLO and rank in conns.leaders
+              and hmac.compare_digest(mac, hello_mac(conns.server.secret, p.nonce, rank)))
+        if not ok:
+            conns.drop(c)
+            return
+        for old in [o for o, r in conns.rank_of.items() if r == rank]:  # the leader reconnected
+            conns.drop(old)
+        if len(conns.rank_of) >= conns.max_authed:
+            conns.drop(c)
+            return
+        del conns.waiting[c]
+        conns.rank_of[c] = rank
+        conns.buf[c] = bytearray()
 
     def _on_readable(self, conns: _Serving, c: socket.socket) -> None:
         """A leader's bytes: a whole message is answered (a ping by a pong stamped as it came in) or ends the
-        connection (goodbye, a closed socket, not one of ours)."""
+        connection (goodbye, a closed socket, anything else)."""
+        buf = conns.buf[c]
         try:
-            data = c.recv(_MSG.size - len(conns.pending[c]))
+            data = c.recv(_MSG.size - len(buf))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -424,24 +603,20 @@ class ClockSync:
             conns.drop(c)
             return
         t_remote = self.now()  # first thing once a ping is in
-        buf = conns.pending[c]
         buf += data
         if len(buf) < _MSG.size:
             return
         kind, a, b, _ = _MSG.unpack(bytes(buf))
         buf.clear()
-        if kind == HELLO and a == conns.server.token:
-            conns.authed.add(c)
-            conns.rank_of[c] = b
-        elif kind == PING and c in conns.authed:
+        if kind == PING:
             try:
                 c.send(_MSG.pack(PONG, a, b, t_remote))  # 32 bytes: the socket buffer takes them
             except OSError:
                 conns.drop(c)
-        elif kind == BYE and c in conns.authed:
+        elif kind == BYE:
             conns.remaining.discard(conns.rank_of.get(c, -1))
             conns.drop(c)
-        else:  # not one of ours
+        else:
             conns.drop(c)
 
     def _wake(self) -> None:
