@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_breakdown import ddp_run
 
 from distprof.analysis.summarize.engine import summarize_merged
-from distprof.analysis.report.build import build_report
+from distprof.analysis.report.build import build_report, watch_only_report
+from distprof.analysis.report.model import Report
 from distprof.cli import main, parse_steps
 from distprof.errors import ConfigError
-from distprof.render import render_console, render_json
+from distprof.render import render_console, render_json, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = {"run", "clock", "steps", "stragglers", "root_cause", "overlap", "imbalance", "mfu"}
@@ -38,30 +42,40 @@ def synth_dir(tmp_path_factory):
 
 def test_build_report_keys_and_strict_json():
     rep = build_report(summarize_merged(ddp_run(4, n_steps=3, late_rank=1, late_ms=20)), top=3)
-    assert REQUIRED <= set(rep)
-    assert rep["run"]["id"] == "test-run" and rep["run"]["world_size"] == 4
-    assert rep["run"]["ranks_present"] == [0, 1, 2, 3] and rep["run"]["ranks_missing"] == []
-    json.loads(render_json(rep))  # strict JSON (no NaN), plain types only
-    assert len(rep["steps"]) == 12
+    assert REQUIRED <= set(rep.to_json())
+    assert rep.run.id == "test-run" and rep.run.world_size == 4
+    assert rep.run.ranks_present == [0, 1, 2, 3] and rep.run.ranks_missing == []
+    doc = json.loads(render_json(rep))  # strict JSON (no NaN), plain types only
+    assert len(rep.steps) == 12 and len(doc["steps"]) == 12
     assert {"rank", "step", "step_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "memcpy_ms", "idle_ms",
-            "other_ms", "overlap_pct"} <= set(rep["steps"][0])
-    top = rep["stragglers"][0]
-    assert {"rank", "host", "blame_ms", "mean_lateness_ms", "late_fraction"} <= set(top)
-    assert top["rank"] == 1 and top["named"]
-    assert rep["straggler_info"]["named"] == [1]
-    assert "threshold_ms" in rep["straggler_info"]["rule"] and rep["straggler_info"]["rule"]["text"]
-    assert [rc["rank"] for rc in rep["root_cause"]] == [1]
-    assert rep["root_cause"][0]["ops"][0]["name"] == "[idle]"
-    assert {"rank", "comm_ms", "exposed_comm_ms", "overlap_pct"} <= set(rep["overlap"][0])
+            "other_ms", "overlap_pct"} <= set(doc["steps"][0])
+    top = rep.stragglers[0]
+    assert {"rank", "host", "blame_ms", "mean_lateness_ms", "late_fraction"} <= set(doc["stragglers"][0])
+    assert top.rank == 1 and top.named
+    assert rep.straggler_info.named == [1]
+    assert rep.straggler_info.rule.threshold_ms > 0 and rep.straggler_info.rule.text
+    assert [rc.rank for rc in rep.root_cause] == [1]
+    assert rep.root_cause[0].ops[0].name == "[idle]"
+    assert {"rank", "comm_ms", "exposed_comm_ms", "overlap_pct"} <= set(doc["overlap"][0])
     for m in ("compute_ms", "flops", "tflops", "peak_mem_bytes", "step_ms"):
-        assert {"min", "mean", "max", "max_rank", "lambda", "cv", "lb"} <= set(rep["imbalance"]["metrics"][m])
-    assert rep["mfu"] == [] and "peak-tflops" in rep["mfu_note"]
-    assert build_report(summarize_merged(ddp_run(2, n_steps=1)), peak_tflops=2.0)["mfu"][0]["peak_tflops"] == 2.0
+        assert {"min", "mean", "max", "max_rank", "lambda", "cv", "lb"} <= set(doc["imbalance"]["metrics"][m])
+    assert rep.mfu == [] and "peak-tflops" in rep.mfu_note
+    assert build_report(summarize_merged(ddp_run(2, n_steps=1)), peak_tflops=2.0).mfu[0].peak_tflops == 2.0
+
+
+def test_render_json_is_the_reports_json_and_reads_back_the_same(tmp_path):
+    rep = build_report(summarize_merged(ddp_run(4, n_steps=3, late_rank=1, late_ms=20)), peak_tflops=2.0)
+    text = render_json(rep)
+    assert text == json.dumps(rep.to_json(), indent=1, allow_nan=False, ensure_ascii=False) + "\n"
+    again = Report.from_json(json.loads(text))
+    assert render_json(again) == text and render_console(again) == render_console(rep)
+    assert write_json(rep, tmp_path / "r.json").read_text() == text
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "r.json"]  # no temporary file left
 
 
 def test_no_straggler_no_root_cause():
     rep = build_report(summarize_merged(ddp_run(4, n_steps=2)))
-    assert rep["straggler_info"]["named"] == [] and rep["root_cause"] == []
+    assert rep.straggler_info.named == [] and rep.root_cause == []
     text = render_console(rep)
     assert "no straggler" in text
 
@@ -71,6 +85,90 @@ def test_console_colour_only_when_asked():
     plain = render_console(rep)
     assert "\x1b[" not in plain and "STRAGGLER" in plain
     assert "\x1b[" in render_console(rep, color=True)
+
+
+#: Planted in every string of a report: it would retitle the terminal, forge a verdict line, reverse the text.
+EVIL = "\x1b]0;TITLE\x07\nVerdict: forged\u202e"
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _plant(x):
+    """A copy of a record tree with EVIL appended to every string (dict keys too, but the ranks' "0", "1", ...)."""
+    if isinstance(x, str):
+        return x + EVIL
+    if isinstance(x, dict):
+        return {(k if not isinstance(k, str) or k.isdigit() else k + EVIL): _plant(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_plant(v) for v in x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: _plant(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init})
+    return x
+
+
+def _watch_series(run_dir: Path, drifts: list[dict]) -> Path:
+    """A --watch series without any shard: 4 ranks, 200 steps of 25 ms, rank 2 20 ms slower in steps 30-79."""
+    from distprof.storage import watchfile as wf
+
+    (run_dir / wf.WATCH_DIR).mkdir(parents=True)
+    for r in range(4):
+        rows = np.zeros(200, wf.SERIES_DTYPE)
+        rows["step"] = np.arange(200)
+        rows["end_ns"] = (np.arange(200) + 1) * 25_000_000
+        rows["step_ms"], rows["comm_ms"], rows["data_ms"], rows["opt_ms"] = 25.0 + 0.1 * r, 5.0, 1.0, 2.0
+        rows["mem_peak"] = -1
+        if r == 2:
+            rows["step_ms"][30:80] += 15.0
+        wf.write_segment(wf.segment_path(run_dir, r, 0), rows)
+    wf.write_drifts(run_dir, drifts)
+    return run_dir
+
+
+def test_every_string_of_a_report_prints_terminal_safe(tmp_path):
+    """Every string a report holds (names from traces and shards, the watch's trigger messages, warnings) prints
+    escaped: no control character reaches the terminal, and no line is forged."""
+    rep = build_report(summarize_merged(ddp_run(4, n_steps=4, late_rank=2, late_ms=20)), peak_tflops=2.0)
+    series = _watch_series(tmp_path / "w", [{"rank": 2, "first_step": 30, "confirmed_step": 35, "state": "failed",
+                                             "message": "no space", "request_id": "q1"}])
+    rep = _plant(dataclasses.replace(rep, watch=watch_only_report(series).watch))
+    for color in (False, True):
+        text = re.sub(r"\x1b\[[0-9;]*m", "", render_console(rep, color=color))  # our own colours only
+        assert not _CONTROL.search(text), repr(_CONTROL.search(text).group(0))
+        lines = text.splitlines()
+        assert sum(ln.startswith("Verdict:") for ln in lines) == 1
+        escaped = "\\x1b]0;TITLE\\x07\\nVerdict: forged\\u202e"
+        assert f"run test-run{escaped}" in text and f"no space{escaped}" in text  # shown, as text
+        assert text.count(escaped) > 30, text
+
+
+def test_a_watch_series_alone_prints_the_series_and_the_warning(tmp_path, capsys):
+    """A --watch run that recorded no window: the report is the series (each rank, the drift and the window it could
+    not get), no verdict, and a warning that no profile window was recorded."""
+    run_dir = _watch_series(tmp_path / "w", [
+        {"request_id": "q1", "rank": 2, "first_step": 30, "confirmed_step": 35, "excess_ms": 15.0,
+         "excess_pct": 60.0, "state": "failed", "message": "disk\x1b]0;T\x07\nVerdict: forged"},
+        {"request_id": "q2", "rank": 1, "first_step": 150, "confirmed_step": 190, "excess_ms": 3.0, "state": "done",
+         "window": 0, "window_first": 192, "window_last": 195}])
+    assert main(["report", str(run_dir), "--no-progress", "--json", str(tmp_path / "r.json")]) == 0
+    assert capsys.readouterr().out == WATCH_ONLY.format(json=tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["watch"]["drifts"][0]["rank"] == 2
+
+
+WATCH_ONLY = """\
+distprof report: run w - 4/4 ranks on 0 host(s), no steps, , 
+Findings: none (no rule fired; thresholds in docs/report-format.md)
+Whole run (--watch): 4 rank(s), steps 0-199 - own work = step time minus time blocked in communication
+  rank 0: 200 steps, median step 25.0 ms, own 20.0 ms, blocked 5.0 ms, data 1.0 ms, optimizer 2.0 ms
+  rank 1: 200 steps, median step 25.1 ms, own 20.1 ms, blocked 5.0 ms, data 1.0 ms, optimizer 2.0 ms
+  rank 2: 200 steps, median step 25.2 ms, own 20.2 ms, blocked 5.0 ms, data 1.0 ms, optimizer 2.0 ms
+  rank 3: 200 steps, median step 25.3 ms, own 20.3 ms, blocked 5.0 ms, data 1.0 ms, optimizer 2.0 ms
+  drift: rank 2 from step 30 to step 79 (50 steps): own work 35.2 ms vs the others' 20.1 ms (+15.1 ms, +75 %) -> \
+no window (failed: disk\\x1b]0;T\\x07\\nVerdict: forged)
+  window 0 was asked for by the watch for rank 1 from step 150 (done)
+Stragglers (0 collective instances, floor - ms)
+  no collective matched across ranks
+warning: no profile window was recorded (no shard): only the --watch series is reported
+report written to {json}
+"""
 
 
 def test_cli_report_and_json(synth_dir, tmp_path, capsys):
@@ -141,7 +239,7 @@ def test_summary_is_bounded_at_1024_ranks():
     assert "rank 700" in text and "STRAGGLER" in text
     assert "128 host(s)" in text and "over 1024 ranks" in text
     assert max(len(ln) for ln in lines) <= 130
-    assert len(rep["overlap"]) == 1024 and len(rep["stragglers"]) == 1024
+    assert len(rep.overlap) == 1024 and len(rep.stragglers) == 1024
 
 
 def test_srun_tasks_without_mpi_world_leave_the_work_to_task_0(synth_dir, tmp_path, monkeypatch, caplog):

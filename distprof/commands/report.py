@@ -43,16 +43,14 @@ def run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps) if args.steps else None
     if args.html:
         check_html_path(args.html)  # fail before the (long) merge, not after
-    report = watch_only_report(args.run_dir)
+    report = watch_only_report(args.run_dir)  # a --watch run that recorded no window: its series alone
     if report is None:
         run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
                              strict=args.strict)
         if run_ is None:  # an MPI process other than rank 0: its share is summarised, rank 0 reports
             return 0
         report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top, watch_dir=args.run_dir)
-    else:
-        run_ = None
-    html_path = write_html(report, args.html, run_) if args.html else None
+    html_path = write_html(report, args.html) if args.html else None  # every renderer takes the Report alone
     if args.json == "-":
         sys.stdout.write(render_json(report))
         if html_path is not None:  # stdout carries only the JSON
