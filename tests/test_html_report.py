@@ -4,6 +4,7 @@ really shows: charts drawn, no console error, no script from the trace run, the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -18,11 +19,16 @@ import pytest
 
 from conftest import ARTIFACTS, job_env, only_run_dir, torchrun
 from distprof.analysis import load_run
+from distprof.analysis.cross.annotations import Annotation, AnnotationRank
+from distprof.analysis.cross.memory_timeline import MAX_POINTS_PER_RANK, MEMORY_LINES
+from distprof.analysis.cross.rootcause import RootCauseOp
+from distprof.analysis.findings.finding import Finding
+from distprof.analysis.rank.summary import downsample_minmax
 from distprof.analysis.report.build import build_report
+from distprof.analysis.report.model import Report, RunInfo
 from distprof.cli import main
 from distprof.errors import ConfigError
 from distprof.render import render_html, write_html
-from distprof.render.html import MEMORY_POINTS_PER_RANK, _downsample_minmax
 
 EVIL = "<script>alert(1)</script>"
 EVIL_IMG = "<img src=x onerror=alert(2)>"
@@ -42,31 +48,29 @@ def synth(tmp_path_factory):
     return sr.run_dir, run, build_report(run)
 
 
-def hostile(rep: dict) -> dict:
+def hostile(rep: Report) -> Report:
     """The report with hostile strings wherever a name from the trace or the user can reach the page."""
     rep = copy.deepcopy(rep)
-    rep["run"]["id"] = EVIL + "&run"
-    rep["run"]["hosts"] = {k: EVIL_IMG for k in rep["run"]["hosts"]}
-    for s in rep["stragglers"]:
-        s["host"] = EVIL_IMG
-    rep["verdict"] = f"rank 2 is slow in {EVIL}."
-    rep["findings"] = [
-        {"id": "straggler_rank", "severity": "high", "rank": 2, "host": EVIL_IMG, "title": f"slow {EVIL}",
-         "evidence": "a < b && c > d", "advice": EVIL_SEP, "metrics": {"lateness_ms": 30.0, "bad": None}},
-        {"id": "tiny_ops", "severity": "low", "rank": None, "host": None, "title": "tiny ops", "evidence": "",
-         "advice": "", "metrics": {}},
+    rep.run.id = EVIL + "&run"
+    rep.run.hosts = {k: EVIL_IMG for k in rep.run.hosts}
+    for s in rep.stragglers:
+        s.host = EVIL_IMG
+    rep.verdict = f"rank 2 is slow in {EVIL}."
+    rep.findings = [
+        Finding("straggler_rank", "high", 2, EVIL_IMG, f"slow {EVIL}", "a < b && c > d", EVIL_SEP,
+                {"lateness_ms": 30.0, "bad": float("nan")}),
+        Finding("tiny_ops", "low", None, None, "tiny ops", "", "", {}),
     ]
-    rep["annotations"] = [
-        {"name": EVIL, "ranks": {str(r): {"ms_per_step": 1.0 + r, "count_per_step": 1.0} for r in range(4)},
-         "spread_pct": 100.0},
-        {"name": EVIL_IMG, "ranks": {"0": {"ms_per_step": 0.5, "count_per_step": 2.0}}, "spread_pct": None},
-        {"name": EVIL_SEP, "ranks": {"1": {"ms_per_step": 0.25, "count_per_step": 3.0}}, "spread_pct": None},
+    rep.annotations = [
+        Annotation(EVIL, {str(r): AnnotationRank(1.0 + r, 1.0) for r in range(4)}, 100.0),
+        Annotation(EVIL_IMG, {"0": AnnotationRank(0.5, 2.0)}, None),
+        Annotation(EVIL_SEP, {"1": AnnotationRank(0.25, 3.0)}, None),
     ]
-    rep["warnings"] = list(rep["warnings"]) + [f"warning about {EVIL}"]
-    if rep["root_cause"]:
-        rep["root_cause"][0]["ops"].append({"name": EVIL_IMG, "kind": "user_annotation", "excess_ms": 1.0,
-                                            "excess_ms_per_step": 0.25, "rank_ms_per_step": 0.5,
-                                            "others_median_ms_per_step": 0.25, "calls_per_step": 1.0})
+    rep.warnings = list(rep.warnings) + [f"warning about {EVIL}"]
+    if rep.root_cause:
+        rep.root_cause[0].ops.append(RootCauseOp(EVIL_IMG, "user_annotation", excess_ms=1.0, excess_ms_per_step=0.25,
+                                                 rank_ms_per_step=0.5, others_median_ms_per_step=0.25,
+                                                 calls_per_step=1.0))
     return rep
 
 
@@ -90,22 +94,24 @@ class _Tags(HTMLParser):
 
 
 def test_figures_follow_the_report(synth):
-    run_dir, run, rep = synth
-    figs = figures(render_html(rep, run))
+    run_dir, _, rep = synth
+    figs = figures(render_html(rep))
     assert {"fig-steps", "fig-breakdown", "fig-blame", "fig-overlap", "fig-imbalance", "fig-memory"} <= set(figs)
 
     # heatmap: one cell per (rank, step) with its step time
     hm = figs["fig-steps"]["data"][0]
-    for rec in rep["steps"]:
-        i = hm["y"].index(f"rank {rec['rank']}")
-        j = hm["x"].index(str(rec["step"]))
-        assert hm["z"][i][j] == pytest.approx(rec["step_ms"], abs=1e-3)
+    steps = rep.steps
+    assert len(steps) == 16
+    for rank, step, step_ms in zip(steps["rank"], steps["step"], steps["step_ms"]):
+        i = hm["y"].index(f"rank {rank}")
+        j = hm["x"].index(str(step))
+        assert hm["z"][i][j] == pytest.approx(step_ms, abs=1e-3)
 
     # breakdown: the stacked parts add up to the mean step time of each rank
     bars = figs["fig-breakdown"]["data"]
     for k, label in enumerate(bars[0]["x"]):
         r = int(label.split()[1])
-        mean_step = np.mean([s["step_ms"] for s in rep["steps"] if s["rank"] == r])
+        mean_step = np.mean(steps["step_ms"][steps["rank"] == r])
         assert sum(t["y"][k] for t in bars) == pytest.approx(mean_step, rel=1e-3)
 
     # blame: ranks grouped by host, the named straggler (rank 2) red
@@ -126,15 +132,15 @@ def test_figures_follow_the_report(synth):
     assert [t["name"] for t in mem] == [f"rank {r}" for r in range(4)]
     for r, t in enumerate(mem):
         ys = [y for y in t["y"] if y is not None]
-        assert len(ys) <= MEMORY_POINTS_PER_RANK + 8
+        assert len(ys) <= MAX_POINTS_PER_RANK + 8
         mem_r = load_run(run_dir, progress=False).memory
         sel = mem_r["rank"] == r
         assert max(ys) == pytest.approx(mem_r["total_bytes"][sel].max() / 2**20, abs=1e-3)
 
 
 def test_hostile_names_are_escaped_everywhere(synth):
-    _, run, rep = synth
-    page = render_html(hostile(rep), run)
+    _, _, rep = synth
+    page = render_html(hostile(rep))
     assert EVIL not in page and EVIL_IMG not in page and "</script><!--" not in page
     assert "\u2028" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # shown as text in the HTML parts
@@ -148,8 +154,8 @@ def test_hostile_names_are_escaped_everywhere(synth):
 
 @pytest.mark.parametrize("compress", [True, False])
 def test_no_external_urls(synth, compress):
-    _, run, rep = synth
-    page = render_html(hostile(rep), run, compress_js=compress)
+    _, _, rep = synth
+    page = render_html(hostile(rep), compress_js=compress)
     p = _Tags()
     p.feed(page)
     tags = {t for t, _ in p.tags}
@@ -165,8 +171,8 @@ def test_no_external_urls(synth, compress):
 
 
 def test_sizes_and_packing(synth):
-    _, run, rep = synth
-    packed, plain = render_html(rep, run), render_html(rep, run, compress_js=False)
+    _, _, rep = synth
+    packed, plain = render_html(rep), render_html(rep, compress_js=False)
     assert 'id="dp-plotly-gz"' in packed and 'id="dp-plotly-gz"' not in plain
     assert len(packed) < 0.5 * len(plain)  # gzip+base64 of plotly.js: ~2.0 MB instead of ~4.8 MB
     assert len(packed) < 3_000_000
@@ -177,23 +183,42 @@ def test_downsample_keeps_extremes_in_time_order():
     t = np.cumsum(rng.integers(1, 100, 50_000))
     v = np.cumsum(rng.normal(0, 1, 50_000))
     v[12_345] = 1e6  # a spike the timeline must not lose
-    ts, vs = _downsample_minmax(t, v, 1000)
+    ts, vs = downsample_minmax(t, v, 1000)
     assert len(ts) <= 1000 and np.all(np.diff(ts) > 0)
     assert vs.max() == v.max() and vs.min() == v.min()
     assert set(ts.tolist()) <= set(t.tolist())
-    t2, v2 = _downsample_minmax(t[:10], v[:10], 1000)
+    t2, v2 = downsample_minmax(t[:10], v[:10], 1000)
     assert np.array_equal(t2, t[:10]) and np.array_equal(v2, v[:10])
 
 
+def _memory_section(page: str) -> str:
+    return re.search(r'<section class="chart-section"><h2>Memory timeline per rank</h2>.*?</section>', page).group(0)
+
+
 def test_partial_reports_render(synth):
-    _, run, rep = synth
-    minimal = render_html({"run": {"id": "x"}})
+    _, _, rep = synth
+    minimal = render_html(Report(verdict="", findings=[], run=RunInfo(id="x", world_size=0)))
     assert "distprof report" in minimal and figures(minimal) == {}
-    assert "needs the run summary" in render_html(rep)  # no run: no memory timeline, said so
-    no_verdict = {k: v for k, v in rep.items() if k not in ("verdict", "findings", "annotations")}
-    page = render_html(no_verdict, run)
+    assert "No recorded steps: nothing to analyse." in minimal and "No profile window was recorded" in minimal
+    no_verdict = dataclasses.replace(rep, verdict="", findings=[], annotations=None)
+    page = render_html(no_verdict)
     verdict = re.search(r'<div class="verdict" id="verdict">(.*?)</div>', page, re.S).group(1)
-    assert "rank 2" in verdict and "straggler" in verdict  # built from report["stragglers"]
+    assert "rank 2" in verdict and "straggler" in verdict  # built from report.stragglers
+    assert "No findings: no rule fired." in page and "no annotations table" in page
+
+
+def test_a_report_read_back_renders_the_same_page_but_the_memory_timeline(synth):
+    _, _, rep = synth
+    page = render_html(rep, compress_js=False)
+    back = render_html(Report.from_json(json.loads(json.dumps(rep.to_json()))), compress_js=False)
+    assert "fig-memory" in figures(page) and "fig-memory" not in figures(back)  # report.json has no memory curves
+    assert "the memory timeline is not in report.json" in _memory_section(back).lower()
+    assert {k: v for k, v in figures(page).items() if k != "fig-memory"} == figures(back)
+
+    def rest(p: str) -> str:  # the page but its memory section and the figure JSON (compared above)
+        return re.sub(r'(id="dp-figures">).*?(</script>)', r"\1\2", p.replace(_memory_section(p), ""), flags=re.S)
+
+    assert rest(page) == rest(back)
 
 
 def test_cli_writes_html(synth, tmp_path, capsys):
@@ -318,8 +343,8 @@ def assert_charts_drawn(info: dict, expected: set[str]) -> None:
 
 @pytest.mark.slow
 def test_browser_renders_hostile_synth_report(synth, browser, tmp_path):
-    _, run, rep = synth
-    path = write_html(hostile(rep), tmp_path / "hostile.html", run)
+    _, _, rep = synth
+    path = write_html(hostile(rep), tmp_path / "hostile.html")
     info = open_report(browser, path, "html-report-hostile.png")
     assert_charts_drawn(info, {"fig-steps", "fig-breakdown", "fig-blame", "fig-overlap", "fig-imbalance",
                                "fig-memory", "fig-annotations"})
@@ -331,8 +356,8 @@ def test_browser_renders_hostile_synth_report(synth, browser, tmp_path):
 
 @pytest.mark.slow
 def test_browser_renders_plain_js(synth, browser, tmp_path):
-    _, run, rep = synth
-    path = write_html(rep, tmp_path / "plain.html", run, compress_js=False)
+    _, _, rep = synth
+    path = write_html(rep, tmp_path / "plain.html", compress_js=False)
     info = open_report(browser, path, "html-report-plain-js.png")
     assert_charts_drawn(info, {"fig-steps", "fig-breakdown", "fig-blame", "fig-memory"})
 
@@ -403,8 +428,8 @@ def many(tmp_path_factory):
 def test_many_ranks_figures_are_distributions(many):
     from distprof.render import html_scale
 
-    run, rep = many
-    page = render_html(rep, run)
+    _, rep = many
+    page = render_html(rep)
     figs = figures(page)
     heat = figs["fig-steps"]["data"][0]
     assert len(heat["y"]) == 12 and all(lbl.startswith("node") for lbl in heat["y"])  # one row per host
@@ -418,15 +443,15 @@ def test_many_ranks_figures_are_distributions(many):
     assert any("rank 50" in t["text"] for t in labelled)  # the outlier is named
     blame = figs["fig-blame"]["data"][0]
     assert len(blame["y"]) <= html_scale.TOP_BLAME + 1 and "rank 50" in blame["x"][1]
-    assert len(figs["fig-memory"]["data"]) <= html_scale.MEMORY_LINES
+    assert len(figs["fig-memory"]["data"]) <= MEMORY_LINES
     assert page.count("<tr>") < 80  # GPU time and clock tables show the worst rows, not 96
     assert len(page.encode()) < 2.4e6
 
 
 @pytest.mark.slow
 def test_browser_renders_many_ranks(many, browser, tmp_path):
-    run, rep = many
-    path = write_html(rep, tmp_path / "many.html", run)
+    _, rep = many
+    path = write_html(rep, tmp_path / "many.html")
     info = open_report(browser, path, "html-report-96-ranks.png")
     assert_charts_drawn(info, {"fig-steps", "fig-breakdown", "fig-blame", "fig-overlap", "fig-imbalance",
                                "fig-memory"})

@@ -2,8 +2,9 @@
 outliers that matter named, instead of one bar or line per rank; the step heatmap by host (or by block of ranks).
 
 Every per-rank figure stays in report.json; these keep the page legible and its size bounded (a box plot per part
-carries the ranks' values, but no per-rank category axis, legend or per-rank trace). Pure functions over the report
-(and the run summary for memory), each returning a plotly figure dict or None.
+carries the ranks' values, but no per-rank category axis, legend or per-rank trace). Pure functions over the
+:class:`Report`'s sections, each returning a plotly figure dict or None. (The memory timeline picks its curves itself:
+``analysis/cross/memory_timeline.py``.)
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..analysis.cross.imbalance import ImbalanceRank
+from ..analysis.cross.overlap import OverlapRow
+from ..analysis.cross.stragglers import StragglerRank
+from ..analysis.report.model import Report
 from .html_text import _num, _pl
 
-__all__ = ["MANY_RANKS", "many", "step_heatmap", "breakdown", "blame", "overlap", "imbalance", "memory_ranks",
-           "HEATMAP_ROWS", "TOP_BLAME", "LABELLED"]
+__all__ = ["MANY_RANKS", "many", "step_heatmap", "breakdown", "blame", "overlap", "imbalance", "HEATMAP_ROWS",
+           "TOP_BLAME", "LABELLED"]
 
 #: Above this many ranks, per-rank figures become distributions.
 MANY_RANKS = 64
@@ -26,8 +31,6 @@ HEATMAP_ROWS = 128
 TOP_BLAME = 24
 #: Outliers labelled per distribution.
 LABELLED = 3
-#: Memory curves drawn: the highest peaks, and the ranks at the median and the lowest peak.
-MEMORY_LINES = 4
 
 _COMPUTE, _EXPOSED, _IDLE, _OTHER, _OVERL = "#4c78a8", "#e45756", "#bab0ac", "#eeca3b", "#72b7b2"
 _NAMED, _PLAIN = "#d62728", "#6b8fb8"
@@ -80,9 +83,9 @@ def _box(name: str, values: Sequence[float | None], ranks: Sequence[int], color:
     return out
 
 
-def _groups(report: dict[str, Any], ranks: list[int]) -> tuple[list[str], Callable[[int], int]]:
+def _groups(report: Report, ranks: list[int]) -> tuple[list[str], Callable[[int], int]]:
     """Rows for rank aggregates: hosts when there are at most HEATMAP_ROWS of them, else blocks of ranks."""
-    hosts_of = {int(k): str(v) for k, v in ((report.get("run") or {}).get("hosts") or {}).items()}
+    hosts_of = {int(k): str(v) for k, v in report.run.hosts.items()}
     hosts = sorted({hosts_of.get(r, "?") for r in ranks}, key=lambda h: min(r for r in ranks if hosts_of.get(r) == h)
                    if any(hosts_of.get(r) == h for r in ranks) else 0)
     if 1 < len(hosts) <= HEATMAP_ROWS:
@@ -94,23 +97,26 @@ def _groups(report: dict[str, Any], ranks: list[int]) -> tuple[list[str], Callab
     return labels, lambda r: order[r] // block
 
 
-def step_heatmap(report: dict[str, Any]) -> dict[str, Any] | None:
+def step_heatmap(report: Report) -> dict[str, Any] | None:
     """Step time by host (or block of ranks) and step: each cell the slowest rank of the row in that step."""
-    recs = [r for r in report.get("steps") or [] if _num(r.get("step_ms")) is not None]
+    if report.steps is None:
+        return None
+    cols = (report.steps[c].tolist() for c in ("rank", "step", "step_ms"))
+    recs = [(int(rank), int(step), ms) for rank, step, ms in zip(*cols) if _num(ms) is not None]
     if not recs:
         return None
-    ranks = sorted({int(r["rank"]) for r in recs})
-    steps = sorted({int(r["step"]) for r in recs})
+    ranks = sorted({r[0] for r in recs})
+    steps = sorted({r[1] for r in recs})
     labels, row_of = _groups(report, ranks)
     si = {s: i for i, s in enumerate(steps)}
     z: list[list[float | None]] = [[None] * len(steps) for _ in labels]
     who: list[list[str]] = [[""] * len(steps) for _ in labels]
-    for r in recs:
-        i, j = row_of(int(r["rank"])), si[int(r["step"])]
-        v = round(float(r["step_ms"]), 3)
+    for rank, step, ms in recs:
+        i, j = row_of(rank), si[step]
+        v = round(float(ms), 3)
         if z[i][j] is None or v > z[i][j]:
             z[i][j] = v
-            who[i][j] = f"rank {r['rank']}"
+            who[i][j] = f"rank {rank}"
     trace = {"type": "heatmap", "x": [str(s) for s in steps], "y": labels, "z": z, "text": who,
              "colorscale": "YlOrRd", "reversescale": True, "colorbar": {"title": {"text": "ms"}}, "xgap": 1,
              "ygap": 1, "hoverongaps": False,
@@ -120,16 +126,16 @@ def step_heatmap(report: dict[str, Any]) -> dict[str, Any] | None:
                                                yaxis=_axis(None, type="category", autorange="reversed"))}
 
 
-def breakdown(per_rank: dict[int, dict[str, float]]) -> dict[str, Any] | None:
-    """Per part of the step (compute, exposed comm, idle, other): the distribution of the ranks' ms per step."""
-    if not per_rank:
+def breakdown(ranks: list[int], means: dict[str, list[float]]) -> dict[str, Any] | None:
+    """Per part of the step (compute, exposed comm, idle, other): the distribution of the ranks' ms per step
+    (`means`: per column of the step table, each rank's mean, in the order of `ranks`)."""
+    if not ranks:
         return None
-    ranks = sorted(per_rank)
     data: list[dict] = []
     for name, key, color in (("compute", "compute_ms", _COMPUTE), ("exposed comm", "exposed_comm_ms", _EXPOSED),
                              ("idle", "idle_ms", _IDLE), ("other", "other_ms", _OTHER),
                              ("memcpy", "memcpy_ms", "#b279a2")):
-        vals = [per_rank[r].get(key) for r in ranks]
+        vals = means[key]
         if key == "memcpy_ms" and not any(vals):
             continue
         data += _box(name, vals, ranks, color)
@@ -137,21 +143,21 @@ def breakdown(per_rank: dict[int, dict[str, float]]) -> dict[str, Any] | None:
                                             yaxis=_axis("ms per step (mean over steps)", rangemode="tozero"))}
 
 
-def blame(rows: list[dict[str, Any]], host_of: Callable[[dict[str, Any]], str], thr: float | None
+def blame(rows: list[StragglerRank], host_of: Callable[[StragglerRank], str], thr: float | None
           ) -> dict[str, Any] | None:
     """The ranks that cost the others most (and every named straggler), grouped by host."""
-    keep = sorted(rows, key=lambda s: -(_num(s.get("blame_ms_per_step")) or 0.0))[:TOP_BLAME]
-    keep += [s for s in rows if s.get("named") and s not in keep]
+    keep = sorted(rows, key=lambda s: -(_num(s.blame_ms_per_step) or 0.0))[:TOP_BLAME]
+    keep += [s for s in rows if s.named and s not in keep]
     if not keep:
         return None
-    keep.sort(key=lambda s: (host_of(s), int(s["rank"])))
-    x = [[_pl(host_of(s)) for s in keep], [f"rank {s['rank']}" for s in keep]]
+    keep.sort(key=lambda s: (host_of(s), int(s.rank)))
+    x = [[_pl(host_of(s)) for s in keep], [f"rank {s.rank}" for s in keep]]
     data = [{"type": "bar", "name": "blame (others' wait) ms/step", "x": x,
-             "y": [_num(s.get("blame_ms_per_step")) for s in keep],
-             "marker": {"color": [_NAMED if s.get("named") else _PLAIN for s in keep]},
+             "y": [_num(s.blame_ms_per_step) for s in keep],
+             "marker": {"color": [_NAMED if s.named else _PLAIN for s in keep]},
              "hovertemplate": "%{x}: blame %{y:.2f} ms/step<extra></extra>"},
             {"type": "scatter", "mode": "markers", "name": "mean lateness ms", "x": x,
-             "y": [_num(s.get("mean_lateness_ms")) for s in keep],
+             "y": [_num(s.mean_lateness_ms) for s in keep],
              "marker": {"symbol": "diamond", "size": 10, "color": "#222222"},
              "hovertemplate": "%{x}: mean lateness %{y:.2f} ms<extra></extra>"}]
     layout = _layout(380, xaxis=_axis(None, type="multicategory"), yaxis=_axis("ms"))
@@ -161,23 +167,21 @@ def blame(rows: list[dict[str, Any]], host_of: Callable[[dict[str, Any]], str], 
     return {"data": data, "layout": layout}
 
 
-def overlap(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def overlap(rows: list[OverlapRow]) -> dict[str, Any] | None:
     if not rows:
         return None
-    ranks = [int(o["rank"]) for o in rows]
-    data = (_box("overlapped, % of comm", [o.get("overlap_pct") for o in rows], ranks, _OVERL)
-            + _box("exposed comm, % of step", [o.get("exposed_pct") for o in rows], ranks, _EXPOSED))
+    ranks = [int(o.rank) for o in rows]
+    data = (_box("overlapped, % of comm", [o.overlap_pct for o in rows], ranks, _OVERL)
+            + _box("exposed comm, % of step", [o.exposed_pct for o in rows], ranks, _EXPOSED))
     return {"data": data, "layout": _layout(320, showlegend=False, xaxis=_axis(None),
                                             yaxis=_axis("%", range=[0, 100]))}
 
 
-def imbalance(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Four panels (compute, GFLOP, TFLOP/s, peak memory), each the distribution over ranks."""
+def imbalance(rows: list[ImbalanceRank], panels: Sequence[tuple[str, str, float]]) -> dict[str, Any] | None:
+    """A panel per (title, ``ImbalanceRank`` field, divisor) of `panels`, each the distribution over ranks."""
     if not rows:
         return None
-    ranks = [int(r["rank"]) for r in rows]
-    panels = (("compute ms / step", "compute_ms", 1.0), ("GFLOP / step", "flops", 1e9),
-              ("achieved TFLOP/s", "tflops", 1.0), ("peak memory MiB", "peak_mem_bytes", 2**20))
+    ranks = [int(r.rank) for r in rows]
     n, gap = len(panels), 0.06
     width = (1 - gap * (n - 1)) / n
     layout = _layout(320, showlegend=False, margin={"l": 60, "r": 20, "t": 40, "b": 50})
@@ -187,15 +191,7 @@ def imbalance(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         x0 = k * (width + gap)
         layout[f"xaxis{sfx}"] = _axis(None, domain=[x0, x0 + width], anchor=f"y{sfx}")
         layout[f"yaxis{sfx}"] = _axis(None, anchor=f"x{sfx}", rangemode="tozero")
-        vals = [None if _num(r.get(key)) is None else _num(r.get(key)) / div for r in rows]
+        vals = [None if _num(getattr(r, key)) is None else _num(getattr(r, key)) / div for r in rows]
         data += _box(_pl(title), vals, ranks, _PLAIN, xaxis=f"x{sfx}", yaxis=f"y{sfx}")
     return {"data": data, "layout": layout}
 
-
-def memory_ranks(peaks: dict[int, float]) -> list[int]:
-    """The ranks whose memory curves are drawn: the highest peaks, then the median and the lowest."""
-    if not peaks:
-        return []
-    order = sorted(peaks, key=lambda r: (-peaks[r], r))
-    pick = order[:MEMORY_LINES - 2] + [order[len(order) // 2], order[-1]]
-    return sorted(dict.fromkeys(pick))

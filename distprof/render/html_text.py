@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any, Iterable
 
-from ..analysis.report.schema import to_jsonable
+from ..record import jsonable
 
 # ---------------------------------------------------------------------------------------------------------------
 # escaping
@@ -38,8 +38,9 @@ _JSON_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028"
 
 def _script_json(obj: Any) -> str:
     """JSON safe to embed in a <script> element: <, >, & and the JS line separators only occur inside JSON strings,
-    where their \\u escapes mean the same, so nothing in the data can end the element or start a comment."""
-    text = json.dumps(to_jsonable(obj), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    where their \\u escapes mean the same, so nothing in the data can end the element or start a comment. Values
+    are made plain first (``record.jsonable``: numpy values converted, NaN and ±inf as null)."""
+    text = json.dumps(jsonable(obj), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     for ch, rep in _JSON_SCRIPT_ESCAPES.items():
         text = text.replace(ch, rep)
     return text
