@@ -168,7 +168,7 @@ def test_segment_round_trip_and_damaged_files_are_named(tmp_path):
     # the report skips a damaged segment and names it; the other rank is still there
     wf.write_segment(wf.segment_path(tmp_path, 0, 0), _rows(range(100)))
     section = watch_report(tmp_path)
-    assert section["n_ranks"] == 2 and any(str(p) in s for s in section["skipped"])
+    assert section.n_ranks == 2 and any(str(p) in s for s in section.skipped)
 
 
 KILL_SCRIPT = """
