@@ -284,7 +284,7 @@ def test_device_idle_and_host_sync_do_not_fire_on_a_busy_device_or_a_cpu_rank():
     fs, _, _ = analyse(run)
     assert not by_id(fs, "device_idle") and not by_id(fs, "host_sync")
     (m,) = measures(run)
-    assert m["device_idle_ms_per_step"] == pytest.approx(0.3) and m["syncs_per_step"] == 1
+    assert m.device.device_idle_ms_per_step == pytest.approx(0.3) and m.device.syncs_per_step == 1
     # a CPU rank whose main thread idles: input_wait's business, never device_idle/host_sync
     fs, _, _ = analyse(loop_run(head_gap_ms=10.0))
     assert by_id(fs, "input_wait") and not by_id(fs, "device_idle") and not by_id(fs, "host_sync")
@@ -355,7 +355,7 @@ def hta_reports(tmp_path_factory):
 def test_real_traces_device_idle_and_host_sync(hta_reports):
     # every rule's device idle is the breakdown's device idle
     for rep, m, idle_ms in hta_reports.values():
-        assert m["device_rank"] and m["device_idle_ms_per_step"] == pytest.approx(idle_ms, rel=1e-9)
+        assert m.device_rank and m.device.device_idle_ms_per_step == pytest.approx(idle_ms, rel=1e-9)
     # MI250 toy run: the device idles 98 % of the step while the host is in ops (one 6.5 ms hipLaunchKernel)
     rep, m, _ = hta_reports["amd_trace"]
     (d,) = by_id(rep.findings, "device_idle")
@@ -370,7 +370,7 @@ def test_real_traces_device_idle_and_host_sync(hta_reports):
     # V100, 97 % compute: nothing about idle, syncs or tiny kernels (its one cudaDeviceSynchronize is outside steps)
     rep, m, _ = hta_reports["ns_resolution_trace"]
     assert not {f.id for f in rep.findings} & {"device_idle", "host_sync", "tiny_ops"}
-    assert m["syncs_per_step"] == 0
+    assert m.device.syncs_per_step == 0
     # A100 DDP rank: 76 % device idle while the host dispatches ops -> device_idle, high; tiny kernels hold 51 % of
     # kernel time but only 9 % of step time (below tiny_ops' 10 %); 8 short cudaEventSynchronize per step: no host_sync
     rep, m, _ = hta_reports["nccl_parser_config"]
@@ -378,8 +378,8 @@ def test_real_traces_device_idle_and_host_sync(hta_reports):
     (d,) = rep.findings
     assert d.severity == "high" and 75 < d.metrics["impact_pct"] < 78
     assert d.metrics["idle_host_ops_ms_per_step"] > 0.8 * d.metrics["device_idle_ms_per_step"]
-    assert m["tiny_share_pct"] == pytest.approx(51.4, abs=0.1) and m["tiny_ms_per_step"] == pytest.approx(19.8, abs=0.1)
-    assert m["syncs_per_step"] == 8 and m["sync_ms_per_step"] < 0.1
+    assert m.ops.tiny_share_pct == pytest.approx(51.4, abs=0.1) and m.ops.tiny_ms_per_step == pytest.approx(19.8, abs=0.1)
+    assert m.device.syncs_per_step == 8 and m.device.sync_ms_per_step < 0.1
     assert rep.verdict.startswith("Steps take 222.4 ms on average; no kernel or copy runs on the device on rank 0 "
                                      "for 76 % of step time, mostly while the host is inside ops")
 
@@ -412,7 +412,7 @@ def test_input_wait_does_not_fire_on_a_busy_loop_or_on_comm_wait():
 def test_input_wait_gap_at_step_boundary_under_a_collective_is_not_input():
     run = loop_run(head_gap_ms=5.0, step_ms=30.0)
     ms = measures(run)
-    assert ms[0]["boundary_gap_ms_per_step"] == pytest.approx(5.0)
+    assert ms[0].input.boundary_gap_ms_per_step == pytest.approx(5.0)
     b = RunBuilder(1)  # the same gap covered by a gloo collective on a worker thread
     b.thread(0, 1, schema.THREAD_MAIN)
     b.thread(0, 2, schema.THREAD_COMM, 0)
@@ -421,7 +421,7 @@ def test_input_wait_gap_at_step_boundary_under_a_collective_is_not_input():
     b.comm(i, role=schema.ROLE_EXEC, seq=0, op="barrier")
     b.event(0, "aten::mm", CPU_OP, COMPUTE, 1, 5, 30, step=1)
     run = b.build()
-    assert measures(run)[0]["boundary_gap_ms_per_step"] == pytest.approx(0.0)
+    assert measures(run)[0].input.boundary_gap_ms_per_step == pytest.approx(0.0)
 
 
 # ------------------------------------------------------------------------------------------------- memory churn
@@ -598,7 +598,7 @@ def test_memory_churn_history_does_not_fire_on_ordinary_steps_and_replaces_the_e
             d.update(complete=0, n_alloc=100_000)
         return d
     run = with_history(loop_run(), partial)
-    assert measures(run)[0]["memory_history"]["allocs_per_step"] == 90
+    assert measures(run)[0].history.allocs_per_step == 90
     assert not by_id(analyse(run)[0], "memory_churn")
 
 
@@ -608,7 +608,7 @@ def test_memory_churn_with_and_without_history_on_different_ranks():
     keep = run.cuda_memory["rank"] == 0
     run.cuda_memory = {c: v[keep] for c, v in run.cuda_memory.items()}
     ms = measures(run)
-    assert "memory_history" in ms[0] and "memory_history" not in ms[1]
+    assert ms[0].history is not None and ms[1].history is None
     fs, _, _ = analyse(run)
     (f,) = by_id(fs, "memory_churn")
     assert f.rank is None and f.metrics["n_ranks"] == 2 and f.metrics["memory_history"] == 0.5
@@ -639,8 +639,8 @@ def test_memory_churn_from_a_captured_history(tmp_path):
             p.step()
     assert not p.errors, p.errors
     run = distprof.load(tmp_path / "mh")
-    hist = measures(run)[0]["memory_history"]
-    assert hist["allocs_per_step"] == 600 and hist["frees_per_step"] == 600, hist
+    hist = measures(run)[0].history
+    assert hist.allocs_per_step == 600 and hist.frees_per_step == 600, hist
     # the rate per ms depends on this machine's speed: judge by allocations per step only
     fs, _, _ = analyse(run, FindingRules(churn_min_allocs_per_ms=1e-3))
     (f,) = by_id(fs, "memory_churn")

@@ -25,6 +25,7 @@ from ..storage.schema import TABLES
 if TYPE_CHECKING:
     from .align.clock import ClockModel
     from .rank.gpu_time import GpuTime
+    from .rank.measures import RankMeasures
     from .align.matching import Collectives
     from .load.catalog import RunCatalog
 
@@ -177,7 +178,7 @@ class RankSummary:
     op_names: np.ndarray  # names indexed by op_totals["name"]
     op_kinds: list[str]  # kind of each op name
     annotations: dict[str, tuple[float, float]]  # name -> (total ms, calls) in the rank's steps
-    measures: dict[str, Any] | None
+    measures: RankMeasures | None
     gpu_time: GpuTime | None
     used_devices: list[int]
     reserved_peak_bytes: float | None
@@ -228,7 +229,7 @@ class RunSummary:
 
     @property
     def has_memory_history(self) -> bool:
-        return any((s.measures or {}).get("memory_history") is not None for s in self.ranks.values())
+        return any(s.measures is not None and s.measures.history is not None for s in self.ranks.values())
 
 
 @dataclass(frozen=True)

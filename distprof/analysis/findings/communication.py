@@ -10,29 +10,33 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..types import FindingRules
 from .rules import Hit, pct
 
+if TYPE_CHECKING:
+    from ..rank.measures import RankMeasures
 
-def exposed_comm(ms: list[dict], rules: FindingRules, named: dict[int, float],
+
+def exposed_comm(ms: list[RankMeasures], rules: FindingRules, named: dict[int, float],
                  pipeline_wait: dict[int, float] | None = None) -> list[Hit]:
     hits = []
     wait_for = max(named.values()) if named else 0.0
     pipeline_wait = pipeline_wait or {}
     for m in ms:
-        exp_ = m["exposed_comm_ms_per_step"]
-        wait = 0.0 if m["rank"] in named else min(max(wait_for, 0.0), exp_)
-        pipe = min(max(pipeline_wait.get(m["rank"], 0.0), 0.0), exp_ - wait)
+        exp_ = m.exposed_comm_ms_per_step
+        wait = 0.0 if m.rank in named else min(max(wait_for, 0.0), exp_)
+        pipe = min(max(pipeline_wait.get(m.rank, 0.0), 0.0), exp_ - wait)
         net = exp_ - wait - pipe
-        impact = pct(net, m["step_ms"])
+        impact = pct(net, m.step_ms)
         if impact >= rules.exposed_min_pct:
-            hits.append(Hit(m["rank"], m["host"], impact, {
-                "exposed_comm_ms_per_step": exp_, "exposed_pct": pct(exp_, m["step_ms"]),
+            hits.append(Hit(m.rank, m.host, impact, {
+                "exposed_comm_ms_per_step": exp_, "exposed_pct": pct(exp_, m.step_ms),
                 "straggler_wait_ms_per_step": wait, "pipeline_wait_ms_per_step": pipe,
-                "net_exposed_ms_per_step": net,
-                "comm_ms_per_step": m["comm_ms_per_step"],
-                "overlap_pct": m["overlap_pct"] if m["overlap_pct"] is not None else 0.0,
-                "step_ms": m["step_ms"], "threshold_step_pct": rules.exposed_min_pct}))
+                "net_exposed_ms_per_step": net, "comm_ms_per_step": m.comm_ms_per_step,
+                "overlap_pct": m.overlap_pct if m.overlap_pct is not None else 0.0,
+                "step_ms": m.step_ms, "threshold_step_pct": rules.exposed_min_pct}))
     return hits
 
 

@@ -18,8 +18,13 @@ synchronising calls. Their per-rank measures are taken in the map (``rank.device
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..types import FindingRules
 from .rules import Hit, on_rank, pct
+
+if TYPE_CHECKING:
+    from ..rank.measures import RankMeasures
 
 #: Where device idle time goes, in the order each idle ns is assigned: (metric, clause, advice).
 IDLE_CAUSES = (
@@ -46,38 +51,44 @@ def dominant_idle_cause(metrics: dict[str, float]) -> tuple[str, str, str] | Non
     return best if metrics.get(best[0], 0.0) > 0 else None
 
 
-def device_idle(ms: list[dict], rules: FindingRules) -> list[Hit]:
+_IDLE_FIELDS = ("device_idle_ms_per_step", "idle_head_ms_per_step", "idle_between_ms_per_step",
+                "idle_tail_ms_per_step", "idle_input_ms_per_step", "idle_after_sync_ms_per_step",
+                "idle_host_ops_ms_per_step", "idle_host_other_ms_per_step")
+
+
+def device_idle(ms: list[RankMeasures], rules: FindingRules) -> list[Hit]:
     hits = []
     for m in ms:
-        if not m["device_rank"]:
+        d = m.device
+        if not m.device_rank or d is None:
             continue
-        idle = m["device_idle_ms_per_step"]
-        impact = pct(idle, m["step_ms"])
+        idle = d.device_idle_ms_per_step
+        impact = pct(idle, m.step_ms)
         if impact >= rules.idle_min_step_pct and idle >= rules.idle_min_ms:
-            met = {k: m[k] for k in ("device_idle_ms_per_step", "idle_head_ms_per_step", "idle_between_ms_per_step",
-                                     "idle_tail_ms_per_step", "idle_input_ms_per_step", "idle_after_sync_ms_per_step",
-                                     "idle_host_ops_ms_per_step", "idle_host_other_ms_per_step", "step_ms")}
-            met.update({"kernels_per_step": m["ops_per_step"], "tiny_kernels_per_step": m["tiny_ops_per_step"],
+            met = {k: getattr(d, k) for k in _IDLE_FIELDS}
+            met.update({"step_ms": m.step_ms, "kernels_per_step": m.ops.ops_per_step,
+                        "tiny_kernels_per_step": m.ops.tiny_ops_per_step,
                         "threshold_step_pct": rules.idle_min_step_pct, "threshold_ms": rules.idle_min_ms,
                         "threshold_us": rules.tiny_op_us})
-            hits.append(Hit(m["rank"], m["host"], impact, met, notes={"top_host_ops": m["idle_top_host_ops"]}))
+            hits.append(Hit(m.rank, m.host, impact, met, notes={"top_host_ops": d.idle_top_host_ops}))
     return hits
 
 
-def host_sync(ms: list[dict], rules: FindingRules) -> list[Hit]:
+def host_sync(ms: list[RankMeasures], rules: FindingRules) -> list[Hit]:
     hits = []
     for m in ms:
-        if not m["device_rank"]:
+        d = m.device
+        if not m.device_rank or d is None:
             continue
-        blocked = pct(m["sync_ms_per_step"], m["step_ms"])
-        impact = pct(m["idle_after_sync_ms_per_step"], m["step_ms"])
-        if m["syncs_per_step"] >= rules.sync_min_per_step and max(blocked, impact) >= rules.sync_min_step_pct:
-            hits.append(Hit(m["rank"], m["host"], impact, {
-                "sync_ms_per_step": m["sync_ms_per_step"], "syncs_per_step": m["syncs_per_step"],
-                "sync_calls_per_step": m["sync_calls_per_step"], "blocked_pct": blocked,
-                "idle_after_sync_ms_per_step": m["idle_after_sync_ms_per_step"], "step_ms": m["step_ms"],
+        blocked = pct(d.sync_ms_per_step, m.step_ms)
+        impact = pct(d.idle_after_sync_ms_per_step, m.step_ms)
+        if d.syncs_per_step >= rules.sync_min_per_step and max(blocked, impact) >= rules.sync_min_step_pct:
+            hits.append(Hit(m.rank, m.host, impact, {
+                "sync_ms_per_step": d.sync_ms_per_step, "syncs_per_step": d.syncs_per_step,
+                "sync_calls_per_step": d.sync_calls_per_step, "blocked_pct": blocked,
+                "idle_after_sync_ms_per_step": d.idle_after_sync_ms_per_step, "step_ms": m.step_ms,
                 "threshold_per_step": rules.sync_min_per_step, "threshold_step_pct": rules.sync_min_step_pct},
-                notes={"sites": m["sync_sites"]}))
+                notes={"sites": d.sync_sites}))
     return hits
 
 

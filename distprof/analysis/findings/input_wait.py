@@ -10,20 +10,26 @@ start with ``DATALOADER_PREFIX``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..types import FindingRules
 from .rules import Hit, pct
 
+if TYPE_CHECKING:
+    from ..rank.measures import RankMeasures
 
-def input_wait(ms: list[dict], rules: FindingRules) -> list[Hit]:
+
+def input_wait(ms: list[RankMeasures], rules: FindingRules) -> list[Hit]:
     hits = []
     for m in ms:
-        impact = pct(m["input_ms_per_step"], m["step_ms"])
-        if impact >= rules.input_min_step_pct and m["input_ms_per_step"] >= rules.input_min_ms:
-            h = Hit(m["rank"], m["host"], impact, {
-                "input_ms_per_step": m["input_ms_per_step"], "dataloader_ms_per_step": m["dataloader_ms_per_step"],
-                "boundary_gap_ms_per_step": m["boundary_gap_ms_per_step"], "step_ms": m["step_ms"],
+        w = m.input
+        impact = pct(w.input_ms_per_step, m.step_ms)
+        if impact >= rules.input_min_step_pct and w.input_ms_per_step >= rules.input_min_ms:
+            h = Hit(m.rank, m.host, impact, {
+                "input_ms_per_step": w.input_ms_per_step, "dataloader_ms_per_step": w.dataloader_ms_per_step,
+                "boundary_gap_ms_per_step": w.boundary_gap_ms_per_step, "step_ms": m.step_ms,
                 "threshold_step_pct": rules.input_min_step_pct, "threshold_ms": rules.input_min_ms})
-            h.metrics["multiprocess_loader"] = float(any("MultiProcessing" in x for x in m["dataloader_names"]))
+            h.metrics["multiprocess_loader"] = float(any("MultiProcessing" in x for x in w.dataloader_names))
             hits.append(h)
     return hits
 

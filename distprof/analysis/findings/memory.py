@@ -17,28 +17,38 @@ per step and OOMs; ``metrics["memory_history"]`` is 1. Ranks without history are
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..types import FindingRules
 from .rules import Hit, on_rank
 
+if TYPE_CHECKING:
+    from ..rank.measures import Churn, HistoryChurn, RankMeasures
 
-def memory_churn(ms: list[dict], rules: FindingRules) -> list[Hit]:
+
+#: The churn measures a finding carries, from the memory events or the allocator history.
+_CHURN = ("allocs_per_step", "allocs_per_ms", "alloc_mib_per_step", "swing_mib_per_step", "turnover", "peak_mib_mean",
+          "peak_swing_mib")
+_HISTORY = _CHURN + ("frees_per_step", "alloc_peak_mib", "reserved_peak_mib", "reserved_ratio", "reserved_gap_mib",
+                     "segment_allocs_per_step", "segment_frees_per_step", "n_oom")
+
+
+def memory_churn(ms: list[RankMeasures], rules: FindingRules) -> list[Hit]:
     hits = []
     for m in ms:
-        if m.get("memory_history") is not None:
-            hit = _history_hit(m, rules)
+        if m.history is not None:
+            hit = _history_hit(m, m.history, rules)
             if hit is not None:
                 hits.append(hit)
             continue
-        if not m["memory_events"]:
+        if m.churn is None:
             continue
-        rate, turn, swing = _scores(m, rules)
+        rate, turn, swing = _scores(m.churn, rules)
         worst = max(rate, turn, swing)
         if worst < 1.0:
             continue
-        hits.append(Hit(m["rank"], m["host"], 0.0, {
-            "allocs_per_step": m["allocs_per_step"], "allocs_per_ms": m["allocs_per_ms"],
-            "alloc_mib_per_step": m["alloc_mib_per_step"], "swing_mib_per_step": m["swing_mib_per_step"],
-            "turnover": m["turnover"], "peak_mib_mean": m["peak_mib_mean"], "peak_swing_mib": m["peak_swing_mib"],
+        hits.append(Hit(m.rank, m.host, 0.0, {
+            **{k: getattr(m.churn, k) for k in _CHURN},
             "churn_rate": float(rate >= 1.0), "churn_turnover": float(turn >= 1.0), "churn_swing": float(swing >= 1.0),
             **_thresholds(rules), "times_threshold": worst}, severity="medium" if worst >= 2.0 else "low"))
     keys = [k for h in hits for k in h.metrics]
@@ -48,14 +58,14 @@ def memory_churn(ms: list[dict], rules: FindingRules) -> list[Hit]:
     return hits
 
 
-def _scores(x, rules: FindingRules) -> tuple[float, float, float]:
+def _scores(x: Churn, rules: FindingRules) -> tuple[float, float, float]:
     """Rate, turnover and swing of measures `x` as multiples of their thresholds (0 below a floor)."""
-    rate = (x["allocs_per_ms"] / rules.churn_min_allocs_per_ms
-            if x["allocs_per_step"] >= rules.churn_min_allocs_per_step else 0.0)
-    turn = (x["turnover"] / rules.churn_min_turnover
-            if x["alloc_mib_per_step"] >= rules.churn_min_alloc_mib else 0.0)
-    swing = (x["peak_swing_mib"] / x["peak_mib_mean"] * 100.0 / rules.swing_min_pct
-             if x["peak_swing_mib"] >= rules.swing_min_mib and x["peak_mib_mean"] > 0 else 0.0)
+    rate = (x.allocs_per_ms / rules.churn_min_allocs_per_ms
+            if x.allocs_per_step >= rules.churn_min_allocs_per_step else 0.0)
+    turn = (x.turnover / rules.churn_min_turnover
+            if x.alloc_mib_per_step >= rules.churn_min_alloc_mib else 0.0)
+    swing = (x.peak_swing_mib / x.peak_mib_mean * 100.0 / rules.swing_min_pct
+             if x.peak_swing_mib >= rules.swing_min_mib and x.peak_mib_mean > 0 else 0.0)
     return rate, turn, swing
 
 
@@ -66,25 +76,21 @@ def _thresholds(rules: FindingRules) -> dict[str, float]:
             "threshold_swing_pct": rules.swing_min_pct, "threshold_swing_mib": rules.swing_min_mib}
 
 
-def _history_hit(m, rules: FindingRules) -> Hit | None:
-    h = m["memory_history"]
+def _history_hit(m: RankMeasures, h: HistoryChurn, rules: FindingRules) -> Hit | None:
     rate, turn, swing = _scores(h, rules)
-    frag = (h["reserved_ratio"] / rules.frag_min_ratio if h["reserved_gap_mib"] >= rules.frag_min_mib else 0.0)
+    frag = (h.reserved_ratio / rules.frag_min_ratio if h.reserved_gap_mib >= rules.frag_min_mib else 0.0)
     worst = max(rate, turn, swing, frag)
     if worst < 1.0:
         return None
-    metrics = {k: float(h[k]) for k in (
-        "allocs_per_step", "allocs_per_ms", "alloc_mib_per_step", "swing_mib_per_step", "turnover", "peak_mib_mean",
-        "peak_swing_mib", "frees_per_step", "alloc_peak_mib", "reserved_peak_mib", "reserved_ratio",
-        "reserved_gap_mib", "segment_allocs_per_step", "segment_frees_per_step", "n_oom")}
+    metrics = {k: float(getattr(h, k)) for k in _HISTORY}
     metrics.update({
-        "memory_history": 1.0, "history_steps": float(h["n_steps"]), "complete_steps": float(h["complete_steps"]),
+        "memory_history": 1.0, "history_steps": float(h.n_steps), "complete_steps": float(h.complete_steps),
         "churn_rate": float(rate >= 1.0), "churn_turnover": float(turn >= 1.0), "churn_swing": float(swing >= 1.0),
         "churn_fragmentation": float(frag >= 1.0), **_thresholds(rules),
         "threshold_frag_ratio": rules.frag_min_ratio, "threshold_frag_mib": rules.frag_min_mib,
         "times_threshold": worst})
-    return Hit(m["rank"], m["host"], 0.0, metrics, severity="medium" if worst >= 2.0 else "low",
-               notes={"sites": h["sites"]})
+    return Hit(m.rank, m.host, 0.0, metrics, severity="medium" if worst >= 2.0 else "low",
+               notes={"sites": h.sites or []})
 
 
 def memory_churn_text(m, where, worst):

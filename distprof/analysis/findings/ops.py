@@ -9,22 +9,28 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..types import FindingRules
 from .rules import Hit, pct
 
+if TYPE_CHECKING:
+    from ..rank.measures import RankMeasures
 
-def tiny_ops(ms: list[dict], rules: FindingRules) -> list[Hit]:
+
+def tiny_ops(ms: list[RankMeasures], rules: FindingRules) -> list[Hit]:
     hits = []
     for m in ms:
-        impact = pct(m["tiny_ms_per_step"], m["step_ms"])  # device idle between them is device_idle's
-        if (m["tiny_share_pct"] >= rules.tiny_min_share_pct and m["tiny_ops_per_step"] >= rules.tiny_min_per_step
+        o = m.ops
+        impact = pct(o.tiny_ms_per_step, m.step_ms)  # device idle between them is device_idle's
+        if (o.tiny_share_pct >= rules.tiny_min_share_pct and o.tiny_ops_per_step >= rules.tiny_min_per_step
                 and impact >= rules.tiny_min_step_pct):
-            hits.append(Hit(m["rank"], m["host"], impact, {
-                "tiny_share_pct": m["tiny_share_pct"], "tiny_ops_per_step": m["tiny_ops_per_step"],
-                "tiny_ms_per_step": m["tiny_ms_per_step"], "tiny_median_us": m["tiny_median_us"],
-                "ops_per_step": m["ops_per_step"], "op_ms_per_step": m["op_ms_per_step"],
-                "device_rank": float(m["device_rank"]),
-                "step_ms": m["step_ms"], "threshold_us": rules.tiny_op_us,
+            hits.append(Hit(m.rank, m.host, impact, {
+                "tiny_share_pct": o.tiny_share_pct, "tiny_ops_per_step": o.tiny_ops_per_step,
+                "tiny_ms_per_step": o.tiny_ms_per_step, "tiny_median_us": o.tiny_median_us,
+                "ops_per_step": o.ops_per_step, "op_ms_per_step": o.op_ms_per_step,
+                "device_rank": float(m.device_rank),
+                "step_ms": m.step_ms, "threshold_us": rules.tiny_op_us,
                 "threshold_share_pct": rules.tiny_min_share_pct, "threshold_per_step": rules.tiny_min_per_step,
                 "threshold_step_pct": rules.tiny_min_step_pct}))
     return hits

@@ -290,7 +290,8 @@ def apply(run: RunSummary, g: StepGraph, c: Change) -> StepGraph:
     elif isinstance(c, NoCpuWait):
         rm = _rank_step_values(run, g, "cpu_wait_ms")
     elif isinstance(c, NoInputWait):
-        per_rank = {r: float((s.measures or {}).get("input_ms_per_step") or 0.0) for r, s in run.ranks.items()}
+        per_rank = {r: s.measures.input.input_ms_per_step if s.measures is not None else 0.0
+                    for r, s in run.ranks.items()}
         rm = np.array([per_rank.get(int(r), 0.0) for r in g.rs_rank.tolist()], np.float64) if per_rank else \
             np.zeros(g.rs_rank.size)
     elif isinstance(c, FasterOp):

@@ -9,10 +9,11 @@ them, and their call sites (the outermost ``cpu_op`` enclosing each call).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
+from ...record import Record
 from ...storage.schema import KIND_CODE
 from ..load.rankdata import RankData
 from ..rank import intervals as iv
@@ -35,8 +36,28 @@ _RUNTIME_KINDS = tuple(KIND_CODE[k] for k in ("cuda_runtime", "cuda_driver", "pr
                                                 "privateuse1_driver"))
 
 
+@dataclass
+class DeviceIdle(Record):
+    """A device rank's idle time per step — where it sits and what the host did meanwhile — and its host
+    synchronisation (ms per step unless said)."""
+
+    device_idle_ms_per_step: float
+    idle_head_ms_per_step: float  # before the step's first GPU work
+    idle_tail_ms_per_step: float  # after its last
+    idle_between_ms_per_step: float
+    idle_input_ms_per_step: float  # the main thread waited for input meanwhile
+    idle_after_sync_ms_per_step: float  # after a synchronising call drained the device's queue
+    idle_host_ops_ms_per_step: float  # the host was inside an op
+    idle_host_other_ms_per_step: float  # the host ran code outside any recorded op
+    idle_top_host_ops: list[tuple[str, float]]  # (op, ms per step) of the host ops during idle, most first
+    sync_ms_per_step: float
+    syncs_per_step: float
+    sync_calls_per_step: float
+    sync_sites: list[tuple[str, float, float]]  # (call site, ms per step, calls per step), most first
+
+
 def device_measures(rd: RankData, ix: RankIndex, e: dict[str, np.ndarray], ws: np.ndarray, we: np.ndarray,
-                     input_set: iv.Intervals, is_sync_name: np.ndarray) -> dict[str, Any]:
+                    input_set: iv.Intervals, is_sync_name: np.ndarray) -> DeviceIdle:
     """Device idle (where it sits, what the host did meanwhile) and host synchronisation, per step of the rank."""
     ts, end, kind, tid, dev, nid = e["ts"], e["end"], e["kind"], e["tid"], e["dev"], e["nid"]
     n = ws.size
@@ -79,20 +100,13 @@ def device_measures(rd: RankData, ix: RankIndex, e: dict[str, np.ndarray], ws: n
     site = outermost_op(ts[ci], end[ci], tid[ci], nid[ci], ts[si], end[si], tid[si])
     sites = [(op_label(rd.names, k), t / NS_PER_MS / n, float(np.count_nonzero(site == k)) / n)
              for k, t in top_ids(site, end[si] - ts[si])]
-    return {
-        "device_idle_ms_per_step": per_step(idle),
-        "idle_head_ms_per_step": per_step(head),
-        "idle_tail_ms_per_step": per_step(tail),
-        "idle_between_ms_per_step": per_step(iv.subtract(idle, iv.union_all(head, tail))),
-        "idle_input_ms_per_step": per_step(p_input),
-        "idle_after_sync_ms_per_step": per_step(p_sync),
-        "idle_host_ops_ms_per_step": per_step(p_ops),
-        "idle_host_other_ms_per_step": per_step(p_other),
-        "idle_top_host_ops": top_ops,
-        "sync_ms_per_step": per_step(sync),
-        "syncs_per_step": float(np.count_nonzero(sync_in)) / n,
-        "sync_calls_per_step": float(si.size) / n,
-        "sync_sites": sites,
-    }
+    return DeviceIdle(
+        device_idle_ms_per_step=per_step(idle), idle_head_ms_per_step=per_step(head),
+        idle_tail_ms_per_step=per_step(tail),
+        idle_between_ms_per_step=per_step(iv.subtract(idle, iv.union_all(head, tail))),
+        idle_input_ms_per_step=per_step(p_input), idle_after_sync_ms_per_step=per_step(p_sync),
+        idle_host_ops_ms_per_step=per_step(p_ops), idle_host_other_ms_per_step=per_step(p_other),
+        idle_top_host_ops=top_ops, sync_ms_per_step=per_step(sync), syncs_per_step=float(np.count_nonzero(sync_in)) / n,
+        sync_calls_per_step=float(si.size) / n, sync_sites=sites)
 
 

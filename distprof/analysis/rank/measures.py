@@ -6,21 +6,97 @@ rank.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
+from ...record import Record
 from ...storage.schema import CAT_COMM, CAT_COMPUTE
 from ..load.rankdata import RankData
 from ..types import FindingRules
 from . import intervals as iv
 from . import nameflags as nf
-from .device import device_measures
+from .device import DeviceIdle, device_measures
 from .events import K_ANNOT, K_CPU_OP, K_KERNEL, NS_PER_MS, boundary_gaps, top_level
 from .index import RankIndex
 
 Table = dict[str, np.ndarray]
 MIB = 2**20
+
+__all__ = ["Churn", "HistoryChurn", "InputWait", "OpSizes", "RankMeasures", "memory_history_measures",
+           "rank_measures"]
+
+
+@dataclass
+class OpSizes(Record):
+    """Op sizes per step: the rank's compute kernels (a device rank) or its main thread's top-level CPU ops."""
+
+    op_ms_per_step: float
+    ops_per_step: float
+    tiny_ops_per_step: float  # shorter than FindingRules.tiny_op_us
+    tiny_ms_per_step: float
+    tiny_share_pct: float  # of op time
+    tiny_median_us: float
+
+
+@dataclass
+class InputWait(Record):
+    """The main thread's wait for input per step: DataLoader calls and its gaps at step boundaries (ms)."""
+
+    dataloader_ms_per_step: float
+    boundary_gap_ms_per_step: float
+    input_ms_per_step: float  # the two together
+    dataloader_names: list[str]
+
+
+@dataclass
+class Churn(Record):
+    """Allocator churn per step (means over the steps): allocations, bytes, and how the allocated level swings."""
+
+    allocs_per_step: float
+    allocs_per_ms: float
+    alloc_mib_per_step: float
+    swing_mib_per_step: float  # per step, the allocated peak minus its low
+    turnover: float  # MiB allocated / MiB of swing
+    peak_mib_mean: float  # the per-step peak, averaged
+    peak_swing_mib: float  # how much the per-step peak varies (max - min)
+
+
+@dataclass
+class HistoryChurn(Churn):
+    """Churn from the CUDA allocator history (``--memory-history``): exact per step, plus the reserved footprint."""
+
+    n_steps: int = 0
+    complete_steps: int = 0  # steps whose history ring kept every entry
+    frees_per_step: float = 0.0
+    alloc_peak_mib: float = 0.0
+    reserved_peak_mib: float = 0.0
+    reserved_ratio: float = 0.0  # reserved peak / allocated peak
+    reserved_gap_mib: float = 0.0  # reserved peak - allocated peak
+    segment_allocs_per_step: float = 0.0
+    segment_frees_per_step: float = 0.0
+    n_oom: float = 0.0
+    sites: list[tuple[str, float, float, float]] | None = None  # (site, MiB/step, allocations/step, alive at peak)
+
+
+@dataclass
+class RankMeasures(Record):
+    """The numbers every findings rule reads for one rank (means per step of that rank)."""
+
+    rank: int
+    host: str
+    n_steps: int
+    step_ms: float
+    device_rank: bool
+    ops: OpSizes
+    idle_ms_per_step: float  # the breakdown's idle (device idle on a device rank, main thread in no op on CPU)
+    input: InputWait
+    device: DeviceIdle | None  # device ranks only
+    churn: Churn | None  # None without memory events
+    history: HistoryChurn | None  # with --memory-history only
+    exposed_comm_ms_per_step: float
+    comm_ms_per_step: float
+    overlap_pct: float | None  # of communication hidden under compute; None without communication
 
 
 def _event_columns(ev: Table) -> dict[str, np.ndarray]:
@@ -34,7 +110,7 @@ def _event_columns(ev: Table) -> dict[str, np.ndarray]:
 
 
 def _op_measures(ix: RankIndex, e: dict[str, np.ndarray], on_main: np.ndarray, tiny_ns: float,
-                 n: int) -> dict[str, float]:
+                 n: int) -> OpSizes:
     """Op sizes per step: the rank's compute kernels (a device rank) or its main thread's top-level CPU ops."""
     ts, end, kind, dur = e["ts"], e["end"], e["kind"], e["dur"]
     in_steps = e["step"] >= 0  # an event's step is one its rank recorded, or -1 (outside every step)
@@ -49,18 +125,15 @@ def _op_measures(ix: RankIndex, e: dict[str, np.ndarray], on_main: np.ndarray, t
         ops = top & in_steps
     d = dur[ops].astype(np.float64)
     tiny = d < tiny_ns
-    return {
-        "op_ms_per_step": float(d.sum()) / NS_PER_MS / n,
-        "ops_per_step": float(d.size) / n,
-        "tiny_ops_per_step": float(tiny.sum()) / n,
-        "tiny_ms_per_step": float(d[tiny].sum()) / NS_PER_MS / n,
-        "tiny_share_pct": 100.0 * float(d[tiny].sum()) / float(d.sum()) if d.sum() > 0 else 0.0,
-        "tiny_median_us": float(np.median(d[tiny])) / 1e3 if tiny.any() else 0.0,
-    }
+    return OpSizes(
+        op_ms_per_step=float(d.sum()) / NS_PER_MS / n, ops_per_step=float(d.size) / n,
+        tiny_ops_per_step=float(tiny.sum()) / n, tiny_ms_per_step=float(d[tiny].sum()) / NS_PER_MS / n,
+        tiny_share_pct=100.0 * float(d[tiny].sum()) / float(d.sum()) if d.sum() > 0 else 0.0,
+        tiny_median_us=float(np.median(d[tiny])) / 1e3 if tiny.any() else 0.0)
 
 
 def _input_wait(rd: RankData, ix: RankIndex, e: dict[str, np.ndarray], on_main: np.ndarray, ws: np.ndarray,
-                we: np.ndarray) -> tuple[dict[str, Any], iv.Intervals, iv.Intervals]:
+                we: np.ndarray) -> tuple[InputWait, iv.Intervals, iv.Intervals]:
     """Input wait per step (data-loader calls and the main thread's gaps at step boundaries), with the two interval
     sets it came from (the data-loader calls, the boundary gaps)."""
     ts, end, kind, nid = e["ts"], e["end"], e["kind"], e["nid"]
@@ -73,15 +146,14 @@ def _input_wait(rd: RankData, ix: RankIndex, e: dict[str, np.ndarray], on_main: 
     gaps = iv.subtract(boundary_gaps(busy, ws, we), comm) if ix.main_tid is not None else iv.empty()
     dl_ms = float(iv.measure_in_windows(dl_set, ws, we).sum()) / NS_PER_MS / n
     gap_ms = float(iv.measure_in_windows(gaps, ws, we).sum()) / NS_PER_MS / n
-    m = {"dataloader_ms_per_step": dl_ms, "boundary_gap_ms_per_step": gap_ms, "input_ms_per_step": dl_ms + gap_ms,
-         "dataloader_names": sorted({str(rd.names[k]) for k in np.unique(nid[dl])})}
+    m = InputWait(dl_ms, gap_ms, dl_ms + gap_ms, sorted({str(rd.names[k]) for k in np.unique(nid[dl])}))
     return m, dl_set, gaps
 
 
-def _memory_event_measures(mem: Table, steps_of: np.ndarray, step_ms: float, n: int) -> dict[str, Any]:
-    """Allocator churn per step from the profiler's memory events; ``memory_events`` says whether the rank had any."""
+def _memory_event_measures(mem: Table, steps_of: np.ndarray, step_ms: float, n: int) -> Churn | None:
+    """Allocator churn per step from the profiler's memory events; None when the rank had none."""
     if not np.asarray(mem["ts_ns"]).size:
-        return {"memory_events": False}
+        return None
     mstep = np.asarray(mem["step"], np.int64)
     mb = np.asarray(mem["bytes"], np.int64)
     mt = np.asarray(mem["total_bytes"], np.int64)
@@ -98,29 +170,16 @@ def _memory_event_measures(mem: Table, steps_of: np.ndarray, step_ms: float, n: 
     has = np.isfinite(hi)
     swing = np.where(has, hi - lo, 0.0)
     peaks = hi[has]
-    return {
-        "allocs_per_step": float(n_alloc.sum()) / n,
-        "allocs_per_ms": float(n_alloc.sum()) / max(step_ms * n, 1e-9),
-        "alloc_mib_per_step": float(b_alloc.sum()) / MIB / n,
-        "swing_mib_per_step": float(swing[has].mean()) / MIB if has.any() else 0.0,
-        "turnover": float(b_alloc.sum() / swing.sum()) if swing.sum() > 0 else 0.0,
-        "peak_mib_mean": float(peaks.mean()) / MIB if peaks.size else 0.0,
-        "peak_swing_mib": float(peaks.max() - peaks.min()) / MIB if peaks.size >= 2 else 0.0,
-        "memory_events": True,
-    }
+    return Churn(
+        allocs_per_step=float(n_alloc.sum()) / n, allocs_per_ms=float(n_alloc.sum()) / max(step_ms * n, 1e-9),
+        alloc_mib_per_step=float(b_alloc.sum()) / MIB / n,
+        swing_mib_per_step=float(swing[has].mean()) / MIB if has.any() else 0.0,
+        turnover=float(b_alloc.sum() / swing.sum()) if swing.sum() > 0 else 0.0,
+        peak_mib_mean=float(peaks.mean()) / MIB if peaks.size else 0.0,
+        peak_swing_mib=float(peaks.max() - peaks.min()) / MIB if peaks.size >= 2 else 0.0)
 
 
-def _comm_measures(bd: Table, n: int) -> dict[str, Any]:
-    """Exposed and total communication per step, and the share of communication hidden under compute."""
-    comm_tot = float(bd["comm_ms"].sum())
-    return {
-        "exposed_comm_ms_per_step": float(bd["exposed_comm_ms"].sum()) / n,
-        "comm_ms_per_step": float(bd["comm_ms"].sum()) / n,
-        "overlap_pct": 100.0 * float(bd["overlapped_ms"].sum()) / comm_tot if comm_tot > 0 else None,
-    }
-
-
-def rank_measures(rd: RankData, ix: RankIndex, bd: Table, rules: FindingRules | None = None) -> dict[str, Any] | None:
+def rank_measures(rd: RankData, ix: RankIndex, bd: Table, rules: FindingRules | None = None) -> RankMeasures | None:
     """The numbers every rule reads for one rank (means are per step of that rank); None without steps.
 
     `bd` is the rank's step breakdown (``breakdown.rank_breakdown``).
@@ -136,21 +195,19 @@ def rank_measures(rd: RankData, ix: RankIndex, bd: Table, rules: FindingRules | 
     e = _event_columns(rd.events)
     main = ix.main_tid
     on_main = (e["tid"] == main) & (e["dev"] < 0) if main is not None else np.zeros(e["ts"].size, bool)
-    m: dict[str, Any] = {"rank": int(rd.rank), "host": rd.host, "n_steps": n,
-                         "step_ms": step_ms, "device_rank": ix.device_rank}
-    m.update(_op_measures(ix, e, on_main, rules.tiny_op_us * 1e3, n))
-    m["idle_ms_per_step"] = float(bd["idle_ms"].sum()) / n
     inp, dl_set, gaps = _input_wait(rd, ix, e, on_main, ws, we)
-    m.update(inp)
+    dev = None
     if ix.device_rank:  # device idle and host synchronisation
-        m.update(device_measures(rd, ix, {k: e[k] for k in ("ts", "end", "kind", "tid", "dev", "nid")},
-                                 ws, we, iv.union_all(dl_set, gaps), nf.has(ix.name_flags, nf.SYNC_CALL)))
-    m.update(_memory_event_measures(rd.memory, steps_of, step_ms, n))
-    hist = memory_history_measures(rd, steps_of, np.asarray(bd["step_ms"], np.float64))
-    if hist is not None:  # only with --memory-history: ranks without it keep exactly the keys above
-        m["memory_history"] = hist
-    m.update(_comm_measures(bd, n))
-    return m
+        dev = device_measures(rd, ix, {k: e[k] for k in ("ts", "end", "kind", "tid", "dev", "nid")},
+                              ws, we, iv.union_all(dl_set, gaps), nf.has(ix.name_flags, nf.SYNC_CALL))
+    comm_tot = float(bd["comm_ms"].sum())
+    return RankMeasures(
+        rank=int(rd.rank), host=rd.host, n_steps=n, step_ms=step_ms, device_rank=ix.device_rank,
+        ops=_op_measures(ix, e, on_main, rules.tiny_op_us * 1e3, n), idle_ms_per_step=float(bd["idle_ms"].sum()) / n,
+        input=inp, device=dev, churn=_memory_event_measures(rd.memory, steps_of, step_ms, n),
+        history=memory_history_measures(rd, steps_of, np.asarray(bd["step_ms"], np.float64)),
+        exposed_comm_ms_per_step=float(bd["exposed_comm_ms"].sum()) / n, comm_ms_per_step=comm_tot / n,
+        overlap_pct=100.0 * float(bd["overlapped_ms"].sum()) / comm_tot if comm_tot > 0 else None)
 
 
 def _frame_label(names: np.ndarray, user_id: int, frame_id: int) -> str:
@@ -189,7 +246,7 @@ def _history_sites(rd: RankData, us: np.ndarray, top_sites: int) -> list[tuple[s
 
 
 def memory_history_measures(rd: RankData, steps: np.ndarray, step_ms: np.ndarray,
-                            top_sites: int = 3) -> dict[str, Any] | None:
+                            top_sites: int = 3) -> HistoryChurn | None:
     """The churn measures of one rank from its ``cuda_memory`` / ``cuda_memory_blocks`` (``--memory-history``).
 
     `steps` / `step_ms` are the rank's steps and their times (from the breakdown). None when the rank has no history
@@ -225,19 +282,17 @@ def memory_history_measures(rd: RankData, steps: np.ndarray, step_ms: np.ndarray
     peaks = per_step(peak)
     reserved = per_step(r["reserved_peak_bytes"])
     alloc_max, res_max = float(peaks.max()), float(reserved.max())
-    return {
-        "n_steps": int(us.size), "complete_steps": int(complete.sum()),
-        "allocs_per_step": n_alloc / nc, "allocs_per_ms": n_alloc / max(c_ms, 1e-9),
-        "alloc_mib_per_step": b_alloc / MIB / nc, "frees_per_step": float(per_step(r["n_free"])[cs].sum()) / nc,
-        "swing_mib_per_step": float(swing[cs].mean()) / MIB,
-        "turnover": b_alloc / float(swing[cs].sum()) if swing[cs].sum() > 0 else 0.0,
-        "peak_mib_mean": float(peaks.mean()) / MIB,
-        "peak_swing_mib": float(peaks.max() - peaks.min()) / MIB if us.size >= 2 else 0.0,
-        "alloc_peak_mib": alloc_max / MIB, "reserved_peak_mib": res_max / MIB,
-        "reserved_ratio": res_max / alloc_max if alloc_max > 0 else 0.0,
-        "reserved_gap_mib": max(res_max - alloc_max, 0.0) / MIB,
-        "segment_allocs_per_step": float(per_step(r["n_segment_alloc"])[cs].sum()) / nc,
-        "segment_frees_per_step": float(per_step(r["n_segment_free"])[cs].sum()) / nc,
-        "n_oom": float(np.asarray(r["n_oom"], np.int64).sum()),
-        "sites": _history_sites(rd, us, top_sites),
-    }
+    return HistoryChurn(
+        n_steps=int(us.size), complete_steps=int(complete.sum()),
+        allocs_per_step=n_alloc / nc, allocs_per_ms=n_alloc / max(c_ms, 1e-9),
+        alloc_mib_per_step=b_alloc / MIB / nc, frees_per_step=float(per_step(r["n_free"])[cs].sum()) / nc,
+        swing_mib_per_step=float(swing[cs].mean()) / MIB,
+        turnover=b_alloc / float(swing[cs].sum()) if swing[cs].sum() > 0 else 0.0,
+        peak_mib_mean=float(peaks.mean()) / MIB,
+        peak_swing_mib=float(peaks.max() - peaks.min()) / MIB if us.size >= 2 else 0.0,
+        alloc_peak_mib=alloc_max / MIB, reserved_peak_mib=res_max / MIB,
+        reserved_ratio=res_max / alloc_max if alloc_max > 0 else 0.0,
+        reserved_gap_mib=max(res_max - alloc_max, 0.0) / MIB,
+        segment_allocs_per_step=float(per_step(r["n_segment_alloc"])[cs].sum()) / nc,
+        segment_frees_per_step=float(per_step(r["n_segment_free"])[cs].sum()) / nc,
+        n_oom=float(np.asarray(r["n_oom"], np.int64).sum()), sites=_history_sites(rd, us, top_sites))
