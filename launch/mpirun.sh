@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Profile any training script under an MPI launcher (no torchrun):  NP=4 launch/mpirun.sh train.py --your-args
+# (or a module, as python -m runs it: NP=4 launch/mpirun.sh -m pkg.train --your-args).
 # distprof.launch gives each rank RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT from
 # the MPI variables (Open MPI, MPICH/Intel MPI, MVAPICH2) where they are not set. On several nodes outside Slurm, set
 # MASTER_ADDR to rank 0's host. distprof options come from DISTPROF_* variables (DISTPROF_OUT, DISTPROF_ACTIVE, ...).

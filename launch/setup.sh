@@ -5,7 +5,8 @@
 # (set DISTPROF_SETUP_BROWSER=0 to skip; those tests then skip with a reason).
 # The launcher tests need MPICH's mpiexec (pip's mpich, installed in CI and wherever there is no mpiexec on PATH, so
 # a cluster's own MPI is never shadowed) and, as root with apt, Debian's openmpi-bin and slurm-wlm (a local one-node
-# Slurm); set DISTPROF_SETUP_CLUSTER=0 to skip those two (their tests then skip outside CI).
+# Slurm); set DISTPROF_SETUP_CLUSTER=0 to skip those two (their tests then skip outside CI). The framework tests need
+# transformers, accelerate, lightning and deepspeed (below; DISTPROF_SETUP_FRAMEWORKS=0 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -14,6 +15,19 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     "$PY" -m pip install -q "torch==2.13.0"
 fi
 "$PY" -m pip install -q -e ".[test,mpi]"
+# The trainers the framework tests run (tests/test_frameworks.py): Hugging Face transformers + accelerate, Lightning and
+# DeepSpeed, at the versions tested, constrained to the torch and numpy already here so that neither moves. DeepSpeed
+# installs from source without compiling its ops (DS_BUILD_OPS=0; on CPU it uses its pure-Python CPU accelerator, gloo).
+# Set DISTPROF_SETUP_FRAMEWORKS=0 to skip them (their tests then skip outside CI). About 25 s from a warm pip cache.
+if [ "${DISTPROF_SETUP_FRAMEWORKS:-1}" != "0" ]; then
+    keep=$(mktemp)
+    "$PY" -c 'import importlib.metadata as m; print("\n".join(f"{p}=={m.version(p)}" for p in ("torch", "numpy")))' \
+        > "$keep"
+    echo "setup: installing transformers, accelerate, lightning and deepspeed for the framework tests" >&2
+    DS_BUILD_OPS=0 "$PY" -m pip install -q -c "$keep" "transformers==5.24.0" "accelerate==1.16.0" \
+        "lightning==2.6.6" "deepspeed==0.19.8"
+    rm -f "$keep"
+fi
 if [ "${CI:-}" = "true" ] || ! command -v mpiexec >/dev/null 2>&1; then
     echo "setup: installing MPICH from PyPI for the MPI launcher tests" >&2
     "$PY" -m pip install -q mpich

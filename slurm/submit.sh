@@ -2,8 +2,10 @@
 # Submit a profiled training job and its report as one chain: the training job (template torchrun.sbatch or
 # tasks.sbatch), then report.sbatch with --dependency=afterany on it (it runs however training ended).
 #
-#   slurm/submit.sh torchrun|tasks [sbatch options --] train.py [script args]
+#   slurm/submit.sh torchrun|tasks [sbatch options --] train.py|-m pkg.module [script args]
 #   slurm/submit.sh torchrun train.py --lr 3e-4                  (no sbatch options: no --)
+#   slurm/submit.sh tasks -m mytrain.train --lr 3e-4              (a module, found from this directory: Slurm runs the
+#                                                                 job here, and python -m looks here first)
 #   slurm/submit.sh tasks --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 --time=1:00:00 -- train.py --lr 3e-4
 #
 # Everything of one run lands in DISTPROF_OUT/<training job id>/: the shards, both jobs' logs (%x-%j.out), report.json
@@ -13,7 +15,7 @@
 # everything the templates read (NPROC_PER_NODE, TASKS_PER_NODE, PYTHON, DISTPROF_*, DISTPROF_REPORT_*).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage="usage: slurm/submit.sh torchrun|tasks [sbatch options --] train.py [script args]"
+usage="usage: slurm/submit.sh torchrun|tasks [sbatch options --] train.py|-m pkg.module [script args]"
 mode=${1:-}
 case "$mode" in
     torchrun|tasks) shift ;;
@@ -22,7 +24,7 @@ case "$mode" in
 esac
 sbatch_opts=()
 first=${1:-}
-if [ "$first" != "--" ] && [ "$first" != "${first#-}" ]; then  # sbatch options first, up to --
+if [ "$first" != "--" ] && [ "$first" != "-m" ] && [ "$first" != "${first#-}" ]; then  # sbatch options, up to --
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do sbatch_opts+=("$1"); shift; done
     if [ $# -eq 0 ]; then
         echo "submit: end the sbatch options with -- before the script ($usage)" >&2
@@ -36,7 +38,12 @@ if [ $# -lt 1 ]; then
     echo "$usage" >&2
     exit 2
 fi
-if [ ! -f "$1" ]; then
+if [ "$1" = "-m" ]; then  # a module: distprof.launch looks for it in the job (and names what it looked for)
+    if [ $# -lt 2 ]; then
+        echo "submit: -m needs a module name ($usage)" >&2
+        exit 2
+    fi
+elif [ ! -f "$1" ]; then
     echo "submit: training script $1 not found" >&2
     exit 2
 fi

@@ -367,3 +367,45 @@ def test_profiler_states_and_steps_outside_the_run(tmp_path, caplog):
     p.close()
     assert p._state is ProfilerState.CLOSED and len(p.errors) == 1
     assert "profiling stops" in caplog.text and "torch profiler broke" in p.closing_line()
+
+
+@pytest.mark.slow
+def test_shell_launcher_runs_a_module(tmp_path):
+    """NPROC=2 launch/torchrun.sh -m pkgtrain: the package's __main__ on both ranks, options from DISTPROF_*."""
+    import subprocess
+
+    from conftest import ROOT, require_slow
+
+    require_slow("a torchrun job")
+    shutil.copytree(EXAMPLES / "pkgtrain", tmp_path / "pkgtrain")
+    env = job_env(NPROC="2", DISTPROF_OUT="o", DISTPROF_WAIT="1", DISTPROF_WARMUP="1", DISTPROF_ACTIVE="2")
+    proc = subprocess.run(["bash", str(ROOT / "launch" / "torchrun.sh"), "-m", "pkgtrain", "--steps", "6"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pkgtrain: 6 steps on 2 rank(s)" in proc.stdout, proc.stdout
+    shards = [read_shard(p) for p in find_shards(only_run_dir(tmp_path / "o"))]
+    assert sorted(s.rank for s in shards) == [0, 1]
+
+
+def test_config_sections_keep_the_flat_shard_format():
+    """TriggerConfig / WatchConfig nest in ProfileConfig; the shard's config attribute keeps its flat keys and order
+    (schedule nested as before), and from_dict reads it back, older shards without the newer keys included."""
+    from distprof.config import ScheduleConfig, TriggerConfig, WatchConfig
+
+    assert list(ProfileConfig().to_dict()) == [
+        "out", "run_id", "schedule", "flops", "memory", "shapes", "stack", "step_on", "strict", "codec", "sync_rounds",
+        "sync_timeout_s", "memory_history", "memory_history_entries", "trigger", "trigger_poll_s", "trigger_margin",
+        "cpu_sample_ms", "watch", "watch_interval_s", "watch_threshold", "watch_steps", "watch_cooldown_s"]
+    cfg = config_from_mapping({"watch": True, "watch_threshold": 0.5, "trigger_margin": 9, "active": 7}, environ={})
+    assert cfg.watch == WatchConfig(enabled=True, threshold=0.5) and cfg.trigger == TriggerConfig(margin=9)
+    d = cfg.to_dict()
+    assert (d["watch"], d["watch_threshold"], d["trigger"], d["trigger_margin"]) == (True, 0.5, True, 9)
+    assert d["schedule"] == {"wait": 3, "warmup": 2, "active": 7, "repeat": 1, "skip_first": 0, "kind": "steps"}
+    assert ProfileConfig.from_dict(d) == cfg
+    old = {k: v for k, v in ProfileConfig().to_dict().items() if not k.startswith("watch") and k != "cpu_sample_ms"}
+    assert ProfileConfig.from_dict(old) == ProfileConfig()
+    assert ProfileConfig(schedule=ScheduleConfig(kind="none")).trigger.enabled
+    with pytest.raises(ConfigError, match="nothing would be recorded"):
+        ProfileConfig(schedule=ScheduleConfig(kind="none"), trigger=TriggerConfig(enabled=False))
+    with pytest.raises(ConfigError, match="need a WatchConfig"):
+        ProfileConfig(watch=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -291,3 +292,21 @@ def test_mpiexec_script_without_torch_distributed_agrees_over_mpi(mpiexec, tmp_p
     for s in shards:
         if s.rank == 1:
             assert sorted(set(s.table("clock/samples")["phase"].tolist())) == [0, 1], s.path
+
+
+@pytest.mark.slow
+def test_mpiexec_runs_a_module(mpiexec, tmp_path):
+    """launch/mpirun.sh -m pkgtrain.train: the package found from the current directory on every rank, relative
+    imports working, both ranks' shards in one run."""
+    shutil.copytree(EXAMPLES / "pkgtrain", tmp_path / "pkgtrain")
+    env = job_env(DISTPROF_OUT="o", DISTPROF_WAIT="1", DISTPROF_WARMUP="1", DISTPROF_ACTIVE="2")
+    if not _port_free(29500):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            env["MASTER_PORT"] = str(s.getsockname()[1])
+    proc = mpirun(mpiexec, 2, ["-m", "pkgtrain.train", "--steps", "6"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "pkgtrain: __name__=__main__ __package__=pkgtrain" in proc.stdout, proc.stdout
+    assert "pkgtrain: 6 steps on 2 rank(s)" in proc.stdout
+    shards = sorted((tmp_path / "o").glob("*/*.h5"))
+    assert sorted(p.name[:9] for p in shards) == ["rank00000", "rank00001"], shards

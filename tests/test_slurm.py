@@ -26,6 +26,13 @@ pytestmark = pytest.mark.slow
 SUBMIT = ROOT / "slurm" / "submit.sh"
 SCHED = {"DISTPROF_WAIT": "2", "DISTPROF_WARMUP": "2", "DISTPROF_ACTIVE": "5"}
 DDP = [str(EXAMPLES / "ddp_mlp.py"), "--hidden", "64", "--steps", "12", "--slow-rank", "1", "--slow-ms", "25"]
+#: examples/pkgtrain started as a module (python -m finds it on PYTHONPATH: module_env)
+MODULE = ["-m", "pkgtrain.train", "--steps", "12", "--slow-rank", "1", "--slow-ms", "25"]
+MODULE_PROOF = "pkgtrain: __name__=__main__ __package__=pkgtrain"
+
+
+def module_env(slurm: LocalSlurm) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(EXAMPLES), slurm.env.get("PYTHONPATH", "")) if p)}
 
 
 @pytest.fixture(scope="session")
@@ -232,3 +239,29 @@ def test_report_follows_a_timed_out_training_job(slurm, tmp_path):
     run = json.loads((run_dir / "report.json").read_text())["run"]
     assert run["id"] == train and run["ranks_present"] == [0] and run["n_steps"] == 3, run
     print(f"slurm: timed-out training + report {time.monotonic() - t0:.1f} s")
+
+
+@pytest.mark.parametrize("mode, opts, name", [("tasks", ["--ntasks-per-node=2"], "distprof-tasks"),
+                                              ("torchrun", [], "distprof-torchrun")])
+def test_templates_run_a_module(slurm, tmp_path, mode, opts, name):
+    """slurm/submit.sh MODE -- -m pkgtrain.train: the template starts the module on every rank as python -m would
+    (relative imports, __name__), and the report names the slowed rank."""
+    train, report, run_dir = submit(slurm, tmp_path, mode, opts, MODULE, NPROC_PER_NODE="2", **module_env(slurm),
+                                    **SCHED)
+    check_run(slurm, train, report, run_dir, name)
+    assert MODULE_PROOF in read_log(run_dir, name, train)
+
+
+def test_srun_launcher_runs_a_module(slurm, tmp_path):
+    """launch/srun.sh -m pkgtrain.train with 2 tasks: the module runs on both, each writes its shard."""
+    e = {**slurm.env, **module_env(slurm), "NTASKS": "2", "DISTPROF_OUT": str(tmp_path / "o"), **SCHED}
+    proc = slurm.slurm(["bash", str(ROOT / "launch" / "srun.sh"), *MODULE[:4]], env=e, timeout=240)
+    assert MODULE_PROOF in proc.stdout and "pkgtrain: 12 steps on 2 rank(s)" in proc.stdout, proc.stdout
+    shards = [read_shard(p) for p in find_shards(next((tmp_path / "o").iterdir()))]
+    assert sorted(s.rank for s in shards) == [0, 1]
+
+
+def test_submit_needs_a_module_name_after_m(tmp_path):
+    proc = subprocess.run(["bash", str(SUBMIT), "tasks", "-m"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert proc.returncode == 2 and "-m needs a module name" in proc.stderr, proc.stderr
