@@ -61,14 +61,14 @@ def run(args: argparse.Namespace) -> int:
     rules = DiffRules() if args.noise_floor is None else DiffRules(floor_pct=args.noise_floor)
     d = diff_runs(a, b, rules=rules, labels=(args.run_a, args.run_b))
     doc = to_jsonable(d.to_dict())
-    html_path = write_diff_html(doc, args.html) if args.html else None
+    html_path = write_diff_html(d, args.html) if args.html else None
     if args.json == "-":
         sys.stdout.write(render_json(doc))
         if html_path is not None:
             sys.stderr.write(f"HTML diff written to {html_path}\n")
         return 0
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-    sys.stdout.write(render_diff(doc, color=color))
+    sys.stdout.write(render_diff(d, color=color))
     if args.json:
         sys.stdout.write(f"diff written to {write_json(doc, args.json)}\n")
     if html_path is not None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiffRules", "Part", "Split", "RunDiff", "diff_runs", "PHASES"]
+__all__ = ["DiffLateness", "DiffRules", "OpCalls", "Part", "RankLateness", "Split", "RunDiff", "diff_runs", "PHASES"]
 
 #: Breakdown phases that sum to the step (breakdown.py), and their labels.
 PHASES = (("compute_ms", "compute"), ("memcpy_ms", "memcpy"), ("exposed_comm_ms", "exposed communication"),
@@ -74,11 +74,38 @@ class Part:
     band: float
     significant: bool
     share_pct: float | None = None  # of the step time's change (parts of a split)
-    extra: dict[str, Any] = field(default_factory=dict)
+    op: OpCalls | None = None  # an op's calls per step (the ops comparison only)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "a": self.a, "b": self.b, "delta": self.delta, "band": self.band,
-                "significant": self.significant, "share_pct": self.share_pct, **self.extra}
+                "significant": self.significant, "share_pct": self.share_pct,
+                **(asdict(self.op) if self.op is not None else {})}
+
+
+@dataclass
+class OpCalls:
+    """An op's calls per step in each run, and its time per call (None without calls)."""
+
+    calls_a: float
+    calls_b: float
+    per_call_a_ms: float | None
+    per_call_b_ms: float | None
+
+
+@dataclass
+class RankLateness:
+    """A rank named a straggler in either run: its mean lateness in each (None: not in that run's analysis)."""
+
+    rank: int
+    lateness_a_ms: float | None
+    lateness_b_ms: float | None
+
+
+@dataclass
+class DiffLateness:
+    named_a: list[int]
+    named_b: list[int]
+    ranks: list[RankLateness]
 
 
 @dataclass
@@ -105,7 +132,7 @@ class RunDiff:
     ops: list[Part]
     memory: list[Part]
     flops: list[Part]
-    lateness: dict[str, Any]
+    lateness: DiffLateness
     verdict: str
     rules: DiffRules
 
@@ -119,7 +146,7 @@ class RunDiff:
                 "significant": self.significant, "step_time": self.step.to_dict(),
                 "splits": {k: v.to_dict() for k, v in self.splits.items()},
                 "ops": [p.to_dict() for p in self.ops], "memory": [p.to_dict() for p in self.memory],
-                "flops": [p.to_dict() for p in self.flops], "lateness": self.lateness,
+                "flops": [p.to_dict() for p in self.flops], "lateness": asdict(self.lateness),
                 "rules": {"z": self.rules.z, "floor_pct": self.rules.floor_pct}}
 
 
@@ -172,15 +199,14 @@ def _band_width(a: _Sample, b: _Sample, z: float) -> float:
     return q * math.sqrt(var)
 
 
-def _part(label: str, a: np.ndarray | None, b: np.ndarray | None, floor: float, rules: DiffRules,
-          **extra: Any) -> Part:
+def _part(label: str, a: np.ndarray | None, b: np.ndarray | None, floor: float, rules: DiffRules) -> Part:
     """A part from per-step values of A and B (None: absent in that run, counted as 0)."""
     sa = _Sample.of(a if a is not None else np.zeros(0))
     sb = _Sample.of(b if b is not None else np.zeros(0))
     band = max(_band_width(sa, sb, rules.z), floor)
     delta = sb.mean - sa.mean
     return Part(label, sa.mean if a is not None else None, sb.mean if b is not None else None, delta, band,
-                bool(abs(delta) > band and delta != 0.0), extra=extra)
+                bool(abs(delta) > band and delta != 0.0))
 
 
 class _Run:
@@ -295,7 +321,7 @@ def _split(name: str, a: dict[str, np.ndarray], b: dict[str, np.ndarray], total_
     return Split(name, parts)
 
 
-def _lateness(a: RunSummary, b: RunSummary) -> dict[str, Any]:
+def _lateness(a: RunSummary, b: RunSummary) -> DiffLateness:
     """Per rank named a straggler in either run: its mean lateness in A and in B (the stragglers analysis)."""
     from ..cross.stragglers import find_stragglers
 
@@ -303,8 +329,8 @@ def _lateness(a: RunSummary, b: RunSummary) -> dict[str, Any]:
     la = {d.rank: d.mean_lateness_ms for d in sa.ranks}
     lb = {d.rank: d.mean_lateness_ms for d in sb.ranks}
     named = sorted(set(sa.info.named) | set(sb.info.named))
-    return {"named_a": list(sa.info.named), "named_b": list(sb.info.named),
-            "ranks": [{"rank": r, "lateness_a_ms": la.get(r), "lateness_b_ms": lb.get(r)} for r in named]}
+    return DiffLateness(list(sa.info.named), list(sb.info.named),
+                        [RankLateness(r, la.get(r), lb.get(r)) for r in named])
 
 
 def diff_runs(a: RunSummary, b: RunSummary, *, rules: DiffRules | None = None,
@@ -354,9 +380,8 @@ def _ops(ra: _Run, rb: _Run, rules: DiffRules) -> list[Part]:
         p = _rel_floor(_part(nm, a_ms, b_ms, 0.0, rules), rules, rules.op_floor_pct / 100.0 * base)
         ca = float(a_calls.mean()) if a_calls is not None and a_calls.size else 0.0
         cb = float(b_calls.mean()) if b_calls is not None and b_calls.size else 0.0
-        p.extra = {"calls_a": ca, "calls_b": cb,
-                   "per_call_a_ms": (p.a / ca) if ca and p.a is not None else None,
-                   "per_call_b_ms": (p.b / cb) if cb and p.b is not None else None}
+        p.op = OpCalls(ca, cb, (p.a / ca) if ca and p.a is not None else None,
+                       (p.b / cb) if cb and p.b is not None else None)
         out.append(p)
     out.sort(key=lambda p: (not p.significant, -abs(p.delta)))
     return out[: rules.top_ops]
@@ -422,11 +447,11 @@ def verdict(d: RunDiff) -> str:
     pc = lead("collective")
     if pc is not None and pc.label != "rest of the step":
         out.append(f"Exposed {pc.label}: {pc.delta:+.2f} ms ({_pct(pc.delta, s.delta)}).")
-    late = [r for r in d.lateness["ranks"] if r["lateness_b_ms"] is not None]
+    late = [r for r in d.lateness.ranks if r.lateness_b_ms is not None]
     for r in late[:2]:
-        if r["rank"] in d.lateness["named_b"]:
-            la = r["lateness_a_ms"]
-            out.append(f"Rank {r['rank']} arrives {r['lateness_b_ms']:.1f} ms after its peers at the collectives"
+        if r.rank in d.lateness.named_b:
+            la = r.lateness_a_ms
+            out.append(f"Rank {r.rank} arrives {r.lateness_b_ms:.1f} ms after its peers at the collectives"
                        + (f" (A: {la:.1f} ms)." if la is not None else "."))
     sig_ops = [p for p in d.ops if p.significant][:2]
     if sig_ops:
