@@ -107,8 +107,13 @@ def test_rank_from_file_name_and_errors(tmp_path):
         import_traces([d], tmp_path / "r2", progress=False)
     anon = tmp_path / "anon.json"
     anon.write_text(json.dumps({"traceEvents": ev}))
-    with pytest.raises(DistprofError, match=r"anon\.json: no rank.*--rank"):
-        import_traces([anon], tmp_path / "r3", progress=False)
+    res = import_traces([anon], tmp_path / "r3", progress=False)  # one file naming no rank: rank 0 of 1, said once
+    assert res.ranks == [0] and res.world_size == 1
+    assert [w for w in res.warnings if "no rank" in w] == [
+        f"{anon}: no rank in the trace (distributedInfo) nor in the file name: imported as rank 0 of 1 (pass --rank N "
+        "to choose another)"]
+    with pytest.raises(DistprofError, match=r"anon\.json: no rank.*rename it rank-N"):
+        import_traces([anon, tmp_path / "in" / "worker-rank_5.json"], tmp_path / "r6", progress=False)
     assert import_traces([anon], tmp_path / "r4", rank=2, progress=False).ranks == [2]
     with pytest.raises(DistprofError, match="already holds shards"):
         import_traces([anon], tmp_path / "r4", rank=2, progress=False)
@@ -127,7 +132,7 @@ def test_malformed_events_are_counted_and_named(tmp_path, caplog):
     src.write_text(json.dumps({"traceEvents": ev}))
     caplog.set_level("WARNING", logger="distprof")
     import_traces([src], tmp_path / "r", progress=False)
-    (msg,) = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    (msg,) = [r.getMessage() for r in caplog.records if "malformed event" in r.getMessage()]
     assert "rank-0.json: skipped 2 malformed event(s)" in msg and "1 no ts" in msg
     assert len(read_shard(find_shards(tmp_path / "r")[0]).table("events", ["ts_ns"])["ts_ns"]) == 1
 
@@ -397,5 +402,5 @@ def test_inexact_timestamps_warned_once(tmp_path, caplog):
     p.write_text('{"traceEvents": [' + ev + "]}")
     with caplog.at_level("WARNING"):
         res = import_traces([p], tmp_path / "run", progress=False)
-    hits = [r.getMessage() for r in caplog.records if "exact" in r.getMessage()]
+    hits = [r.getMessage() for r in caplog.records if "not exact to the ns" in r.getMessage()]
     assert len(hits) == 1 and res.warnings.count(hits[0]) == 1 and "3 timestamp(s)" in hits[0], hits

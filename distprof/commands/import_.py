@@ -12,14 +12,18 @@ def register(sub) -> None:
         help="convert Kineto/torch.profiler JSON traces into a run directory for `distprof report`",
         description="Read Kineto chrome-trace files (.json or .json.gz; files or directories: TensorBoard "
                     "*.pt.trace.json.gz, rank-N.json.gz) and write one shard per rank into RUN_DIR. Rank and world "
-                    "size come from the trace's distributedInfo, else from rank-N in the file name. Under mpiexec / srun "
-                    "(mpi4py) the files are split over the MPI processes; the shards are those of a serial import.",
+                    "size come from the trace's distributedInfo, else from rank-N in the file name, else --rank; a "
+                    "single file that names none is rank 0 of 1. A trace without ProfilerStep# is analysed by its "
+                    "top-level user regions, its CUDA-graph replays or as one step (the import says which). Under "
+                    "mpiexec / srun (mpi4py) the files are split over the MPI processes; the shards are those of a "
+                    "serial import.",
     )
     p.add_argument("paths", metavar="PATH", nargs="+", help="trace files or directories holding them")
     p.add_argument("-o", "--out", metavar="RUN_DIR", required=True, help="run directory to write (created)")
     p.add_argument("--run-id", metavar="ID", help="run id stored in the shards (default: RUN_DIR's name)")
     p.add_argument("--world-size", metavar="N", type=int, help="ranks in the job (default: from the traces)")
-    p.add_argument("--rank", metavar="N", type=int, help="rank of a single trace that names none")
+    p.add_argument("--rank", metavar="N", type=int,
+                   help="rank of a single trace that names none (without it: rank 0)")
     p.add_argument("--one-host", action="store_true",
                    help="all traces come from one machine (one clock): no clock alignment between ranks")
     p.add_argument("--force", action="store_true", help="replace shards already in RUN_DIR")

@@ -518,6 +518,7 @@ def build_tables(
     add_process_groups: bool = False,
     p2p_calls: P2PCalls | None = None,
     step_end_ns: Mapping[int, int] | None = None,
+    step_spans: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> Built:
     """Sort, classify and tabulate one window. Returns the events, threads, comms and steps tables.
 
@@ -525,6 +526,9 @@ def build_tables(
     by something else than the next iteration (the window closing after the loop): such a step ends there instead,
     so what followed (a checkpoint, teardown) is in no step (−1). It only ever shortens a step; a step whose end
     there is not after its start had no iteration in it (the tail after the last one) and is left out.
+
+    `step_spans` (import, a trace without ``ProfilerStep#N``: :mod:`distprof.importers.units`): the steps as (ids,
+    starts, ends), sorted by start and not overlapping, used instead of the ``ProfilerStep#N`` spans.
 
     A ``Process Group Name`` in an event's arguments selects that group; one not in `process_groups` is appended to
     the returned list when `add_process_groups` (import), else ignored (capture: the shard's list is fixed).
@@ -540,7 +544,10 @@ def build_tables(
     ev = _sorted_columns(cols)
     ev_role, ctx, context_rows = _roles(ev, names)
     category = classify.categorize(ev.kind, ev_role)
-    step_ids, s_start, s_end = _step_spans(ev, names, main_tid, step_end_ns)
+    if step_spans is None:
+        step_ids, s_start, s_end = _step_spans(ev, names, main_tid, step_end_ns)
+    else:
+        step_ids, s_start, s_end = (np.asarray(a, t) for a, t in zip(step_spans, (np.int32, np.int64, np.int64)))
     assign = _step_assigner(step_ids, s_start, s_end)
     ev_step = _event_steps(ev, assign)
     events = {"name_id": ev.name, "kind": ev.kind, "category": category, "tid": ev.tid, "device": ev.dev,

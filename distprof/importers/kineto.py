@@ -250,6 +250,7 @@ class KinetoTrace:
     skipped: dict[str, int] = field(default_factory=dict)  # why -> events left out (malformed)
     ignored: dict[str, int] = field(default_factory=dict)  # why -> values ignored (out of range), their events kept
     stream_names: dict[tuple[int, int], str] = field(default_factory=dict)  # (device, stream) -> name
+    has_profiler_steps: bool = False  # some CPU thread holds ProfilerStep#N spans
 
     @property
     def distributed_info(self) -> dict[str, Any]:
@@ -555,7 +556,8 @@ def _read(path: Path, rd: _Reader) -> KinetoTrace:
     thread_names, stream_names = evs.track_name_maps()
     return KinetoTrace(path=path, meta=meta, strings=evs.strings, columns=cols, thread_names=thread_names,
                        stream_names=stream_names, main_tid=main_tid, n_events_raw=evs.n_raw, raw_bytes=rd.raw_bytes,
-                       n_inexact=evs.n_inexact, skipped=evs.skipped, ignored=evs.ignored)
+                       n_inexact=evs.n_inexact, skipped=evs.skipped, ignored=evs.ignored,
+                       has_profiler_steps=bool(step_tids))
 
 
 _BAD_STEP = (-1, False, 0, 0)  # name_info of a "ProfilerStep#..." name whose events are skipped

@@ -5,7 +5,10 @@
 Files: ``*.json``/``*.json.gz`` given directly, or found in directories (TensorBoard ``*.pt.trace.json(.gz)``,
 HTA-style ``rank-N.json.gz``, ``sampled_rank-N.json.gz``). Rank and world size come from the trace's
 ``distributedInfo``, else a rank number in the file name (``rank-3``, ``rank_3``, ``rank3``), else ``rank=`` (one
-file). Each file becomes one window: a trace is one profiling window, whatever ProfilerSteps it holds.
+file), else rank 0 of 1 (one file, said in a note; several files that name no rank are refused). Each file becomes
+one window: a trace is one profiling window, whatever ProfilerSteps it holds. A trace without ``ProfilerStep#N`` gets
+steps made from its top-level user regions, its graph replays or the whole trace (:mod:`.units`; shard attribute
+``step_unit``), said in a note.
 
 Clocks: imported traces carry no clock-sync samples. Each rank is recorded as its own host (``imported-rank<N>``)
 unless ``one_host`` says they share a machine (one clock, no alignment); ``distprof report`` then aligns hosts from
@@ -37,6 +40,7 @@ from ..storage import schema
 from ..storage.writer import write_shard
 from ..storage.validate import MAX_WORLD_SIZE
 from .kineto import KinetoTrace, read_header, read_kineto, shown
+from .units import PROFILER_STEP, StepUnits, step_units
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +97,9 @@ def _distributed_info(header: dict[str, Any]) -> dict[str, Any]:
     return di if isinstance(di, dict) else {}
 
 
-def _rank_of(path: Path, header: dict[str, Any], explicit: int | None, n_files: int) -> int:
+def _rank_of(path: Path, header: dict[str, Any], explicit: int | None, n_files: int) -> int | None:
+    """The file's rank: distributedInfo, else the file name, else `explicit` (one file); None for one file that names
+    none (it is rank 0, with a note); a ConfigError for one of several files that names none."""
     di = _distributed_info(header)
     r = _info_int(path, di, "rank", 0, MAX_WORLD_SIZE - 1)
     if r is not None:
@@ -109,10 +115,10 @@ def _rank_of(path: Path, header: dict[str, Any], explicit: int | None, n_files: 
         if r >= MAX_WORLD_SIZE:
             raise ConfigError(f"{path}: rank {r} in the file name is beyond {MAX_WORLD_SIZE - 1}; rename the file")
         return r
-    if explicit is not None and n_files == 1:
+    if n_files == 1:
         return explicit
     raise ConfigError(f"{path}: no rank in the trace (distributedInfo) nor in the file name; rename it "
-                      "rank-N.json.gz" + (" or pass --rank N" if n_files == 1 else ""))
+                      f"rank-N.json.gz (each of the {n_files} files needs its rank; --rank N is for one file)")
 
 
 def _process_groups(di: dict[str, Any], world_size: int, warnings: list[str], path: Path) -> list[dict[str, Any]]:
@@ -153,14 +159,20 @@ def _ranks_in_job(pgs: list[dict[str, Any]], world_size: int, warnings: list[str
 
 
 def _device_name(meta: dict[str, Any], devices: np.ndarray) -> tuple[str, str]:
+    """The name of the first device the events use: its ``deviceProperties`` entry, else the only entry when the
+    trace lists one device (a process that sees one device numbers it 0, Kineto by its physical index), else
+    ``gpu N``."""
     props = meta.get("deviceProperties") or []
     used = np.unique(devices[devices >= 0])
     if used.size == 0:
         return "cpu", "cpu"
     idx = int(used[0])
-    for p in props if isinstance(props, list) else []:
-        if isinstance(p, dict) and p.get("id") == idx and p.get("name"):
+    named = [p for p in (props if isinstance(props, list) else []) if isinstance(p, dict) and p.get("name")]
+    for p in named:
+        if p.get("id") == idx:
             return str(p["name"]), "cuda"
+    if len(named) == 1 and used.size == 1:
+        return str(named[0]["name"]), "cuda"
     return f"gpu {idx}", "cuda"
 
 
@@ -173,13 +185,26 @@ def _device_properties(meta: dict[str, Any]) -> list[dict[str, Any]] | None:
     return [dict(p) for p in props if isinstance(p, dict) and (p.get("id") is None or p["id"].__class__ is int)]
 
 
+def _made_steps(tr: KinetoTrace, warnings: list[str]) -> tuple[StepUnits | None, int | None]:
+    """The steps made for a trace without ProfilerStep# (None when it has them; its note added to `warnings`) and
+    the stepping thread: the thread of the regions or replays made into steps, else the reader's."""
+    units = step_units(tr.columns, tr.strings, has_profiler_steps=tr.has_profiler_steps, main_tid=tr.main_tid,
+                       path=tr.path)
+    if units is None:
+        return None, tr.main_tid
+    warnings.append(units.note)
+    return units, units.tid if units.tid is not None else tr.main_tid
+
+
 def _shard_for(tr: KinetoTrace, rank: int, world_size: int, run_id: str, ref_rank: int, one_host: bool,
                out: Path, codec: str, warnings: list[str]) -> Path:
     di = tr.distributed_info
     pgs = _process_groups(di, world_size, warnings, tr.path)
     t0 = time.perf_counter()
-    built = build_tables(tr.columns, tr.strings, main_tid=tr.main_tid, thread_names=tr.thread_names,
-                         stream_names=tr.stream_names, process_groups=pgs, add_process_groups=True)
+    units, main_tid = _made_steps(tr, warnings)
+    built = build_tables(tr.columns, tr.strings, main_tid=main_tid, thread_names=tr.thread_names,
+                         stream_names=tr.stream_names, process_groups=pgs, add_process_groups=True,
+                         step_spans=None if units is None else units.spans)
     _ranks_in_job(built.process_groups, world_size, warnings, tr.path)
     tabs = built.tables
     tabs["memory"] = schema.empty_table("memory")
@@ -201,7 +226,7 @@ def _shard_for(tr: KinetoTrace, rank: int, world_size: int, run_id: str, ref_ran
         "local_world_size": 1,
         "host": host,
         "real_host": "",
-        "pid": int(tr.main_tid or 0),
+        "pid": int(main_tid or 0),
         "device": device,
         "device_type": device_type,
         "backend": str(di.get("backend", "none")),
@@ -215,6 +240,7 @@ def _shard_for(tr: KinetoTrace, rank: int, world_size: int, run_id: str, ref_ran
         "first_step": int(steps["step"].min()) if len(steps["step"]) else -1,
         "last_step": int(steps["step"].max()) if len(steps["step"]) else -1,
         "steps_covered": [int(s) for s in steps["step"]],
+        "step_unit": PROFILER_STEP if units is None else units.unit,
         "complete": True,
         "window_start_ns": w0,
         "window_end_ns": w1,
@@ -278,6 +304,7 @@ class _HeaderRank:
     rank: int | None = None
     world_size: int | None = None
     failure: _Failure | None = None
+    assumed: bool = False  # the only file, naming no rank: rank 0
 
 
 @dataclass(frozen=True)
@@ -292,6 +319,7 @@ class _Plan:
     run_id: str
     tmp: Path
     created: bool  # run_dir did not exist before this import
+    notes: tuple[str, ...] = ()  # about the run as planned (a rank assumed), said with the import's warnings
 
 
 @dataclass(frozen=True)
@@ -334,7 +362,9 @@ def _header_ranks(files: list[Path], indices: Iterable[int], rank: int | None, w
         try:
             hdr = read_header(f)
             r = _rank_of(f, hdr, rank, len(files))
-            out.append(_HeaderRank(i, r, _info_int(f, _distributed_info(hdr), "world_size", 1, MAX_WORLD_SIZE)))
+            out.append(_HeaderRank(i, 0 if r is None else r,
+                                   _info_int(f, _distributed_info(hdr), "world_size", 1, MAX_WORLD_SIZE),
+                                   assumed=r is None))
         except Exception as e:  # noqa: BLE001 -- raised by _plan in file order (a process must not stop alone)
             out.append(_HeaderRank(i, failure=_Failure.of(e, i, where)))
     return out
@@ -374,8 +404,10 @@ def _plan(files: list[Path], heads: list[_HeaderRank], run_dir: Path, *, world_s
     except OSError as e:
         raise ConfigError(f"-o {run_dir}: cannot write there ({e.strerror or e}); pick a writable directory") \
             from None
+    notes = tuple(f"{files[h.index]}: no rank in the trace (distributedInfo) nor in the file name: imported as "
+                  f"rank 0 of {ws} (pass --rank N to choose another)" for h in heads if h.assumed)
     return _Plan(files=files, ranks=file_ranks, costs=costs, world_size=ws, ref_rank=min(ranks),
-                 run_id=run_id or run_dir.resolve().name, tmp=tmp, created=created)
+                 run_id=run_id or run_dir.resolve().name, tmp=tmp, created=created, notes=notes)
 
 
 def _size_on_disk(f: Path) -> int:
@@ -445,7 +477,7 @@ def _result(plan: _Plan, run_dir: Path, done: list[_FileDone], final: list[Path]
             seconds: float) -> ImportResult:
     """The summary of a finished import: warnings in file order, then the run's own; each logged once."""
     done = sorted(done, key=lambda d: d.index)
-    warnings = [w for d in done for w in d.warnings]
+    warnings = list(plan.notes) + [w for d in done for w in d.warnings]
     n_ranks = len(plan.ranks)
     if n_ranks > 1 and not one_host:
         warnings.append("imported traces carry no clock-sync samples: `distprof report` aligns ranks from "

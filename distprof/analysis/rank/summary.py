@@ -36,6 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ...events.launches import launch_rows
 from ...events.p2p import P2P_OPS
 from ...storage.schema import CAT_COMM, KIND_CODE, KINDS, ROLE_EXEC
 from ..load.rankdata import RankData, filter_steps
@@ -203,12 +204,17 @@ def _memory_series(rd: RankData, points: int) -> tuple[dict[int, tuple[np.ndarra
 
 
 def _outside_steps(rd: RankData) -> tuple[tuple[int, float], dict[int, float]]:
-    """Device events launched before the recording began (count, ms), and per window the time from its last step's
-    end to the last event after it (checkpoints, evaluation, teardown after the loop: outside every step)."""
+    """Device events launched before the recording began (count, ms): in no step, with a correlation id and no launch
+    with that id in their window (one whose launch is in the trace is never counted, whatever its step); and per
+    window the time from its last step's end to the last event after it (checkpoints, evaluation, teardown after the
+    loop: outside every step)."""
     ev = rd.events
     step = np.asarray(ev["step"])
     dev = np.asarray(ev["device"])
     un = (step < 0) & (dev >= 0) & (np.asarray(ev["corr_id"]) != 0) if "corr_id" in ev else np.zeros(step.size, bool)
+    if un.any():
+        rows = np.flatnonzero(un)
+        un[rows[launch_rows(ev["kind"], dev, ev["corr_id"], rows, group=ev["window"]) >= 0]] = False
     unlaunched = (int(un.sum()), float(np.asarray(ev["dur_ns"])[un].sum()) / NS_PER_MS)
     after: dict[int, float] = {}
     st = rd.steps
