@@ -22,11 +22,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import EXAMPLES, job_env, only_run_dir, torchrun
 
-pytestmark = pytest.mark.slow
+from distprof.analysis.cross.comm_table import CommRow
+from distprof.analysis.cross.parallelism import advice_for_exposed, detect_parallelism
 
 #: Recorded steps per run: enough for the straggler rule to tell a rank late by SLOW_MS from noise (it warns below
 #: ~10); the first window waits WAIT + WARMUP steps.
@@ -118,6 +120,7 @@ def framework(request, tmp_path_factory):
     return fw, runs
 
 
+@pytest.mark.slow
 def test_runs_unchanged_and_every_step_is_seen(framework):
     fw, runs = framework
     for kind, run in runs.items():
@@ -128,16 +131,19 @@ def test_runs_unchanged_and_every_step_is_seen(framework):
         assert run.report["run"]["ranks_present"] == [0, 1] and run.report["run"]["n_steps"] == ACTIVE
 
 
+@pytest.mark.slow
 def test_balanced_run_names_nobody(framework):
     fw, runs = framework
     assert runs["balanced"].named == [], runs["balanced"].why()
 
 
+@pytest.mark.slow
 def test_slowed_rank_is_named(framework):
     fw, runs = framework
     assert runs["slowed"].named == [1], runs["slowed"].why()
 
 
+@pytest.mark.slow
 def test_parallelism_is_detected(framework):
     fw, runs = framework
     for kind, run in runs.items():
@@ -147,3 +153,48 @@ def test_parallelism_is_detected(framework):
             advice = " ".join(f["advice"] for f in run.report["findings"] if "ommunication" in f["title"])
             assert "bucket_cap_mb" not in advice, advice
 
+
+# ---- ZeRO from the groups and the trace (no job) ----------------------------------------------------------------------
+def fake_run(names: set[str], groups: list[dict]) -> SimpleNamespace:
+    """What detect_parallelism reads of a RunSummary: each rank's region and op names, the process groups."""
+    rank = SimpleNamespace(annotations={}, op_names=sorted(names))
+    return SimpleNamespace(ranks={0: rank, 1: rank}, process_groups=groups)
+
+
+def row(group: str, op: str, exposed: float) -> CommRow:
+    return CommRow(group=group, n_groups=1, group_size=2, op=op, n_ranks=2, calls_per_step=3.0, bytes_per_step=1e5,
+                   ms_per_step=4.0, exposed_ms_per_step=exposed, slowest_rank=0, slowest_share=0.8, median_skew_ms=0.5)
+
+
+WORLD = {"index": 0, "name": "0", "desc": "default_pg", "ranks": [0, 1]}
+ZERO2 = {"framework": "deepspeed", "stage": 2, "overlap_comm": False, "contiguous_gradients": True,
+         "reduce_bucket_size": 20000, "allgather_bucket_size": 20000}
+
+
+def test_zero_stage_from_the_tagged_group_with_fitting_advice():
+    """The capture's tag names the stage (ZeRO-1 and -2 look alike in a trace); no DDP is claimed from ZeRO's
+    all-reduces, and the advice names ZeRO's settings with their values, not DDP's buckets."""
+    groups = [WORLD, {"index": 1, "name": "1", "desc": "undefined", "ranks": [0, 1], "zero": ZERO2}]
+    table = [row("group 1", "all_reduce", 2.0), row("group 1", "all_gather", 1.0)]
+    par = detect_parallelism(fake_run({"aten::addmm", "Optimizer.step#AdamW.step"}, groups), table, [])
+    assert par.styles == ["ZeRO-2"] and par.label == "ZeRO-2"
+    assert par.evidence["ZeRO-2"] == "DeepSpeed engine at ZeRO stage 2 on group 1 (all_gather, all_reduce)"
+    assert par.to_json()["groups"][1]["zero"] == ZERO2
+    advice = advice_for_exposed(par, table)
+    assert "overlap_comm: true (now off)" in advice and "reduce_bucket_size (now 20,000)" in advice
+    assert "allgather_bucket_size" in advice and "contiguous_gradients on (now on)" in advice
+    assert "ZeRO-3" in advice and "bucket_cap_mb" not in advice
+
+
+def test_zero3_from_its_regions_without_the_tag():
+    names = {"LinearFunctionForZeroStage3", "PreBackwardFunctionForModule", "aten::addmm"}
+    table = [row("default_pg", "all_gather", 2.0), row("default_pg", "all_reduce", 1.0)]
+    par = detect_parallelism(fake_run(names, [WORLD]), table, [])
+    assert par.styles == ["ZeRO-3"], par
+    assert "stage3_prefetch_bucket_size" in advice_for_exposed(par, table)
+
+
+def test_plain_all_reduces_stay_ddp():
+    table = [row("default_pg", "all_reduce", 2.0)]
+    par = detect_parallelism(fake_run({"aten::addmm"}, [WORLD]), table, [])
+    assert par.styles == ["DDP"] and "bucket_cap_mb" in advice_for_exposed(par, table)
