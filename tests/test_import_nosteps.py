@@ -29,8 +29,8 @@ LAUNCHED_BEFORE = "launched before the recording began"
 
 
 def _plain(rep):
-    """The report as JSON-like data, whether build_report returns a dict or a record."""
-    return rep.to_json() if hasattr(rep, "to_json") else json.loads(json.dumps(rep, default=str))
+    """The report as JSON-like data."""
+    return rep.to_json()
 
 
 def _shard(run_dir: Path):
@@ -43,6 +43,16 @@ def _report(run_dir: Path) -> dict:
 
 
 # ---- real traces -----------------------------------------------------------------------------------------------------
+
+
+def test_the_report_says_which_unit_its_steps_are(tmp_path):
+    import_traces([GPU_ONLY], tmp_path / "r", progress=False)
+    rep = build_report(distprof.load(tmp_path / "r", progress=False))
+    assert rep.run.step_unit == "whole_trace" and rep.to_json()["run"]["step_unit"] == "whole_trace"
+    from distprof.render import render_console, render_html
+
+    assert "steps 0-0 (1 steps) of the whole trace (no ProfilerStep# in it)" in render_console(rep)
+    assert "a step is the whole trace (no ProfilerStep# in it)" in render_html(rep, compress_js=False)
 
 
 @pytest.mark.parametrize("trace, n_gpu, note", [

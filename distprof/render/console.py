@@ -23,6 +23,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..analysis.names import display_name, rank_ranges
+from ..analysis.report.model import STEP_UNITS
 from .console_tables import (MAX_OUTLIERS, MAX_RANK_ROWS, annotation_lines, gpu_time_lines, imbalance_lines,
                              mfu_lines, overlap_lines)
 from .console_text import Style, fmt, name, table, terminal_safe, terminal_text, wrap
@@ -90,6 +91,8 @@ def render_console(report: Report, *, color: bool = False, top: int = 3) -> str:
 def _run_lines(run: RunInfo, st: Style) -> list[str]:
     """The first line (run id, ranks, hosts, steps, backends, devices) and the missing ranks."""
     steps_txt = f"steps {run.first_step}-{run.last_step} ({run.n_steps} steps)" if run.n_steps else "no steps"
+    if run.step_unit:
+        steps_txt += f" of {STEP_UNITS.get(run.step_unit, run.step_unit)}"
     out = [st.bold(f"distprof report: run {name(run.id, 80)}")
            + f" - {len(run.ranks_present)}/{run.world_size} ranks on {run.n_hosts} host(s), {steps_txt}, "
            f"{'/'.join(name(b, 32) for b in run.backend)}, {'/'.join(name(d) for d in run.devices)}"]

@@ -11,7 +11,7 @@ from typing import Any
 from ..analysis.findings.finding import Finding
 from ..analysis.names import display_name, rank_ranges
 from ..analysis.rank.gpu_time import GpuTime
-from ..analysis.report.model import ClockRow, Report
+from ..analysis.report.model import STEP_UNITS, ClockRow, Report
 from . import html_scale
 from .html_text import _e, _fmt, _mean, _num
 
@@ -70,6 +70,8 @@ def _meta(report: Report) -> list[str]:
     host_txt = ", ".join(hosts[:8]) + (f" (+{len(hosts) - 8} more)" if len(hosts) > 8 else "")
     steps_txt = (f"steps {run.first_step}–{run.last_step} ({run.n_steps} recorded)"
                  if run.n_steps else "no recorded steps")
+    if run.step_unit:
+        steps_txt += f"; a step is {STEP_UNITS.get(run.step_unit, run.step_unit)}"
     meta = [
         f"{len(run.ranks_present)}/{run.world_size} ranks on {run.n_hosts} host(s): {host_txt}",
         steps_txt + (f" in {len(run.windows)} window(s)" if run.windows else ""),

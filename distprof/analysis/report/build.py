@@ -71,7 +71,14 @@ def _run_section(run: RunSummary) -> RunInfo:
         windows=sorted({int(w) for w in np.unique(st["window"])}) if "window" in st else [],
         first_step=int(st["step"].min()) if st["step"].size else None,
         last_step=int(st["step"].max()) if st["step"].size else None,
-        n_steps=int(np.unique(st["step"]).size))
+        n_steps=int(np.unique(st["step"]).size), step_unit=_step_unit(run))
+
+
+def _step_unit(run: RunSummary) -> str | None:
+    """What the run's steps are when they are not ProfilerStep# (an imported trace without them), else None; ranks
+    that differ are joined with '/'."""
+    units = sorted({str(a.get("step_unit")) for a in run.attrs.values()} - {"None", "profiler_step"})
+    return "/".join(units) or None
 
 
 def _clock_section(run: RunSummary) -> dict[str, ClockRow]:

@@ -39,7 +39,7 @@ from ..rank.gpu_time import GpuTime
 from .schema import REPORT_FORMAT, REPORT_VERSION
 from .watch_section import WatchSection
 
-__all__ = ["ClockRow", "P2PCounts", "Report", "RunInfo", "SkippedShardRow", "StepTable", "STEP_COLUMNS"]
+__all__ = ["ClockRow", "P2PCounts", "Report", "RunInfo", "SkippedShardRow", "StepTable", "STEP_COLUMNS", "STEP_UNITS"]
 
 
 @dataclass
@@ -59,6 +59,13 @@ class RunInfo(Record):
     first_step: int | None = None
     last_step: int | None = None
     n_steps: int = 0
+    step_unit: str | None = omit_if_none()  # what a step is when not ProfilerStep# (imported traces without them)
+
+
+#: What an imported trace's steps are when it has no ProfilerStep# (``importers.units``), in words.
+STEP_UNITS = {"whole_trace": "the whole trace (no ProfilerStep# in it)",
+              "user_region": "its top-level user regions (no ProfilerStep# in it)",
+              "graph_replay": "its CUDA-graph replays (no ProfilerStep# in it)"}
 
 
 @dataclass
