@@ -261,8 +261,8 @@ def test_cli_import_then_report(tmp_path, capsys):
     assert run.ranks_present == [0, 1] and run.world_size == 128
     assert {h.method for h in run.clock.values()} <= {"reference", "collectives", "none"}
     rep = build_report(run)
-    assert [r["rank"] for r in rep["gpu_time"]] == [0, 1]
-    assert any("clock-sync" in w or "not aligned" in w for w in rep["warnings"])
+    assert [r.rank for r in rep.gpu_time] == [0, 1]
+    assert any("clock-sync" in w or "not aligned" in w for w in rep.warnings)
     assert main(["import", str(tmp_path / "nope"), "-o", str(tmp_path / "x")]) == 2
     assert "no such file" in capsys.readouterr().err
 
