@@ -39,18 +39,13 @@ def runs(tmp_path_factory):
     return out
 
 
-def _get(row, key: str):
-    """A field of a gpu_time row: a record (GpuTime), or a dict in reports written before it."""
-    return row[key] if isinstance(row, dict) else getattr(row, key)
-
-
 def _figs(row):
-    return tuple(_get(row, k) for k in ("idle_pct", "compute_pct", "non_compute_pct", "overlap_pct"))
+    return (row.idle_pct, row.compute_pct, row.non_compute_pct, row.overlap_pct)
 
 
 @pytest.mark.parametrize("name", sorted(HTA))
 def test_temporal_breakdown_and_overlap_match_hta(runs, name):
-    rows = {_get(r, "rank"): r for r in gpu_time(runs[name], drop_last_step=True, whole_us=True)}
+    rows = {r.rank: r for r in gpu_time(runs[name], drop_last_step=True, whole_us=True)}
     assert set(rows) == set(HTA[name])
     for rank, want in HTA[name].items():
         got = _figs(rows[rank])
@@ -68,22 +63,22 @@ def test_exact_where_hta_reads_timestamps_exactly(runs):
     for name in ("trace_filter", "nccl_parser_config", "amd_trace"):
         for r in gpu_time(runs[name], drop_last_step=True, whole_us=True):
             got = tuple(None if v is None else round(v, 2) for v in _figs(r))
-            assert got == HTA[name][_get(r, "rank")], (name, got)
+            assert got == HTA[name][r.rank], (name, got)
 
 
 def test_hta_span_is_the_step_selection(runs):
     # HTA's kernel span for nccl_data (435,586 µs) is steps 4-5 only: the last step is dropped
     r = gpu_time(runs["nccl_parser_config"], drop_last_step=True, whole_us=True)[0]
-    assert _get(r, "span_us") == 435_586
+    assert r.span_us == 435_586
     full = gpu_time(runs["nccl_parser_config"])[0]
-    assert _get(full, "span_us") > 600_000
+    assert full.span_us > 600_000
 
 
 def test_with_last_step_matches_hta_raw_overlap(runs):
     # HTA's formula on the raw traces (last step kept) gives 14.95 / 19.93 % overlap
-    rows = {_get(r, "rank"): r for r in gpu_time(runs["trace_filter"], whole_us=True)}
-    assert round(_get(rows[0], "overlap_pct"), 2) == 14.95
-    assert round(_get(rows[1], "overlap_pct"), 2) == 19.93
+    rows = {r.rank: r for r in gpu_time(runs["trace_filter"], whole_us=True)}
+    assert round(rows[0].overlap_pct, 2) == 14.95
+    assert round(rows[1].overlap_pct, 2) == 19.93
 
 
 def test_steps_selection_equals_hta_filter(runs):
@@ -91,23 +86,22 @@ def test_steps_selection_equals_hta_filter(runs):
     a = gpu_time(runs["trace_filter"], steps=(551, 551), whole_us=True)
     b = gpu_time(runs["trace_filter"], drop_last_step=True, whole_us=True)
     for x, y in zip(a, b):
-        assert abs(_get(x, "idle_pct") - _get(y, "idle_pct")) < 0.5
-        assert abs(_get(x, "overlap_pct") - _get(y, "overlap_pct")) < 0.5
+        assert abs(x.idle_pct - y.idle_pct) < 0.5
+        assert abs(x.overlap_pct - y.overlap_pct) < 0.5
 
 
 def test_ns_resolution_differs_from_hta_by_design(runs):
     # distprof keeps ns: short kernels are not shortened by µs rounding, so idle is lower than HTA's
     ns = gpu_time(runs["ns_resolution_trace"], drop_last_step=True)[0]
     us = gpu_time(runs["ns_resolution_trace"], drop_last_step=True, whole_us=True)[0]
-    assert _get(ns, "idle_pct") < _get(us, "idle_pct")
-    assert _get(ns, "compute_pct") > _get(us, "compute_pct")
+    assert ns.idle_pct < us.idle_pct
+    assert ns.compute_pct > us.compute_pct
 
 
 def test_report_carries_gpu_time(runs):
     rep = build_report(runs["nccl_parser_config"])
-    rep = rep.to_json() if hasattr(rep, "to_json") else rep
-    assert rep["gpu_time"][0]["rank"] == 0
-    assert rep["gpu_time"][0]["overlap_pct"] is not None
+    assert rep.gpu_time[0].rank == 0 and rep.gpu_time[0].overlap_pct is not None
+    assert rep.to_json()["gpu_time"][0]["rank"] == 0
 
 
 def test_gpu_time_shown_in_console_and_html(runs):
@@ -142,7 +136,7 @@ HTA_VLLM_AS_PUBLISHED = (57375, 413, 7, 57795)
 
 
 def _us(row) -> tuple[float, float, float, float]:
-    return tuple(_get(row, k) for k in ("idle_us", "compute_us", "non_compute_us", "span_us"))
+    return (row.idle_us, row.compute_us, row.non_compute_us, row.span_us)
 
 
 @pytest.mark.parametrize("name", sorted(HTA_WHOLE_TRACE))
