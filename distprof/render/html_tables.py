@@ -79,7 +79,7 @@ def _meta(report: Report) -> list[str]:
         + ", device " + "/".join(str(d) for d in run.devices or ["?"]),
     ]
     par = report.parallelism
-    if par is not None and (par.styles or par.mesh):
+    if par is not None:  # "no parallelism recognised" included
         meta.append(f"parallelism {par.label}")
     s = report.summary
     if s is not None and s.step_ms_mean is not None:
