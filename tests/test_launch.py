@@ -108,12 +108,18 @@ def test_no_optimizer_is_told_to_step_manually(tmp_path):
     assert "fewer steps" not in proc.stderr
 
 
+#: The script replaces the (checked, empty) --out directory with a file once the profiler has started: creating the
+#: run directory fails at the first window (--no-trigger: nothing makes it earlier). A bad --out given from the start is
+#: refused before training instead (distprof.launch, capture.rundir.check_out).
+BLOCK_OUT = "import os\nos.rmdir('blocked')\nopen('blocked', 'w').write('not a directory')\n"
+
+
 @pytest.mark.slow
 def test_profiler_failure_does_not_hurt_training(tmp_path):
-    # the output path is a file: creating the run directory fails once the first window starts
-    (tmp_path / "blocked").write_text("not a directory")
-    script = write(tmp_path, "ok.py", TRAIN + "print('TRAINING DONE')\n")
-    proc = python(["-m", "distprof.launch", "--out", "blocked", *SCHED, str(script), "6"], cwd=tmp_path)
+    (tmp_path / "blocked").mkdir()
+    script = write(tmp_path, "ok.py", BLOCK_OUT + TRAIN + "print('TRAINING DONE')\n")
+    proc = python(["-m", "distprof.launch", "--out", "blocked", "--no-trigger", *SCHED, str(script), "6"],
+                  cwd=tmp_path)
     assert proc.returncode == 0 and "TRAINING DONE" in proc.stdout
     warnings = [ln for ln in proc.stderr.splitlines() if "distprof: rank 0:" in ln]
     assert len(warnings) == 1 and "training goes on" in warnings[0]
@@ -121,9 +127,9 @@ def test_profiler_failure_does_not_hurt_training(tmp_path):
 
 @pytest.mark.slow
 def test_strict_raises(tmp_path):
-    (tmp_path / "blocked").write_text("not a directory")
-    script = write(tmp_path, "ok.py", TRAIN + "print('TRAINING DONE')\n")
-    proc = python(["-m", "distprof.launch", "--out", "blocked", "--strict", *SCHED, str(script), "6"],
+    (tmp_path / "blocked").mkdir()
+    script = write(tmp_path, "ok.py", BLOCK_OUT + TRAIN + "print('TRAINING DONE')\n")
+    proc = python(["-m", "distprof.launch", "--out", "blocked", "--no-trigger", "--strict", *SCHED, str(script), "6"],
                   cwd=tmp_path, check=False)
     assert proc.returncode != 0
     assert "distprof (strict mode)" in proc.stderr
