@@ -382,6 +382,8 @@ class RankProfiler:
             self._writer.abandon(f"not written within the {FLUSH_S:.0f} s distprof gives itself after "
                                  f"{status.signal_name(sig)}")
         self._write_status(final=False)
+        if blocked and self._trigger is not None:  # the process ends by the signal: the live file says so
+            self._trigger.say_closed()
 
     def _recording_window(self) -> tuple[int, int] | None:
         """(window, first step) being recorded now, or None."""

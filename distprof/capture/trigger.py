@@ -23,6 +23,11 @@ How a request becomes a window every rank records:
    rewrites the answer: "recorded", then "done" (or "incomplete" when a rank stays silent, "cut" when the job ended
    mid-window).
 
+A write of rank 0's answer or live file that the output does not take for a while (remounted read-only, full) is
+reported once, kept, and written at the side thread's next turn: triggers go on. The live file says "closed" at the
+end of every job that ends (finished, failed, or ended by a signal): the closing thread writes it when the side
+thread could not.
+
 Nothing here blocks the training thread: it never touches the store or a file. The side thread uses its own clone of
 the store (``Store.clone()``: a connection of its own), so even a slow store holds up only the side thread.
 
@@ -50,6 +55,7 @@ from typing import Any, Callable
 from ..config import ProfileConfig
 from . import trigger_files as tf
 from .schedule import TriggeredWindow, WindowPlan, static_windows
+from .retry import WriteSpell
 from .setup import RunSetup, is_distributed
 
 log = logging.getLogger(__name__)
@@ -161,6 +167,10 @@ class Trigger:
         self._next_poll = 0.0
         self._next_check = 0.0
         self._final_state = "closed"
+        self._unwritten: dict[str, dict[str, Any]] = {}  # rank 0: file name -> latest document not yet on disk
+        self._spell = WriteSpell("trigger files", on_error)  # writes failing for a while: reported once, retried
+        self._files = threading.Lock()  # the side thread and a closing thread may both write
+        self._live_final = False  # the live file says how the job ended ("closed" / "disabled")
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -179,6 +189,24 @@ class Trigger:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.debug("distprof: trigger side thread still busy at close")
+        self._say_ended(timeout_s)
+
+    def _say_ended(self, timeout_s: float) -> None:
+        """Rank 0: the live file says how the job ended even when the side thread could not (it died, is stuck in a
+        store call, or its last write failed): written from here, tried until `timeout_s` is spent."""
+        if self._rank != 0 or self._run_dir is None or self._live_final:
+            return
+        if self._thread is not None and self._thread.is_alive() and timeout_s <= 0:
+            return  # it writes the final state itself (the training thread does not wait for a file)
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while not self._write_live(self._final_state) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def say_closed(self) -> None:
+        """Rank 0, any thread, the process about to end by a signal: the live file says "closed" now (the next
+        heartbeat says "running" again should the process go on)."""
+        if self._rank == 0 and self._run_dir is not None:
+            self._write_live("closed")
 
     def submit(self, req: tf.TriggerRequest, on_answer: Callable[[tf.TriggerAnswer], None] | None = None) -> None:
         """Rank 0, any thread: ask for a window as if `distprof trigger` had written `req` (capture/watch.py's
@@ -272,6 +300,7 @@ class Trigger:
                     tf.remove_temporaries(self._run_dir)
             if self._run_dir is None:
                 return
+            self._retry_unwritten()
             self._take_submitted()
             if now >= self._next_poll:
                 self._next_poll = now + self.config.trigger.poll_s
@@ -484,7 +513,7 @@ class Trigger:
         answer.world_size = self._world
         answer.updated_ns = time.time_ns()
         if self._run_dir is not None:
-            tf.write_doc(self._run_dir / tf.ANSWER_NAME, answer.to_doc())
+            self._write(tf.ANSWER_NAME, answer.to_doc())
         log.info("distprof: trigger %s: %s: %s", answer.request_id, answer.state, answer.message)
         listener = self._listeners.get(answer.request_id or "")
         if listener is not None:
@@ -495,7 +524,7 @@ class Trigger:
             except Exception as e:  # noqa: BLE001 -- a listener never stops the trigger
                 log.debug("distprof: trigger answer listener failed: %s", e)
 
-    def _write_live(self, state: str) -> None:
+    def _write_live(self, state: str) -> bool:
         sched = self.config.schedule
         step = self._step()
         busy = self._plan.busy(step)
@@ -505,7 +534,29 @@ class Trigger:
             heartbeat_s=max(MIN_HEARTBEAT_S, self.config.trigger.poll_s), state=state, step=step,
             schedule=asdict(sched), trigger_steps=sched.active, trigger_margin=self.config.trigger.margin,
             window=list(busy) if busy is not None else None, closed_ns=time.time_ns() if state == "closed" else 0)
-        tf.write_doc(self._run_dir / tf.LIVE_NAME, live.to_doc())
+        ok = self._write(tf.LIVE_NAME, live.to_doc())
+        self._live_final = ok and state != "running"
+        return ok
+
+    def _write(self, name: str, doc: dict[str, Any]) -> bool:
+        """Rank 0: `doc` as RUN_DIR/`name`. A write the output does not take (read-only, full) keeps the document for
+        the next turn (:meth:`_retry_unwritten`) and is reported once per spell: the trigger goes on."""
+        with self._files:
+            try:
+                tf.write_doc(self._run_dir / name, doc)
+            except OSError as e:
+                self._unwritten[name] = doc
+                self._spell.failed(e)
+                return False
+            self._unwritten.pop(name, None)
+            self._spell.succeeded()
+            return True
+
+    def _retry_unwritten(self) -> None:
+        """The documents a spell of failed writes left unwritten, in the order they were first kept."""
+        for name, doc in list(self._unwritten.items()):
+            if self._unwritten.get(name) is doc and not self._write(name, doc):
+                return
 
     # -- other ranks ----------------------------------------------------------------------------------------------
     def _check_store(self) -> None:

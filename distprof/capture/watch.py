@@ -20,6 +20,8 @@ Side thread (:class:`Watch`), every ``--watch-interval`` seconds:
   ``distprof trigger`` — at most one per ``--watch-cooldown`` seconds, and records why in watch/drifts.json.
 
 Nothing here may hurt training: every failure is one warning (the profiler's), and the watch stops; the job goes on.
+A write the output cannot take for a while (read-only, full) is not a failure of the watch: it is reported once,
+its rows are kept, and the next turn writes them (capture/retry.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ..config import ProfileConfig
 from ..storage import watchfile as wf
 from ..storage.writer import remove_orphans
 from . import trigger_files as tf
+from .retry import WriteSpell, transient
 from .setup import RunSetup, is_distributed
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ MAX_PUBLISH = 512
 STORE_READS_PER_S = 100.0
 #: Steps of every rank rank 0 keeps for the rule (must exceed the steps between two of its evaluations).
 HISTORY_STEPS = 4096
+#: Rows kept for the series while the output cannot take them (a spell of failed writes), at most.
+MAX_PENDING_ROWS = 4 * 4096
 #: A rank whose key has not moved for this many reading rounds is left out of "every rank has covered step s".
 STALE_ROUNDS = 3
 _PUB = struct.Struct("<qi")  # first step, number of float32 values that follow
@@ -205,6 +210,7 @@ class Watch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed = False
+        self._spell = WriteSpell("watch series", on_error)  # writes failing for a while: reported once, retried
         self._rank: int | None = None
         self._world = 1
         self._store = None
@@ -297,24 +303,45 @@ class Watch:
         if rows.size:
             self._remember(rows)
             self._pending.append(rows)
-        if self._rank is not None and self._run_dir is None:
-            run_dir = self._setup.ensure_run_dir(self._rank, wait=final)
-            if run_dir is not None:
-                (run_dir / wf.WATCH_DIR).mkdir(exist_ok=True)
-                remove_orphans(run_dir / wf.WATCH_DIR, self._rank)  # an earlier crash's temporary files
-                self._run_dir = run_dir
-        if self._run_dir is not None and (self._pending or self._seg_dirty):
-            t0 = time.perf_counter()
-            self._flush()
-            self.flush_s += time.perf_counter() - t0
-            self.flushes += 1
+            self._bound_pending()
+        try:  # a write that fails (the output read-only or full for a while) is kept and tried at the next turn
+            self._write_files(final)
+        except OSError as e:
+            if not transient(e):
+                raise  # a link or a file where the watch folder goes: the watch fails (one warning)
+            self._spell.failed(e)
         if self._rank is None:
             return
         if self._store is not None:
             self._publish()
         if self._rank == 0:
             self._compare(now, final)
-            self._write_drifts()
+            try:
+                self._write_drifts()
+            except OSError as e:
+                self._spell.failed(e)
+
+    def _bound_pending(self) -> None:
+        """Rows waiting for the output (a long spell of failed writes) are bounded: the oldest go first, counted."""
+        n = sum(r.size for r in self._pending)
+        while n > MAX_PENDING_ROWS and len(self._pending) > 1:
+            n -= self._pending[0].size
+            self.lost_rows += self._pending.pop(0).size
+
+    def _write_files(self, final: bool) -> None:
+        """The watch directory once the run directory is known, then the series rows not yet on disk."""
+        if self._rank is not None and self._run_dir is None:
+            run_dir = self._setup.ensure_run_dir(self._rank, wait=final)
+            if run_dir is not None:
+                wf.ensure_watch_dir(run_dir)  # a link planted at RUN_DIR/watch is refused
+                remove_orphans(run_dir / wf.WATCH_DIR, self._rank)  # an earlier crash's temporary files
+                self._run_dir = run_dir
+        if self._run_dir is not None and (self._pending or self._seg_dirty):
+            t0 = time.perf_counter()
+            self._flush()
+            self._spell.succeeded()
+            self.flush_s += time.perf_counter() - t0
+            self.flushes += 1
 
     def _identify(self) -> None:
         import torch.distributed as dist
@@ -345,6 +372,14 @@ class Watch:
     def _flush(self) -> None:
         rows = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0] if self._pending else None
         self._pending = []
+        try:
+            self._flush_rows(rows)
+        except BaseException:  # not written: every row stays to be written (rows already kept are skipped then)
+            if rows is not None:
+                self._pending.insert(0, rows)
+            raise
+
+    def _flush_rows(self, rows: np.ndarray | None) -> None:
         if rows is not None:
             segs = rows["step"] // wf.SEGMENT_STEPS
             for seg in np.unique(segs):
@@ -524,4 +559,10 @@ class Watch:
                 if sp is not None:
                     d.update({k: v for k, v in sp.to_dict().items() if k != "confirmed_step"})
                 docs.append(dict(d))
-        wf.write_drifts(self._run_dir, docs)
+        try:
+            wf.write_drifts(self._run_dir, docs)
+        except OSError:
+            with self._lock:
+                self._drifts_dirty = True  # written at the next turn
+            raise
+        self._spell.succeeded()

@@ -63,7 +63,13 @@ def run(args: argparse.Namespace) -> int:
     live = _live_job(run_dir)
     request = tf.TriggerRequest(tf.new_request_id(), args.steps, args.margin, live.session, time.time_ns())
     _replace_request(run_dir)
-    tf.write_doc(run_dir / tf.REQUEST_NAME, request.to_doc())
+    try:  # a new file renamed over trigger.json: a link or a FIFO there is replaced, never written through
+        tf.write_doc(run_dir / tf.REQUEST_NAME, request.to_doc())
+    except OSError as e:
+        from ..storage.writer import cause
+
+        raise TriggerError(f"{run_dir / tf.REQUEST_NAME}: cannot write the request ({cause(e)}); the job answers "
+                           "only requests in its run directory") from None
     answer = _wait(run_dir, request, args.timeout, args.wait)
     return _show(run_dir, answer, args)
 

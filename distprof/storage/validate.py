@@ -387,16 +387,6 @@ def _check_layout(path, f: h5py.File) -> dict[str, int]:
     return rows
 
 
-def check_counts(path, attrs: Mapping[str, Any], rows: dict[str, int]) -> None:
-    """The events the shard says it holds (attribute ``timings``: ``n_events``, written by capture and import) are
-    the rows /events has."""
-    timings = attrs.get("timings")
-    n = timings.get("n_events") if isinstance(timings, dict) else None
-    if _is_int(n) and n != rows.get("events", 0):
-        raise BadShardError(path, f"/events has {rows.get('events', 0):,} rows but attribute 'timings' says "
-                                  f"{n:,} events (truncated or forged); {_FIX}")
-
-
 #: (table, column, what its values index: "names", "events", "pg" or "rank").
 ID_COLUMNS = (
     ("events", "name_id", "names"),
@@ -542,7 +532,7 @@ def check_shard(path: os.PathLike | str):
         attrs = read_attrs(path, f)
         check_attrs(path, attrs)
         try:
-            check_counts(path, attrs, _check_layout(path, f))
+            _check_layout(path, f)
         except BadShardError:
             raise
         except H5_ERRORS as e:  # damaged metadata or chunks: h5py raises whatever HDF5's error stack maps to

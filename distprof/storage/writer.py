@@ -193,7 +193,7 @@ def cause(e: OSError) -> str:
     """An OSError while storing a file, in words."""
     if isinstance(e, safefs.FileRefused):
         return str(e)
-    return _CAUSES.get(e.errno, e.strerror or type(e).__name__)
+    return _CAUSES.get(e.errno, e.strerror or str(e) or type(e).__name__)
 
 
 def _cause_in(directory: Path, e: OSError) -> str:

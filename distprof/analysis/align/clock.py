@@ -46,6 +46,12 @@ ESTIMATORS = ("min-delay", "median-rtt")
 DRIFT_PRIOR_PPM = 50.0
 #: Floor of a phase estimate's uncertainty (ns): the systematic send/recv asymmetry measured on one host (2–7 µs).
 MIN_UNCERTAINTY_NS = 2_000.0
+#: A clock step (NTP stepping a clock, a VM migrating): a host's offset changes between two consecutive phase
+#: estimates by more than STEP_MIN_NS plus STEP_SIGMAS times their uncertainties plus STEP_DRIFT_PPM (ten times the
+#: drift prior) over the time between them — what no drift explains.
+STEP_MIN_NS = 1_000_000
+STEP_SIGMAS = 6.0
+STEP_DRIFT_PPM = 10 * DRIFT_PRIOR_PPM
 
 
 def phase_offsets(
@@ -66,14 +72,19 @@ def phase_offsets(
       at least ``min_keep``). Under CPU contention the kept set still holds asymmetric samples: on a 4-process /
       2-core run it was 0.55 ms off where min-delay was 0.11 ms off (and 6 vs 9 µs in a quiet phase).
 
+    A clock that stepped while a phase's samples were taken (negative round trips, offsets further apart than their
+    round trips allow) leaves only the samples on the window's side of the step (:func:`_one_side_of_a_step`).
+
     Returns columns phase u1, t_local_ns i8 (median local midpoint), offset_ns f8 (chosen estimator),
     offset_median_ns f8 (median-rtt, for diagnostics), rtt_min_ns i8, rtt_eff_ns i8 (min ping + min pong delay: the
-    best round trip the phase allows), n i8 (samples), n_kept i8 (median-rtt's kept) — one row per phase present.
+    best round trip the phase allows), n i8 (samples), n_kept i8 (median-rtt's kept), stepped b1 (a step was seen
+    in the phase) — one row per phase present.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator={estimator!r}: choose one of {', '.join(ESTIMATORS)}")
     phase = np.asarray(samples.get("phase", np.zeros(0)), dtype=np.int64)
-    cols = ("phase", "t_local_ns", "offset_ns", "offset_median_ns", "rtt_min_ns", "rtt_eff_ns", "n", "n_kept")
+    cols = ("phase", "t_local_ns", "offset_ns", "offset_median_ns", "rtt_min_ns", "rtt_eff_ns", "n", "n_kept",
+            "stepped")
     out: dict[str, list] = {k: [] for k in cols}
     if len(phase) == 0:
         return _phase_table(out)
@@ -81,13 +92,14 @@ def phase_offsets(
     recv = np.asarray(samples["t_recv_ns"], dtype=np.int64)
     remote = np.asarray(samples["t_remote_ns"], dtype=np.int64)
     rtt = recv - send
-    ok = rtt >= 0
+    ok = rtt >= 0  # a negative round trip: the leader's clock stepped back during it
     # differences in int64 before going to float: epoch ns do not fit a double exactly
     ping = remote - send  # = one-way delay + offset
     pong = recv - remote  # = one-way delay − offset
     offset = (ping - pong).astype(np.float64) / 2.0
     for ph in np.unique(phase[ok]):  # at most 2 phases
         idx = np.flatnonzero(ok & (phase == ph))
+        idx, stepped = _one_side_of_a_step(idx, rtt, ping, pong, int(ph))
         k = min(len(idx), max(min_keep, int(np.ceil(keep_fraction * len(idx)))))
         kept = idx[np.argsort(rtt[idx], kind="stable")[:k]]
         med = float(np.median(offset[kept]))
@@ -101,12 +113,30 @@ def phase_offsets(
         out["rtt_eff_ns"].append(pmin + qmin)
         out["n"].append(len(idx))
         out["n_kept"].append(k)
+        out["stepped"].append(stepped or bool((rtt[phase == ph] < 0).any()))
     return _phase_table(out)
+
+
+def _one_side_of_a_step(idx: np.ndarray, rtt: np.ndarray, ping: np.ndarray, pong: np.ndarray,
+                        phase: int) -> tuple[np.ndarray, bool]:
+    """The samples `idx` of one phase, or when a clock stepped while they were taken, those on the window's side of
+    the step (phase 0, the window's start: after it; phase 1, its end: before it), and whether it did.
+
+    Each sample's offset is within half its round trip of the truth, so two samples of one clock differ by at most
+    half their round trips added; consecutive samples further apart than that and STEP_MIN_NS straddle a step."""
+    if len(idx) < 2:  # in the order they were taken (a clock stepped back makes local times ambiguous)
+        return idx, False
+    off = (ping[idx] - pong[idx]).astype(np.float64) / 2.0
+    gap = np.abs(np.diff(off)) - (rtt[idx][1:] + rtt[idx][:-1]) / 2.0
+    jumps = np.flatnonzero(gap > STEP_MIN_NS)
+    if not len(jumps):
+        return idx, False
+    return (idx[jumps[-1] + 1:] if phase == 0 else idx[:jumps[0] + 1]), True
 
 
 def _phase_table(d: dict[str, list]) -> Table:
     dt = {"phase": np.uint8, "t_local_ns": np.int64, "offset_ns": np.float64, "offset_median_ns": np.float64,
-          "rtt_min_ns": np.int64, "rtt_eff_ns": np.int64, "n": np.int64, "n_kept": np.int64}
+          "rtt_min_ns": np.int64, "rtt_eff_ns": np.int64, "n": np.int64, "n_kept": np.int64, "stepped": np.bool_}
     return {k: np.asarray(v, dtype=dt[k]) for k, v in d.items()}
 
 
@@ -189,6 +219,9 @@ class ClockModel:
     segments: dict[tuple[str, int], Segment] = field(default_factory=dict)
     fallback: dict[str, Segment] = field(default_factory=dict)  # host -> line used for windows without a segment
     warnings: list[str] = field(default_factory=list)
+    steps: list["ClockStep"] = field(default_factory=list)  # clock steps found in the samples
+    #: windows left out of every cross-rank analysis: a host's clock stepped while they were recorded (why)
+    left_out: dict[int, str] = field(default_factory=dict)
 
     def segment(self, host: str, window: int) -> Segment:
         seg = self.segments.get((host, window)) or self.fallback.get(host)
@@ -293,19 +326,111 @@ def _host_phase_estimates(leaders: set[int], infos: Mapping[int, RankClockInfo],
     return est, n_samples
 
 
+@dataclass(frozen=True)
+class ClockStep:
+    """A host's clock jumped by `jump_ns` between two consecutive phase estimates: after window `before`'s phase
+    `phase_before` and by window `after`'s phase `phase_after` (the same window: it stepped while it was recorded)."""
+
+    host: str
+    before: int
+    phase_before: int
+    after: int
+    phase_after: int
+    jump_ns: float
+
+    @property
+    def inside(self) -> bool:
+        return self.before == self.after
+
+    def describe(self) -> str:
+        where = (f"inside window {self.after}" if self.inside else
+                 f"between window {self.before} and window {self.after}")
+        return f"host {self.host} {self.jump_ns / 1e9:+.3f} s {where}"
+
+
+def find_steps(h: str, est: Mapping[int, Table], unc: Mapping[int, np.ndarray]) -> tuple[list[ClockStep], dict]:
+    """Clock steps of host `h` (see STEP_MIN_NS) in its phase estimates `est` (window -> table) with uncertainties
+    `unc`; and the epoch (0, 1, ... : the stretch between steps) of each (window, phase row)."""
+    # in the order they were taken: by window, then phase (a clock stepped back makes local times ambiguous)
+    rows = sorted((w, int(e["phase"][i]), int(e["t_local_ns"][i]), i) for w, e in est.items()
+                  for i in range(len(e["phase"])))
+    steps: list[ClockStep] = []
+    epoch: dict[tuple[int, int], int] = {}
+    prev = None
+    for w, ph, t, i in rows:
+        if prev is not None:
+            wp, php, tp, ip = prev
+            d_o = float(est[w]["offset_ns"][i] - est[wp]["offset_ns"][ip])
+            tol = (STEP_MIN_NS + STEP_SIGMAS * (float(unc[w][i]) + float(unc[wp][ip]))
+                   + STEP_DRIFT_PPM * 1e-6 * abs(t - tp))
+            if abs(d_o) > tol:
+                steps.append(ClockStep(h, wp, php, w, ph, d_o))
+        epoch[(w, i)] = len(steps)
+        prev = (w, ph, t, i)
+    return steps, epoch
+
+
+def _epoch_estimates(est: Mapping[int, Table], epoch: dict, e: int) -> dict[int, Table]:
+    """The phase estimates of epoch `e` only (a window cut by a step keeps its rows on each side)."""
+    out = {}
+    for w, tab in est.items():
+        keep = np.array([epoch[(w, i)] == e for i in range(len(tab["phase"]))], dtype=bool)
+        if keep.any():
+            out[w] = {k: np.asarray(v)[keep] for k, v in tab.items()}
+    return out
+
+
 def _fit_host(model: ClockModel, h: str, est: dict[int, Table], n_samples: int, ranks: list[int],
               drift_prior_ppm: float) -> None:
-    """Host `h`'s segments, fallback line and HostClock in `model`, fitted from its phase estimates `est`."""
-    segs, glob = fit_segments(est, drift_prior_ppm=drift_prior_ppm)
-    for w, s in segs.items():
-        model.segments[(h, w)] = s
+    """Host `h`'s segments, fallback line and HostClock in `model`, fitted from its phase estimates `est`. A clock
+    step splits them into epochs fitted on their own; a window the step cut is left out (``model.left_out``)."""
+    steps, epoch = find_steps(h, est, uncertainties(est))
+    segs: dict[int, Segment] = {}
+    lines: list[tuple[int, Segment]] = []
+    for e in range(len(steps) + 1):
+        part = _epoch_estimates(est, epoch, e)
+        if not part:
+            continue
+        seg_e, glob_e = fit_segments(part, drift_prior_ppm=drift_prior_ppm)
+        for w, sg in seg_e.items():
+            segs.setdefault(w, sg)  # a window cut by a step: its start's epoch (it is left out anyway)
+        lines.append((sum(len(t["phase"]) for t in part.values()), glob_e))
+    glob = max(lines, key=lambda x: x[0])[1]  # the drift of the longest stretch without a step
+    for w, sg in segs.items():
+        model.segments[(h, w)] = sg
     model.fallback[h] = glob
-    first_w = min(segs)
-    s0 = segs[first_w]
+    model.steps.extend(steps)
+    for st in steps:
+        if st.inside:
+            model.left_out.setdefault(st.after, st.describe())
+    s0 = segs[min(segs)]
     model.hosts[h] = HostClock(host=h, offset_ns=s0.offset_ns, drift_ppm=glob.slope * 1e6, t_ref_ns=s0.t_ref_ns,
                                method="ping-pong", n_samples=n_samples, ranks=ranks)
-    log.debug("host %s: offset %.0f ns, drift %.3f ppm, %d samples, best round trip %d ns", h, s0.offset_ns,
-              glob.slope * 1e6, n_samples, min(int(e["rtt_eff_ns"].min()) for e in est.values()))
+    log.debug("host %s: offset %.0f ns, drift %.3f ppm, %d samples, %d clock step(s), best round trip %d ns", h,
+              s0.offset_ns, glob.slope * 1e6, n_samples, len(steps),
+              min(int(e["rtt_eff_ns"].min()) for e in est.values()))
+
+
+def steps_warning(model: ClockModel) -> str | None:
+    """The one warning naming every clock step found, and what was done about it (None without a step)."""
+    if not model.steps:
+        return None
+    named = "; ".join(st.describe() for st in model.steps[:6]) + (
+        f" and {len(model.steps) - 6} more" if len(model.steps) > 6 else "")
+    out = (f"clock step(s) (an offset change no drift explains: NTP stepping a clock, a VM migrating): {named}; "
+           "each host is aligned separately on either side of a step")
+    if model.left_out:
+        out += (f"; window(s) {', '.join(str(w) for w in sorted(model.left_out))} (recorded while a clock stepped) "
+                "are left out of the cross-rank analyses")
+    return out
+
+
+def drop_windows(table: Table, windows: Mapping[int, str] | set[int]) -> Table:
+    """`table` without its rows of `windows` (column ``window``); itself when there is nothing to drop."""
+    if not windows or "window" not in table or not len(table["window"]):
+        return table
+    keep = ~np.isin(np.asarray(table["window"]), np.fromiter(windows, dtype=np.int64))
+    return table if keep.all() else {k: np.asarray(v)[keep] for k, v in table.items()}
 
 
 def estimate_clocks(
@@ -350,6 +475,9 @@ def estimate_clocks(
 
     if collectives is not None and len(collectives):
         residuals(model, collectives, names=names)
+    note = steps_warning(model)
+    if note:
+        model.warnings.append(note)
     return model
 
 
@@ -361,8 +489,12 @@ def _leaders(host: str, ranks: Sequence[int], infos, samples) -> set[int]:
     return chosen or with_samples
 
 
-def _sync_instances(c: Collectives, names) -> np.ndarray:
+def _sync_instances(c: Collectives, names, left_out: Mapping[int, str] | None = None) -> np.ndarray:
+    """The complete, consistent (and, where names say so, synchronising) instances, outside the `left_out` windows
+    (a clock stepped while they were recorded)."""
     ok = c.instances["complete"] & c.instances["consistent"]
+    if left_out:
+        ok = ok & ~np.isin(c.instances["window"], np.fromiter(left_out, dtype=np.int64))
     if names is not None:
         sync = c.sync_mask(names)
         if (ok & sync).any():
@@ -475,7 +607,7 @@ def _from_collectives(model: ClockModel, hosts: list[str], host_ranks, c: Collec
             f"no clock-sync samples and no matched collectives for host(s) {', '.join(hosts)}: their times are not "
             "aligned to the reference host (cross-host timings may be off by the clock offset)")
         return
-    use = _sync_instances(c, names)
+    use = _sync_instances(c, names, model.left_out)
     # anchor: every rank already on the reference clock (reference host, hosts aligned by samples), aligned times;
     # the hosts to align still have identity segments, so `a` holds their raw times
     anchors = {ref} | {h for h, hc in model.hosts.items() if hc.method == "ping-pong"}
@@ -504,7 +636,7 @@ def residuals(model: ClockModel, c: Collectives, *, names: np.ndarray | None = N
     if c is None or len(c) == 0:
         return {}
     a = realign(c, model.align)
-    use = _sync_instances(a, names)
+    use = _sync_instances(a, names, model.left_out)
     m, ins = a.members, a.instances
     out: dict[str, tuple[float, float]] = {}
     ranks_u = np.unique(m["rank"])

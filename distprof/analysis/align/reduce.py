@@ -21,7 +21,7 @@ from ..load.catalog import RunCatalog
 from ..names import rank_ranges
 from ..rank.breakdown import BREAKDOWN_COLUMNS, empty_breakdown
 from ..types import RankSummary
-from .clock import ClockModel, estimate_clocks
+from .clock import ClockModel, drop_windows, estimate_clocks
 from .matching import Collectives, match_collectives, with_times
 from .p2p import P2PPairs, match_p2p
 
@@ -99,6 +99,10 @@ def join(cat: RunCatalog, parts: list[tuple[int, Table, np.ndarray]],
                                 ranks_by_window=cat.ranks_by_window())
     if model is None:
         model = estimate_clocks(cat.clock_infos(), samples, matched, names=names)
+        if model.left_out:  # a clock stepped while these windows were recorded: out of every cross-rank analysis
+            rows = drop_windows(rows, model.left_out)
+            matched = match_collectives(rows, names=names, group_ranks=cat.group_ranks() or None,
+                                        ranks_by_window=cat.ranks_by_window())
     warnings = list(cat.warnings) + list(model.warnings)
     if unknown:
         warnings.append(unknown)
@@ -152,7 +156,7 @@ def aligned_p2p(cat: RunCatalog, summaries: list[RankSummary], model: ClockModel
              if s.p2p and s.p2p["start_ns"].size]
     if not parts:
         return match_p2p({}, {})
-    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    rows = drop_windows({k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, model.left_out)
     start = model.align(rows["rank"], rows["window"], rows["start_ns"])
     rows["end_ns"] = start + (rows["end_ns"] - rows["start_ns"])
     rows["start_ns"] = start
@@ -189,7 +193,7 @@ def reduce_run(cat: RunCatalog, summaries: list[RankSummary], *, rules: Any = No
     summaries = sorted(summaries, key=lambda s: s.rank)
     j = join(cat, [(s.rank, s.collectives, s.ops_names) for s in summaries],
              {k: v for s in summaries for k, v in s.samples.items()}, model=model)
-    steps = _aligned_steps(summaries, j.model)
+    steps = drop_windows(_aligned_steps(summaries, j.model), j.model.left_out)
     j.warnings.extend(outside_step_notes(summaries, steps))
     p2p = aligned_p2p(cat, summaries, j.model)
     if p2p.n_unmatched or p2p.n_unknown_peer:
