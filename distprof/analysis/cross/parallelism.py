@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...record import Record
+from ...record import Record, omit_if_none
 from .comm_table import CommRow, group_kind
 
 if TYPE_CHECKING:
@@ -43,11 +43,55 @@ def dim_role(dim: str) -> str:
 
 
 @dataclass
+class ZeroSettings(Record):
+    """DeepSpeed ZeRO's stage and the settings its engine gave at the optimizer step (``capture.frameworks``); a
+    setting the engine did not give is None (and left out of the JSON)."""
+
+    stage: int
+    framework: str = "deepspeed"
+    overlap_comm: bool | None = omit_if_none()
+    contiguous_gradients: bool | None = omit_if_none()
+    reduce_bucket_size: int | float | None = omit_if_none()
+    allgather_bucket_size: int | float | None = omit_if_none()
+    prefetch_bucket_size: int | float | None = omit_if_none()
+
+    @classmethod
+    def of(cls, tag: Any) -> ZeroSettings | None:
+        """The settings from a shard's ``zero`` tag (JSON from a file: anything of the wrong type reads as unknown);
+        None when it names no stage 1..3."""
+        if not isinstance(tag, dict) or not isinstance(tag.get("stage"), int) or not 1 <= tag["stage"] <= 3:
+            return None
+
+        def num(k: str) -> int | float | None:
+            v = tag.get(k)
+            return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+        def flag(k: str) -> bool | None:
+            return tag[k] if isinstance(tag.get(k), bool) else None
+
+        return cls(stage=tag["stage"], overlap_comm=flag("overlap_comm"),
+                   contiguous_gradients=flag("contiguous_gradients"), reduce_bucket_size=num("reduce_bucket_size"),
+                   allgather_bucket_size=num("allgather_bucket_size"), prefetch_bucket_size=num("prefetch_bucket_size"))
+
+
+@dataclass
+class ParallelGroup(Record):
+    """One group kind of the job (:func:`.comm_table.group_kind`): how many groups, their size, role and ops."""
+
+    kind: str
+    count: int
+    size: int
+    role: str  # data, tensor, context, pipeline, expert, world, or '' (unknown)
+    ops: list[str] = field(default_factory=list)  # the collective ops run on it
+    zero: ZeroSettings | None = omit_if_none()  # the DeepSpeed ZeRO engine's data-parallel group
+
+
+@dataclass
 class Parallelism(Record):
     styles: list[str]  # e.g. ["FSDP2", "TP"], in the order DDP, FSDP, FSDP2, ZeRO-n, TP, PP, EP
     evidence: dict[str, str]  # style -> what showed it
     mesh: dict[str, int] = field(default_factory=dict)  # DeviceMesh dimension -> size
-    groups: list[dict[str, Any]] = field(default_factory=list)  # kind, size, count, role (+ zero: DeepSpeed's)
+    groups: list[ParallelGroup] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -80,9 +124,9 @@ def detect_parallelism(run: RunSummary, table: list[CommRow], pipes: list[Pipeli
     for kind in sorted({group_kind(g) for g in run.process_groups}):
         members = [g for g in run.process_groups if group_kind(g) == kind]
         role = dim_role(kind[5:]) if kind.startswith("mesh_") else ("world" if kind == "default_pg" else "")
-        groups.append({"kind": kind, "count": len(members), "size": max(len(g.get("ranks") or []) for g in members),
-                       "role": role, "ops": sorted(ops_by_kind.get(kind, ())),
-                       **({"zero": members[0]["zero"]} if isinstance(members[0].get("zero"), dict) else {})})
+        groups.append(ParallelGroup(kind=kind, count=len(members), size=max(len(g.get("ranks") or []) for g in members),
+                                    role=role, ops=sorted(ops_by_kind.get(kind, ())),
+                                    zero=ZeroSettings.of(members[0].get("zero"))))
     ev: dict[str, str] = {}
     zero = _zero_evidence(groups, names)
     ev.update(zero)
@@ -118,13 +162,12 @@ def detect_parallelism(run: RunSummary, table: list[CommRow], pipes: list[Pipeli
 ZERO3_REGIONS = ("LinearFunctionForZeroStage3", "PreBackwardFunctionForModule", "PostBackwardFunctionModule")
 
 
-def _zero_evidence(groups: list[dict[str, Any]], names: set[str]) -> dict[str, str]:
+def _zero_evidence(groups: list[ParallelGroup], names: set[str]) -> dict[str, str]:
     """{"ZeRO-<stage>": what showed it}: the group the capture tagged with DeepSpeed's stage, else ZeRO-3's regions."""
     for g in groups:
-        z = g.get("zero")
-        if isinstance(z, dict) and isinstance(z.get("stage"), int) and 1 <= z["stage"] <= 3:
-            ops = f" ({', '.join(g['ops'])})" if g.get("ops") else ""
-            return {f"ZeRO-{z['stage']}": f"DeepSpeed engine at ZeRO stage {z['stage']} on {g['kind']}{ops}"}
+        if g.zero is not None:
+            ops = f" ({', '.join(g.ops)})" if g.ops else ""
+            return {f"ZeRO-{g.zero.stage}": f"DeepSpeed engine at ZeRO stage {g.zero.stage} on {g.kind}{ops}"}
     seen = sorted(n for n in names if n in ZERO3_REGIONS)
     return {"ZeRO-3": f"DeepSpeed ZeRO-3 parameter hooks ({', '.join(seen)})"} if seen else {}
 
@@ -134,10 +177,10 @@ def _zero_advice(par: Parallelism) -> str | None:
     stage = next((int(s[5:]) for s in par.styles if s.startswith("ZeRO-")), None)
     if stage is None:
         return None
-    z = next((g["zero"] for g in par.groups if isinstance(g.get("zero"), dict)), {})
+    z = next((g.zero for g in par.groups if g.zero is not None), None)
 
     def now(key: str) -> str:
-        v = z.get(key)
+        v = getattr(z, key) if z is not None else None
         return "" if v is None else f" (now {'on' if v is True else 'off' if v is False else f'{v:,}'})"
 
     if stage == 3:
