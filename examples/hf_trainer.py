@@ -9,6 +9,7 @@ optimizer-step hook sees each optimizer step (docs/frameworks.md).
 Knobs:
   --slow-rank R --slow-ms X   rank R sleeps X ms at the start of every forward (stands in for slower device work)
   --base-ms X                 every rank sleeps X ms per forward (device time that does not use the host's CPU)
+  --bucket-mb X               DDP gradient bucket size in MB (ddp_bucket_cap_mb; default: DDP's own)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, default=-1, help="rank that sleeps --slow-ms every forward")
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra milliseconds per forward on --slow-rank")
     p.add_argument("--base-ms", type=float, default=0.0, help="milliseconds every rank sleeps per forward")
+    p.add_argument("--bucket-mb", type=float, default=None, help="DDP gradient bucket size in MB (ddp_bucket_cap_mb)")
     return p.parse_args()
 
 
@@ -62,7 +64,8 @@ def main() -> None:
         targs = TrainingArguments(
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=1e-3,
             use_cpu=not torch.cuda.is_available(), ddp_backend=None if torch.cuda.is_available() else "gloo",
-            report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+            report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+            ddp_bucket_cap_mb=args.bucket_mb)
         data = Tokens(args.steps * args.batch * world, args.seq, config.vocab_size)
         t0 = time.perf_counter()
         result = Trainer(model=model, args=targs, train_dataset=data).train()

@@ -1,17 +1,22 @@
 """Collective matching: which per-rank communication events are one collective instance.
 
-Per process group and window, the k-th exec collective (``/comms`` role 1, ``seq`` k) on every rank is one instance.
-:func:`match_collectives` takes one row per executed collective (every rank's ``summary.collective_rows``, with
-``rank`` added) and needs only clock-independent fields plus the rows' times, so the clock alignment can use it on
-raw times; :func:`realign` / :func:`with_times` then recompute the per-instance aggregates on aligned times.
+Per process group and window, the k-th exec collective (``/comms`` role 1) on every rank is one instance, k being
+torch's own sequence number where every rank's trace has one (NCCL), else the rank's start order (``seq``) made to
+agree with the other ranks' where it does not (two collectives gloo started in either order, one in flight at a
+window's edge): :mod:`.numbering`. :func:`match_collectives` takes one row per executed collective (every rank's
+``summary.collective_rows``, with ``rank`` added) and needs only clock-independent fields plus the rows' times, so
+the clock alignment can use it on raw times; :func:`realign` / :func:`with_times` then recompute the per-instance
+aggregates on aligned times.
 
 Layout of the result (:class:`Collectives`), all numpy columns:
 
 ``members`` — long table, one row per (instance, rank), sorted by (inst, rank):
-    inst i8, rank i4, window i4, pg i4, seq i4, op_id u4, bytes i8, row i8 (index into the input rows),
-    start_ns i8, end_ns i8.
+    inst i8, rank i4, window i4, pg i4, seq i4 (the rank's own number: its start order in the window), op_id u4,
+    bytes i8, row i8 (index into the input rows), start_ns i8, end_ns i8.
 ``instances`` — one row per instance, ``inst`` = row number, sorted by (pg, window, seq):
-    inst i8, pg i4, window i4, seq i4, op_id u4 (of the lowest rank), bytes i8 (of the lowest rank, −1 unknown),
+    inst i8, pg i4, window i4, seq i4 (the instance's number in its group and window: torch's sequence number, the
+    ranks' common start order, or, where some rank's order was repaired, its place in the aligned order),
+    op_id u4 (of the lowest rank), bytes i8 (of the lowest rank, −1 unknown),
     n_ranks i4 (ranks seen), n_expected i4 (group members with data in that window), complete bool,
     consistent bool (op and known sizes agree, no duplicates), first i8 / count i8 (slice of ``members``),
     start_min, start_max, end_min, end_max i8, last_rank i4 (rank that entered last), first_rank i4 (entered first),
@@ -26,6 +31,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+from .numbering import instance_numbers
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,8 @@ class Collectives:
     incomplete: list[dict[str, Any]] = field(default_factory=list)
     n_mismatched: int = 0
     n_incomplete: int = 0
+    torch_numbered: int = 0  # (pg, window) groups numbered by torch's own sequence numbers
+    realigned: list[tuple[int, int, int]] = field(default_factory=list)  # (pg, window, rank): start order repaired
 
     def __len__(self) -> int:
         return len(self.instances["inst"])
@@ -111,18 +120,26 @@ def _empty(n: int = 0) -> tuple[Table, Table]:
     return inst, members
 
 
-def _sorted_members(rows: Table, sel: np.ndarray) -> tuple[Table, np.ndarray, np.ndarray]:
-    """The members table of the numbered rows `sel`, sorted by (pg, window, seq, rank), with where each instance
-    begins: a mask (``new``) and its indices (``first``)."""
+def variable_size(names: np.ndarray | None) -> np.ndarray | None:
+    """Per op id of `names`: whether its message size differs across ranks by design (VARIABLE_SIZE_OPS)."""
+    if names is None:
+        return None
+    return np.array([str(x) in VARIABLE_SIZE_OPS for x in np.asarray(names, dtype=object)], dtype=bool)
+
+
+def _sorted_members(rows: Table, sel: np.ndarray, key: np.ndarray
+                    ) -> tuple[Table, np.ndarray, np.ndarray, np.ndarray]:
+    """The members table of the numbered rows `sel` (instance numbers `key`), sorted by (pg, window, key, rank), with
+    where each instance begins: a mask (``new``) and its indices (``first``), and each instance's number."""
     rank = np.asarray(rows["rank"])[sel].astype(np.int32)
     window = np.asarray(rows["window"])[sel].astype(np.int32)
     pg = np.asarray(rows["pg"])[sel].astype(np.int32)
     seq = np.asarray(rows["seq"])[sel].astype(np.int32)
-    order = np.lexsort((rank, seq, window, pg))
-    sel, rank, window, pg, seq = sel[order], rank[order], window[order], pg[order], seq[order]
+    order = np.lexsort((rank, key, window, pg))
+    sel, rank, window, pg, seq, key = sel[order], rank[order], window[order], pg[order], seq[order], key[order]
     n = len(sel)
     new = np.ones(n, dtype=bool)
-    new[1:] = (pg[1:] != pg[:-1]) | (window[1:] != window[:-1]) | (seq[1:] != seq[:-1])
+    new[1:] = (pg[1:] != pg[:-1]) | (window[1:] != window[:-1]) | (key[1:] != key[:-1])
     members = {
         "inst": (np.cumsum(new) - 1).astype(np.int64),
         "rank": rank,
@@ -135,7 +152,8 @@ def _sorted_members(rows: Table, sel: np.ndarray) -> tuple[Table, np.ndarray, np
         "start_ns": np.asarray(rows["start_ns"])[sel].astype(np.int64),
         "end_ns": np.asarray(rows["end_ns"])[sel].astype(np.int64),
     }
-    return members, new, np.flatnonzero(new)
+    first = np.flatnonzero(new)
+    return members, new, first, key[first].astype(np.int32)
 
 
 def _consistency(members: Table, new: np.ndarray, first: np.ndarray,
@@ -151,7 +169,7 @@ def _consistency(members: Table, new: np.ndarray, first: np.ndarray,
     bmin = np.minimum.reduceat(np.where(known, b, big), first)
     bytes_bad = (bmax >= 0) & (bmax != bmin)
     if names is not None and bytes_bad.any():  # uneven splits, roots and pairs differ by design
-        variable = np.array([str(x) in VARIABLE_SIZE_OPS for x in np.asarray(names, dtype=object)], dtype=bool)
+        variable = variable_size(names)
         i_op = op[first]
         bytes_bad &= ~np.where(i_op < len(variable), variable[np.minimum(i_op, len(variable) - 1)], False)
     rank = members["rank"]
@@ -174,7 +192,8 @@ def match_collectives(
     """Match collectives across ranks.
 
     rows: one row per executed collective: rank, window, pg, seq (rows with seq < 0 are not numbered and skipped),
-    op_id (into `names`), bytes, start_ns, end_ns (times as they are: raw or aligned).
+    op_id (into `names`), bytes, start_ns, end_ns (times as they are: raw or aligned), and optionally nccl_seq
+    (torch's sequence number of the collective in its group, −1 unknown).
     names: string table of op_id, for readable reports.
     group_ranks: pg index -> member ranks (from ``process_groups``); default: ranks seen in that pg.
     ranks_by_window: window -> ranks that have data for it (shards present); default: ranks seen in `rows`.
@@ -184,7 +203,8 @@ def match_collectives(
     if len(sel) == 0:
         inst, members = _empty()
         return Collectives(inst, members)
-    members, new, first = _sorted_members(rows, sel)
+    numbering = instance_numbers(rows, sel, variable_size(names))
+    members, new, first, inst_seq = _sorted_members(rows, sel, numbering.key)
     op_bad, bytes_bad, dup_bad, n_ranks = _consistency(members, new, first, names)
     rank, pg, window = members["rank"], members["pg"], members["window"]
     i_pg, i_win = pg[first], window[first]
@@ -194,7 +214,7 @@ def match_collectives(
         "inst": np.arange(len(first), dtype=np.int64),
         "pg": i_pg,
         "window": i_win,
-        "seq": members["seq"][first],
+        "seq": inst_seq,
         "op_id": members["op_id"][first],
         "bytes": members["bytes"][first],
         "n_ranks": n_ranks.astype(np.int32),
@@ -206,7 +226,10 @@ def match_collectives(
     }
     instances.update(_time_aggregates(members, first))
 
-    out = Collectives(instances, members)
+    out = Collectives(instances, members, torch_numbered=numbering.torch_groups, realigned=numbering.realigned)
+    if out.realigned:
+        log.debug("collective order repaired to match the reference rank's for (pg, window, rank) %s",
+                  out.realigned[:20])
     out.n_mismatched = int((op_bad | bytes_bad | dup_bad).sum())
     out.n_incomplete = int((~complete).sum())
     out.mismatches = _mismatch_reports(out, op_bad, bytes_bad, dup_bad, names, max_reports)

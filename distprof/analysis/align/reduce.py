@@ -43,7 +43,8 @@ def _collective_rows(parts: list[tuple[int, Table, np.ndarray]]) -> tuple[Table,
         lut = (np.searchsorted(names, np.asarray(ops_names, dtype=object)).astype(np.uint32) if len(ops_names)
                else np.zeros(0, np.uint32))
         out.append({"rank": np.full(c["seq"].size, rank, np.int32), "window": c["window"], "pg": c["pg"],
-                    "seq": c["seq"], "op_id": lut[c["op"]] if c["op"].size else np.zeros(0, np.uint32),
+                    "seq": c["seq"], "nccl_seq": c.get("nccl_seq", np.full(c["seq"].size, -1, np.int64)),
+                    "op_id": lut[c["op"]] if c["op"].size else np.zeros(0, np.uint32),
                     "bytes": c["bytes"], "start_ns": c["start_ns"], "end_ns": c["end_ns"], "step": c["step"],
                     "ev_row": c["ev_row"],
                     "exposed_ns": c.get("exposed_ns", np.zeros(c["seq"].size, np.int64)),
@@ -51,7 +52,8 @@ def _collective_rows(parts: list[tuple[int, Table, np.ndarray]]) -> tuple[Table,
     if not out:
         z = np.zeros(0, np.int64)
         return {"rank": z.astype(np.int32), "window": z.astype(np.int32), "pg": z.astype(np.int32),
-                "seq": z.astype(np.int32), "op_id": z.astype(np.uint32), "bytes": z, "start_ns": z, "end_ns": z,
+                "seq": z.astype(np.int32), "nccl_seq": z, "op_id": z.astype(np.uint32), "bytes": z, "start_ns": z,
+                "end_ns": z,
                 "step": z, "ev_row": z, "exposed_ns": z, **{k: np.zeros(0) for k in CPU_WAIT_AT}}, names.astype(object)
     return {k: np.concatenate([p[k] for p in out]) for k in out[0]}, names.astype(object)
 

@@ -85,6 +85,7 @@ def collective_rows(rd: RankData) -> tuple[Table, np.ndarray]:
         "window": np.asarray(cm["window"], np.int32)[sel],
         "pg": np.asarray(cm["pg"], np.int32)[sel],
         "seq": np.asarray(cm["seq"], np.int32)[sel],
+        "nccl_seq": np.asarray(cm["nccl_seq"], np.int64)[sel] if "nccl_seq" in cm else np.full(sel.size, -1),
         "op": inv.reshape(-1).astype(np.int32),
         "bytes": np.asarray(cm["bytes"], np.int64)[sel],
         "start_ns": start,

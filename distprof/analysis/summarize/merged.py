@@ -159,6 +159,7 @@ def match_run(run: MergedRun, *, max_reports: int = 200) -> Collectives:
     start = np.asarray(run.events["ts_ns"], np.int64)[ev_row]
     rows = {"rank": np.asarray(cm["rank"])[sel], "window": np.asarray(cm["window"])[sel],
             "pg": np.asarray(cm["pg"])[sel], "seq": np.asarray(cm["seq"])[sel],
+            "nccl_seq": np.asarray(cm["nccl_seq"])[sel] if "nccl_seq" in cm else np.full(sel.size, -1, np.int64),
             "op_id": np.asarray(cm["op_id"])[sel], "bytes": np.asarray(cm["bytes"])[sel],
             "start_ns": start, "end_ns": start + np.asarray(run.events["dur_ns"], np.int64)[ev_row]}
     group_ranks = {}
