@@ -174,7 +174,7 @@ class RankSummary:
     steps: Table  # breakdown columns (breakdown.BREAKDOWN_COLUMNS), recorded clock
     collectives: Table  # window, pg, seq, op, bytes, start_ns, end_ns, step, ev_row
     ops_names: np.ndarray  # names indexed by collectives["op"] (object array)
-    op_totals: Table  # name (index into op_names), kind, step, dur_ms, calls
+    op_totals: Table  # name (index into op_names), step, dur_ms (own work), self_ms (outside nested events), calls
     op_names: np.ndarray  # names indexed by op_totals["name"]
     op_kinds: list[str]  # kind of each op name
     annotations: dict[str, tuple[float, float]]  # name -> (total ms, calls) in the rank's steps

@@ -2,8 +2,14 @@
 
 The global optimizer-step post hook marks an iteration as done. It fires *inside* the `Optimizer.step#…` event, so
 calling `prof.step()` there would cut that event in two; instead the step is deferred to the next natural boundary:
-the next module forward (a global forward pre-hook registered only while a step is pending), else the next step of
-the primary optimizer, else close. Handled:
+the next module forward outside any optimizer step (a global forward pre-hook registered only while a step is
+pending), else the next step of the primary optimizer, else close. Handled:
+
+* closure-based optimizers (``optimizer.step(closure)``: LBFGS, Lightning's automatic optimization), whose forward
+  and backward run inside the step: a forward inside an open optimizer step never ends the step; the optimizer's
+  ``step`` is wrapped (on the instance, once, outermost) so that the deferred boundary falls just *before* its
+  ``Optimizer.step#…`` event begins — as soon as a closure is seen, or a pending step had to be advanced at an
+  optimizer step's start (no module forward in between, which would cut that event);
 
 * several optimizers: one iteration = one step of the *primary* optimizer (the first one seen completing an
   outermost step);
@@ -24,6 +30,7 @@ import functools
 import logging
 import sys
 import time
+import types
 import weakref
 from typing import Callable
 
@@ -45,6 +52,7 @@ class OptimizerStepper:
         self._handles: list = []
         self._fwd_handle = None
         self._scaler_orig = None
+        self._wrapped: list[tuple[weakref.ref, object, object]] = []  # (optimizer, our step, the step it wraps)
         self.iterations = 0  # completed iterations seen (including GradScaler-skipped ones)
         self.skipped = 0  # GradScaler-skipped iterations
         self.last_end_ns = 0  # time.time_ns() when the latest iteration finished (0: none yet)
@@ -62,6 +70,7 @@ class OptimizerStepper:
             h.remove()
         self._handles = []
         self._drop_forward_hook()
+        self._unwrap_steps()
         if self._scaler_orig is not None:
             from torch.amp.grad_scaler import GradScaler
 
@@ -94,9 +103,13 @@ class OptimizerStepper:
 
     def _pre(self, opt, args, kwargs) -> None:
         self._depth += 1
+        if self._depth == 1 and _closure_of(args, kwargs) is not None:
+            self._wrap_step(opt)  # forward and backward run inside this step: its next call is the boundary
         if self._pending and self._depth == 1 and self._is_primary(opt):
-            # no module forward since the last iteration: advance here rather than merge two iterations
+            # no module forward since the last iteration: advance here rather than merge two iterations (this
+            # once inside the Optimizer.step#… event; from now on before it)
             self.fire()
+            self._wrap_step(opt)
         if self._depth == 1 and self._on_optimizer_start is not None and self._is_primary(opt):
             self._on_optimizer_start()
         if self._depth == 1 and self._probes_left and self._is_primary(opt):
@@ -125,13 +138,50 @@ class OptimizerStepper:
             self._fwd_handle = register_module_forward_pre_hook(self._forward_pre)
 
     def _forward_pre(self, module, args) -> None:
-        if self._pending:
+        if self._pending and self._depth == 0:  # a forward inside an open optimizer step (a closure) is no boundary
             self.fire()
 
     def _drop_forward_hook(self) -> None:
         if self._fwd_handle is not None:
             self._fwd_handle.remove()
             self._fwd_handle = None
+
+    # -- the boundary before a closure-based optimizer's step ---------------------------------------------------
+    def _wrap_step(self, opt) -> None:
+        """Wrap `opt.step` (what a call runs now: an LR scheduler's wrapper, else the class's) on the instance, so
+        that a pending step fires before its ``Optimizer.step#…`` event begins, outside every optimizer step."""
+        if any(ref() is opt for ref, _, _ in self._wrapped):
+            return
+        inner = opt.__dict__.get("step")  # an instance-level wrapper, called as it is; None: the class's step
+        stepper = self
+
+        def step(this, *args, **kwargs):
+            if stepper._handles and stepper._pending and stepper._depth == 0:
+                stepper.fire()
+            return (inner if inner is not None else type(this).step.__get__(this))(*args, **kwargs)
+
+        # its attributes (LR schedulers' _wrapped_by_lr_sched, torch's `hooked`) stay visible; a bound method, so
+        # that an LR scheduler created later can wrap it in turn (it reads step.__func__)
+        functools.update_wrapper(step, inner if inner is not None else type(opt).step)
+        bound = types.MethodType(step, opt)
+        try:
+            opt.step = bound
+        except (AttributeError, TypeError) as e:  # an optimizer whose attributes cannot be set: boundary as before
+            log.debug("distprof: %s.step not wrapped: %s", type(opt).__name__, e)
+            return
+        self._wrapped.append((weakref.ref(opt), bound, inner))
+
+    def _unwrap_steps(self) -> None:
+        """Put back each wrapped step still ours; one wrapped again since (by an LR scheduler) stays, inert."""
+        for ref, bound, inner in self._wrapped:
+            opt = ref()
+            if opt is None or opt.__dict__.get("step") is not bound:
+                continue
+            if inner is None:
+                del opt.step
+            else:
+                opt.step = inner
+        self._wrapped = []
 
     def fire(self) -> None:
         """Run the deferred step now (no-op when none is pending)."""
@@ -144,3 +194,12 @@ class OptimizerStepper:
     @property
     def pending(self) -> bool:
         return self._pending
+
+
+def _closure_of(args: tuple, kwargs: dict):
+    """The closure an optimizer step was given (``step(closure)`` or ``step(closure=…)``), else None; `args`
+    begins with the optimizer, as torch's step hooks receive them."""
+    c = kwargs.get("closure") if kwargs else None
+    if c is None and len(args) > 1:
+        c = args[1]
+    return c if callable(c) else None

@@ -2,9 +2,15 @@
 
 For straggler rank r, every op name n (``cpu_op``, ``user_annotation``, ``kernel``, ``gpu_memcpy``/``gpu_memset``;
 not communication — waiting is an effect, not a cause — and not ``ProfilerStep#N``) and every step s that r and at
-least one other rank recorded: ``t(r, s, n)`` = total duration of n on r in s (0 when r ran no n in a step it
+least one other rank recorded: ``t(r, s, n)`` = total self work of n on r in s (0 when r ran no n in a step it
 recorded). ``excess(n) = Σ_s [t(r, s, n) − median_{r' ≠ r} t(r', s, n)]``. Ops with a positive excess are listed,
-ranked by it. Times are inclusive: a parent op and its children are listed separately.
+ranked by it.
+
+Self work (``rank.selftime``): an event's duration less its main thread's waits for communication, less the same of
+the events nested in it. So nested regions never count the same time twice: a sleep in the forward of a model whose
+forward runs inside ``optimizer.step(closure)`` is listed once, under ``DistributedDataParallel.forward`` (the
+innermost region that holds it), not again under ``Optimizer.step#AdamW.step``; a slower ``aten::addmm`` is listed
+as itself, not also as the ``aten::linear`` around it. The listed excesses add up to no more than the rank's.
 
 Time with no event at all (a ``time.sleep`` or data loading outside the profiler) shows as the pseudo-op ``[idle]``:
 the step breakdown's ``idle_ms`` (main thread, or device, in no event and not waiting for communication).
@@ -41,7 +47,7 @@ class RootCauseOp(Record):
     kind: str  # cpu_op, user_annotation, kernel, gpu_memcpy, gpu_memset; "none" for [idle]
     excess_ms: float  # summed over the steps compared
     excess_ms_per_step: float
-    rank_ms_per_step: float
+    rank_ms_per_step: float  # self work (see the module docstring)
     others_median_ms_per_step: float
     calls_per_step: float
 
@@ -64,7 +70,7 @@ def _candidates(run: RunSummary, ranks: list[int], max_names: int) -> tuple[list
         s = run.ranks.get(r)
         if s is None:
             continue
-        d = np.bincount(s.op_totals["name"], weights=s.op_totals["dur_ms"], minlength=len(s.op_names))
+        d = np.bincount(s.op_totals["name"], weights=s.op_totals["self_ms"], minlength=len(s.op_names))
         for i, name in enumerate(s.op_names.tolist()):
             tot[name] = tot.get(name, 0.0) + float(d[i])
             kinds.setdefault(name, s.op_kinds[i])
@@ -98,7 +104,7 @@ def _fill(parts: list, idle: tuple, steps: np.ndarray, a: int, b: int, n_names: 
         ni = name_map[ot["name"]]
         m = (ni >= a) & (ni < b) & np.isin(ot["step"], steps)
         si = np.searchsorted(steps, ot["step"][m])
-        dur[ni[m] - a, si, j] = ot["dur_ms"][m]
+        dur[ni[m] - a, si, j] = ot["self_ms"][m]
         calls[ni[m] - a, si, j] = ot["calls"][m]
     if a <= n_names < b and idle[0].size:
         dur[n_names - a, idle[0], idle[1]] = idle[2]
@@ -158,9 +164,9 @@ def root_cause(
     *,
     top_ops: int = 10,
 ) -> list[RootCause]:
-    """For each rank in `ranks`: its ops with the largest excess over the other ranks' median, same steps (one
-    :class:`RootCause` per rank). Op times come from each rank's summary (``summary.TOP_OPS`` heaviest names per rank; a name outside a rank's
-    list counts as 0 there).
+    """For each rank in `ranks`: its ops with the largest excess of self work over the other ranks' median, same
+    steps (one :class:`RootCause` per rank). Op times come from each rank's summary (``summary.TOP_OPS`` heaviest
+    names per rank; a name outside a rank's list counts as 0 there).
     """
     ranks = [int(r) for r in ranks]
     if not ranks:

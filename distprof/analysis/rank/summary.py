@@ -19,7 +19,8 @@ Parts (each computed once, in its own module):
 * ``op_totals`` — per (op name, step) the own work and calls of the rank's ``TOP_OPS`` heaviest op names (cpu_op,
   user_annotation, kernel, gpu_memcpy/memset; no communication, no ``ProfilerStep#N``): inclusive time minus the
   main thread's wait for communication inside the op (``breakdown.RankSets.wait``: the exposed-communication
-  candidates E and its time inside communication ops); root cause reads them.
+  candidates E and its time inside communication ops), ``dur_ms``, and the part of it outside the events nested in
+  the op, ``self_ms`` (``selftime``); root cause reads ``self_ms``.
 * ``annotations`` — per user ``record_function`` region: total ms and calls in the rank's steps.
 * ``measures`` — the per-rank numbers the findings rules read (``rank.measures.rank_measures``).
 * ``gpu_time`` — HTA's temporal breakdown of the rank's device timeline (``gpu_time.rank_gpu_time``), device ranks.
@@ -48,6 +49,7 @@ from .cpuwait import wait_at
 from .gpu_time import rank_gpu_time
 from .index import RankIndex
 from .measures import rank_measures
+from .selftime import own_work_ns, self_work_ns
 
 __all__ = ["summarize_rank", "TOP_OPS", "MEMORY_POINTS", "collective_rows", "p2p_rows",
            "downsample_minmax"]
@@ -129,21 +131,22 @@ def _op_totals(rd: RankData, ix: RankIndex, steps: np.ndarray, top: int,
                wait: iv.Intervals) -> tuple[Table, np.ndarray, list[str]]:
     """Per (op name, step): the rank's own work in the op — its inclusive time minus the time its main thread spent
     waiting for communication inside it (`wait`): a rank that reached a collective first and waited there for a
-    late peer did no more work, although its ``FSDP::pre_forward`` lasted longer."""
+    late peer did no more work, although its ``FSDP::pre_forward`` lasted longer — and its self work, outside the
+    events nested in it (``selftime``)."""
     ev = rd.events
     kind = np.asarray(ev["kind"]).astype(np.int64)
     name_id = np.asarray(ev["name_id"]).astype(np.int64)
     step = np.asarray(ev["step"]).astype(np.int64)
     sel = np.isin(kind, _OP_KINDS) & (np.asarray(ev["category"]) != CAT_COMM) & ~ix.is_step & np.isin(step, steps)
     nid = name_id[sel]
-    ts = np.asarray(ev["ts_ns"], np.int64)[sel]
-    dur = np.asarray(ev["dur_ns"], np.int64)[sel]
-    on_main = (np.asarray(ev["tid"])[sel] == (ix.main_tid if ix.main_tid is not None else -1)) & \
-        (np.asarray(ev["device"])[sel] < 0)
-    waited = np.zeros(dur.size, np.int64)
-    if len(wait) and on_main.any():
-        waited[on_main] = iv.measure_in_windows(wait, ts[on_main], ts[on_main] + dur[on_main])
-    dur = (dur - waited).astype(np.float64)
+    ts, tid, device = np.asarray(ev["ts_ns"], np.int64), np.asarray(ev["tid"]), np.asarray(ev["device"])
+    on_main = (tid == (ix.main_tid if ix.main_tid is not None else -1)) & (device < 0)
+    own = own_work_ns(ts, np.asarray(ev["dur_ns"], np.int64), on_main, wait)
+    window = np.asarray(ev["window"], np.int64) if "window" in ev else np.zeros(ts.size, np.int64)
+    _, track = np.unique(np.stack([window, device.astype(np.int64),
+                                   tid.astype(np.int64)]), axis=1, return_inverse=True)
+    own_self = self_work_ns(ts, np.asarray(ev["dur_ns"], np.int64), track.reshape(-1), own)[sel].astype(np.float64)
+    dur = own[sel].astype(np.float64)
     u, ni = np.unique(nid, return_inverse=True)
     ni = ni.reshape(-1)
     tot = np.bincount(ni, weights=dur, minlength=u.size)
@@ -157,12 +160,13 @@ def _op_totals(rd: RankData, ix: RankIndex, steps: np.ndarray, top: int,
     flat = pos[ni][k] * steps.size + si
     cells = keep.size * steps.size
     d = np.bincount(flat, weights=dur[k], minlength=cells) / NS_PER_MS
+    d_self = np.bincount(flat, weights=own_self[k], minlength=cells) / NS_PER_MS
     c = np.bincount(flat, minlength=cells).astype(np.float64)
     grid_n, grid_s = np.divmod(np.arange(cells), max(steps.size, 1))
     nz = c > 0
     # int32 step and calls: these rows are most of a rank's summary (top ops x steps), kept for every rank
     table = {"name": grid_n[nz].astype(np.int32), "step": steps[grid_s[nz]].astype(np.int32),
-             "dur_ms": d[nz], "calls": c[nz].astype(np.int32)}
+             "dur_ms": d[nz], "self_ms": d_self[nz], "calls": c[nz].astype(np.int32)}
     kinds = [KINDS[x] if x < len(KINDS) else str(x) for x in kind_of[keep]]
     return table, np.asarray(rd.names, dtype=object)[u[keep]], kinds
 
