@@ -1,18 +1,24 @@
-"""Issue acceptance on real 4-rank gloo runs of examples/ddp_mlp.py (small width so injected delays dominate).
+"""Issue acceptance on real gloo runs: 4-rank examples/ddp_mlp.py (small width so injected delays dominate), and the
+straggler items of issue 22 on 2-rank jobs shaped like accelerator training (every rank sleeps its "device time").
 
 Tolerances are a little wider than the figures measured on a quiet machine (see the closing notes), because CI
-shares 2 cores between 4 ranks.
+shares 2 cores between the ranks; the delays are at least 30 % of the step, so that noise cannot cross the margins.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
+import shlex
 
 import numpy as np
 import pytest
 
 import distprof
-from conftest import EXAMPLES, job_env, torchrun
+from conftest import EXAMPLES, ROOT, job_env, only_run_dir, torchrun
 from distprof.analysis.report.build import build_report
+from distprof.render.html import render_html
 
 pytestmark = pytest.mark.slow
 
@@ -72,3 +78,115 @@ def test_uneven_batch_shows_in_flops_and_compute(tmp_path):
     assert ratio == pytest.approx(96 / 64, rel=0.02)
     # Compute time (wall time of ops) is not asserted: with 4 ranks on 2 cores, rank 3 was the compute maximum in
     # some runs and below the others in others (closing notes); FLOPs are exact.
+
+
+# ---- issue 22: blame counted once, one lateness, the default schedule, the heatmap -----------------------------------
+
+#: ddp_mlp with small buckets (several bucket all-reduces per step, issued before the previous one finished), 20 ms of
+#: "device time" per step on every rank, and rank 1 30 ms slower before its backward: about half of the step.
+DDP_JOB = ["--hidden", "256", "--batch", "16", "--base-ms", "20", "--bucket-mb", "0.25", "--steps", "14"]
+DELAY_MS = 30.0
+
+
+@pytest.fixture(scope="module")
+def ddp_slow(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ddp-slow")
+    torchrun(2, ["-m", "distprof.launch", "--out", "out", "--wait", "2", "--warmup", "2", "--active", "8",
+                 str(EXAMPLES / "ddp_mlp.py"), *DDP_JOB, "--slow-rank", "1", "--slow-ms", f"{DELAY_MS:g}"],
+             cwd=d, env=job_env())
+    return build_report(distprof.load(only_run_dir(d / "out"), progress=False))
+
+
+def test_blame_counts_a_waiting_ranks_overlapping_waits_once(ddp_slow):
+    """Rank 0 waits for rank 1 in every bucket all-reduce, and the buckets overlap in time: its wait is counted once,
+    so it never exceeds its time in collectives, and rank 1's blame is about the delay, not buckets x delay."""
+    rep = ddp_slow
+    rows = {d.rank: d for d in rep.stragglers}
+    assert rep.straggler_info.n_instances >= 2 * 8  # several buckets per step
+    comm = float(np.mean(rep.steps["comm_ms"][rep.steps["rank"] == 0]))
+    assert rows[1].blame_ms_per_step <= comm + 0.5, (rows[1], comm)
+    assert rows[0].wait_ms_per_step <= comm + 0.5
+    assert rows[1].blame_ms_per_step < 1.5 * DELAY_MS, rows[1]
+    (f,) = [f for f in rep.findings if f.id == "straggler_rank"]
+    assert f.metrics["wait_ms_per_step_each"] <= comm + 0.5
+
+
+def test_one_lateness_and_a_headline_of_what_the_straggler_costs(ddp_slow):
+    """2 ranks, rank 1 30 ms late: no figure of either rank doubles the delay; the headline says how much shorter the
+    steps would be without it (the finding's what-if gain) and its own extra work, near the delay."""
+    rep = ddp_slow
+    rows = {d.rank: d for d in rep.stragglers}
+    assert rep.straggler_info.named == [1]
+    for d in rows.values():
+        for name in ("mean_lateness_ms", "extra_work_ms", "blame_ms_per_step", "wait_ms_per_step", "cost_ms_per_step",
+                     "clock_free_lateness_ms"):
+            v = getattr(d, name)
+            assert v is None or abs(v) < 1.5 * DELAY_MS, (name, d)
+    assert rows[1].mean_lateness_ms > 0.5 * DELAY_MS and rows[0].mean_lateness_ms < -0.5 * DELAY_MS
+    (f,) = [f for f in rep.findings if f.id == "straggler_rank"]
+    m = re.search(r"it does ([\d.]+) ms more work per step than its peers .*, and the steps would be ([\d.]+) ms "
+                  r"shorter without it", rep.verdict)
+    assert m, rep.verdict
+    assert abs(float(m[1]) - DELAY_MS) <= 0.3 * DELAY_MS, rep.verdict
+    assert float(m[2]) == pytest.approx(f.estimated_gain_ms_per_step, abs=0.05)
+    assert rep.verdict.count(" ms") <= 4  # one figure each: extra work, gain (and the root cause's)
+
+
+def test_the_heatmap_shows_lateness_and_step_time_second(ddp_slow):
+    """In synchronous training every rank's step is as long: the heatmap shows lateness (rank 1 red, rank 0 blue),
+    with step time as the second view."""
+    import json
+
+    page = render_html(ddp_slow)
+    figs = json.loads(re.search(r'<script type="application/json" id="dp-figures">(.*?)</script>', page, re.S)[1])
+    late, step = figs["fig-steps"]["data"]
+    assert late["name"] == "lateness" and late["visible"] is True and step["visible"] is False
+    rows = {y: [v for v in z if v is not None] for y, z in zip(late["y"], late["z"])}
+    assert np.mean(rows["rank 1"]) > 0.5 * DELAY_MS and np.mean(rows["rank 0"]) < -0.5 * DELAY_MS
+    steps = {y: [v for v in z if v is not None] for y, z in zip(step["y"], step["z"])}
+    assert abs(np.mean(steps["rank 1"]) - np.mean(steps["rank 0"])) < 0.2 * DELAY_MS  # step time: the same
+
+
+@pytest.mark.parametrize("job", ["callbacks", "hf_trainer"])
+def test_the_default_schedule_names_a_rank_late_in_every_step(tmp_path, job):
+    """The launcher's default window (5 recorded steps): a rank late by about a third of the step in every step is
+    named — a framework-style loop whose delay sits in an on_step_begin callback, and Hugging Face's Trainer."""
+    if job == "hf_trainer":
+        if any(importlib.util.find_spec(m) is None for m in ("transformers", "accelerate")):
+            if os.environ.get("CI") == "true":
+                pytest.fail("transformers/accelerate not installed; CI must run the framework tests", pytrace=False)
+            pytest.skip("transformers/accelerate not installed (bash launch/setup.sh installs them)")
+        target = [str(EXAMPLES / "hf_trainer.py"), "--steps", "12", "--base-ms", "30", "--slow-rank", "1",
+                  "--slow-ms", "40"]
+    else:
+        target = [str(ROOT / "benchmarks" / "_straggler_job.py"), "--style", "callbacks", "--steps", "12",
+                  "--device-ms", "40", "--slow-rank", "1", "--slow-ms", "30"]
+    torchrun(2, ["-m", "distprof.launch", "--out", "out", *target], cwd=tmp_path,
+             env=job_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"), timeout=420)
+    rep = build_report(distprof.load(only_run_dir(tmp_path / "out"), progress=False))
+    assert rep.run.n_steps == 5
+    top = rep.stragglers[0]
+    assert rep.straggler_info.named == [1], ([(d.rank, round(d.mean_lateness_ms, 1), d.late_step_fraction)
+                                              for d in rep.stragglers], rep.straggler_info.rule)
+    assert top.late_step_fraction >= 0.8
+    assert rep.verdict.startswith("Rank 1 on host")
+
+
+def test_the_readme_demo_headline_names_the_delay(tmp_path):
+    """launch/demo.sh's job (rank 1 made 20 ms slow), run as the script runs it: the headline's extra work is the
+    injected delay within 15 %."""
+    words = shlex.split((ROOT / "launch" / "demo.sh").read_text().replace("\\\n", " "), comments=True)
+    i = words.index("distprof.launch")
+    j = words.index("examples/ddp_mlp.py", i)
+    opts, k = [], i + 1
+    while k < j:  # the launcher's options but where the output goes
+        skip = words[k] in ("--out", "--run-id")
+        opts += [] if skip else words[k:k + 2]
+        k += 2
+    script = words[j + 1:words.index("echo", j)] if "echo" in words[j:] else words[j + 1:]
+    delay = float(script[script.index("--slow-ms") + 1])
+    torchrun(2, ["-m", "distprof.launch", "--out", "out", *opts, str(EXAMPLES / "ddp_mlp.py"), *script],
+             cwd=tmp_path, env=job_env())
+    rep = build_report(distprof.load(only_run_dir(tmp_path / "out"), progress=False))
+    m = re.search(r"it does ([\d.]+) ms more work per step", rep.verdict)
+    assert m and abs(float(m[1]) - delay) <= 0.15 * delay, rep.verdict

@@ -54,7 +54,7 @@ def stragglers_of(n_instances, rows=()):
     """A stragglers result as find_stragglers hands it: the default rule with a 1 ms floor, `rows` its ranks."""
     rule = StragglerRule()
     parts = {"clock_residual_ms": 0.0, "from_clock_residual_ms": 0.0, "median_step_ms": 0.0, "from_step_time_ms": 0.0,
-             "arrival_jitter_ms": 0.0, "from_jitter_ms": 0.0}
+             "step_noise_ms": 0.0, "from_noise_ms": 0.0}
     info = StragglerInfo(StragglerRuleInfo(text=rule.text(), threshold_ms=1.0, **parts, **asdict(rule)),
                          n_instances=n_instances, named=[d.rank for d in rows if d.named])
     return Stragglers(list(rows), info)
@@ -63,7 +63,7 @@ def stragglers_of(n_instances, rows=()):
 def straggler_row(**given):
     """A stragglers rank row: the figures `given`, every other one 0 (not named unless given)."""
     row = {f.name: 0.0 for f in fields(StragglerRank)}
-    row.update(host="h", named=False, own_steps_consistent=False)
+    row.update(host="h", named=False, extra_work_ms=None)
     return StragglerRank(**{**row, **given})
 
 
@@ -684,6 +684,26 @@ def test_straggler_rank_with_idle_and_compute_root_causes():
     assert f.rank == 1 and "aten::slow" in f.advice
 
 
+def test_cpu_time_and_page_faults_are_their_own_finding_not_the_stragglers():
+    """The same work on every rank, but rank 2's training thread needed 1.5x the CPU time per step and took 8,000
+    page faults per step against its peers' 50: the cpu_time finding says so; the straggler finding of the same rank
+    says nothing of CPUs; without the samples there is no cpu_time finding."""
+    run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20, late_kind="compute")
+    run.steps["cpu_run_ns"] = np.where(run.steps["rank"] == 2, 45_000_000, 30_000_000)
+    run.steps["page_faults"] = np.where(run.steps["rank"] == 2, 8000, 50)
+    fs, _, _ = analyse(run)
+    (f,) = by_id(fs, "cpu_time")
+    assert f.rank == 2 and f.metrics["ratio"] == pytest.approx(1.5)
+    assert "1.50x its peers'" in f.title and "8,000 page faults per step" in f.evidence
+    (st,) = by_id(fs, "straggler_rank")
+    assert "CPU" not in st.evidence and "page faults" not in st.evidence
+    fs, _, _ = analyse(ddp_run(4, n_steps=4, late_rank=2, late_ms=20, late_kind="compute"))
+    assert not by_id(fs, "cpu_time")
+    even = ddp_run(4, n_steps=4, late_rank=2, late_ms=20, late_kind="compute")
+    even.steps["cpu_run_ns"] = np.full(even.steps["rank"].size, 30_000_000)
+    assert not by_id(analyse(even)[0], "cpu_time")
+
+
 def test_no_straggler_finding_without_a_late_rank():
     fs, _, _ = analyse(ddp_run(4, n_steps=4))
     assert not by_id(fs, "straggler_rank") and not by_id(fs, "straggler_host")
@@ -734,7 +754,12 @@ def test_verdict_sentences():
     run = ddp_run(4, n_steps=4, late_rank=2, late_ms=20)
     rep = build_report(summarize_merged(run))
     v = rep.verdict
-    assert v.startswith("Rank 2 on host host0 is late in 100 % of steps by 20.0 ms, and the steps lose 20.0 ms to it")
+    # what it costs: no CPU samples here, so its lateness stands for its extra work; the what-if gain of its finding
+    (f,) = by_id(rep.findings, "straggler_rank")
+    assert v.startswith("Rank 2 on host host0 is a straggler in 100 % of steps: it arrives 20.0 ms after its peers at "
+                        f"the step's collectives, and the steps would be {f.estimated_gain_ms_per_step:.1f} ms "
+                        "shorter without it")
+    assert f.estimated_gain_ms_per_step == pytest.approx(20.0, abs=1.0)
     assert "outside any recorded op" in v
     rep = build_report(summarize_merged(ddp_run(4, n_steps=4, allreduce_ms=8.0)))
     assert rep.verdict.startswith("No straggler: ranks arrive within")
@@ -822,8 +847,16 @@ def test_verdict_leads_with_the_most_severe_finding():
     exposed = Finding("exposed_comm", "high", None, None, "x", "", "", {"impact_pct": 45.0})
     low = Finding("straggler_rank", "low", 1, "h", "y", "", "", {"impact_pct": 3.0})
     v = verdict(s, strag, [], [exposed, low])
-    assert v.startswith("45 % of step time is exposed communication. Also, rank 1 on host h is late in 100 % of")
+    assert v.startswith("45 % of step time is exposed communication. Also, rank 1 on host h is a straggler in 100 % "
+                        "of steps: it arrives 1.3 ms after its peers at the step's collectives, and the steps lose "
+                        "1.2 ms to it")
     # the straggler leads when it is the most severe
     high = replace(low, severity="high", metrics={"impact_pct": 50.0})
     v = verdict(s, strag, [], [high, exposed])
-    assert v.startswith("Rank 1 on host h is late") and v.endswith("Also, 45 % of step time is exposed communication.")
+    assert v.startswith("Rank 1 on host h is a straggler") and v.endswith("Also, 45 % of step time is exposed "
+                                                                          "communication.")
+    # with its extra work known and the finding's what-if gain, the headline says what it costs in those terms
+    strag.ranks[0].extra_work_ms = 2.5
+    v = verdict(s, strag, [], [replace(high, estimated_gain_ms_per_step=1.1), exposed])
+    assert v.startswith("Rank 1 on host h is a straggler in 100 % of steps: it does 2.5 ms more work per step than its "
+                        "peers before the step's collectives, and the steps would be 1.1 ms shorter without it.")

@@ -98,8 +98,13 @@ def test_figures_follow_the_report(synth):
     figs = figures(render_html(rep))
     assert {"fig-steps", "fig-breakdown", "fig-blame", "fig-overlap", "fig-imbalance", "fig-memory"} <= set(figs)
 
-    # heatmap: one cell per (rank, step) with its step time
-    hm = figs["fig-steps"]["data"][0]
+    # heatmap: one cell per (rank, step) with its lateness shown, its step time the second view
+    late, hm = figs["fig-steps"]["data"]
+    assert late["name"] == "lateness" and late.get("visible", True) is True and hm["visible"] is False
+    cells = rep.straggler_info.cells
+    for rank, step, lat in zip(cells.rank, cells.step, cells.lateness_ms):
+        assert late["z"][late["y"].index(f"rank {rank}")][late["x"].index(str(step))] == pytest.approx(lat, abs=1e-3)
+    assert [b["label"] for b in figs["fig-steps"]["layout"]["updatemenus"][0]["buttons"]] == ["lateness", "step time"]
     steps = rep.steps
     assert len(steps) == 16
     for rank, step, step_ms in zip(steps["rank"], steps["step"], steps["step_ms"]):
@@ -431,9 +436,10 @@ def test_many_ranks_figures_are_distributions(many):
     _, rep = many
     page = render_html(rep)
     figs = figures(page)
-    heat = figs["fig-steps"]["data"][0]
+    late, heat = figs["fig-steps"]["data"]
     assert len(heat["y"]) == 12 and all(lbl.startswith("node") for lbl in heat["y"])  # one row per host
     assert all(t.startswith("rank ") for row in heat["text"] for t in row)  # each cell names its slowest rank
+    assert late["y"] == heat["y"] and all(t.startswith("latest: rank ") for row in late["text"] for t in row)
     for fid in ("fig-breakdown", "fig-overlap", "fig-imbalance"):
         kinds = {t["type"] for t in figs[fid]["data"]}
         assert "box" in kinds and "bar" not in kinds, fid

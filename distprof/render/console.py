@@ -188,13 +188,15 @@ def _no_straggler(ranks: list[StragglerRank], floor: str, st: Style) -> list[str
 
 
 def _straggler_table(ranks: list[StragglerRank], st: Style) -> list[str]:
+    """One row per rank: its lateness and extra work, how long each other rank waits for it and it for them."""
+    others = max(len(ranks) - 1, 1)
     rows = [[str(d.rank), name(d.host), fmt(d.mean_lateness_ms, "{:.2f}"), fmt(100 * (d.late_step_fraction or 0),
                                                                                 "{:.0f}%"),
-             fmt(d.extra_work_ms, "{:.2f}"), fmt(d.blame_ms_per_step, "{:.2f}"), fmt(d.wait_ms_per_step, "{:.2f}"),
-             fmt(100 * d.late_fraction, "{:.0f}%"), "STRAGGLER" if d.named else ""]
+             fmt(d.extra_work_ms, "{:.2f}"), fmt(d.blame_ms_per_step / others, "{:.2f}"),
+             fmt(d.wait_ms_per_step, "{:.2f}"), fmt(100 * d.late_fraction, "{:.0f}%"), "STRAGGLER" if d.named else ""]
             for d in ranks[:MAX_RANK_ROWS]]
-    lines = table(["rank", "host", "late ms", "late steps", "extra work ms", "others wait ms", "waits ms", "last",
-                   ""], rows)
+    lines = table(["rank", "host", "late ms", "late steps", "extra work ms", "each other waits ms", "it waits ms",
+                   "last", ""], rows)
     out = [st.red(x) if x.rstrip().endswith("STRAGGLER") else x for x in lines]
     if len(ranks) > MAX_RANK_ROWS:
         out.append(st.dim(f"  ... {len(ranks) - MAX_RANK_ROWS} more ranks in report.json"))

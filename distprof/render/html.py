@@ -72,12 +72,14 @@ def render_html(report: Report, *, compress_js: bool = True) -> str:
 
 
 def _steps_caption(report: Report) -> str:
-    """Caption of the step heatmap: cells are ranks, or (many ranks) the slowest rank of a host or block."""
+    """Caption of the rank x step heatmap: lateness (step time behind its toggle); hosts or blocks with many ranks."""
     if html_scale.many(len(report.run.ranks_present)):
-        return ("Each cell is the slowest rank of a host (or of a block of ranks) in that step (ms); hover for which. "
-                "A row that stays hot is a slow host; a hot column is a slow step everywhere.")
-    return ("Each cell is one rank's step (ms); hover for its breakdown. A row that stays hot is a slow rank; "
-            "a hot column is a slow step everywhere.")
+        return ("Each cell is the latest rank of a host (or of a block of ranks) in that step: how much later than the "
+                "median of its peers it reached the step's collectives (ms; hover for which rank). A row that stays "
+                "red is a slow host. 'step time' shows the slowest rank's step instead.")
+    return ("Each cell is how much later than the median of its peers the rank reached the step's collectives (ms; "
+            "red late, blue early; hover for its extra work). A row that stays red is a straggler. In synchronous "
+            "training every rank's step takes as long: 'step time' shows it, where a hot column is a slow step.")
 
 
 def _breakdown_caption(report: Report) -> str:
@@ -100,14 +102,15 @@ def _chart_sections(report: Report, figs: dict[str, Any]) -> list[str]:
     return [
         html_tables.header(report),
         html_tables.findings(report),
-        _chart("fig-steps", "Step time per rank and step", fig_steps(report), figs, _steps_caption(report)),
+        _chart("fig-steps", "Lateness per rank and step", fig_steps(report), figs, _steps_caption(report)),
         html_watch.section(report, figs, _chart),
         "<div class=\"grid\">",
         _chart("fig-breakdown", "Where step time goes, per rank", fig_breakdown(report), figs,
                _breakdown_caption(report)),
         _chart("fig-blame", "Straggler blame per rank, grouped by host", fig_blame(report), figs,
-               "Bars: how long the other ranks waited for this rank at collectives, per step (red = named "
-               "straggler). Diamonds: mean lateness against the naming floor (dashed).",
+               "Bars: how long each other rank waited for this rank at collectives, per step (a waiting rank's "
+               "overlapping waits counted once; red = named straggler). Diamonds: its lateness against the naming "
+               "floor (dashed).",
                "No collective was matched across ranks: no straggler analysis."),
         "</div>",
         _chart("fig-imbalance", "Work and memory per rank", fig_imbalance(report), figs,

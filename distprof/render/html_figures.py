@@ -102,15 +102,14 @@ def _hover_text(row: tuple[Any, ...]) -> str:
             f"idle {_fmt(row[5], '{:.2f}')} ms<br>other {_fmt(row[6], '{:.2f}')} ms")
 
 
-def fig_steps(report: Report) -> dict[str, Any] | None:
-    """Step time per rank and step (by host or block of ranks when there are many ranks)."""
+def _step_time_trace(report: Report) -> dict[str, Any] | None:
+    """Step time per rank and step: the heatmap's second view (in synchronous training every rank's step is the
+    same length, so its rows look alike)."""
     recs = [r for r in _step_columns(report, "rank", "step", "step_ms", "compute_ms", "exposed_comm_ms", "idle_ms",
                                      "other_ms") if _num(r[2]) is not None]
     if not recs:
         return None
     ranks = sorted({int(r[0]) for r in recs})
-    if html_scale.many(len(ranks)):
-        return html_scale.step_heatmap(report)
     steps = sorted({int(r[1]) for r in recs})
     ri = {r: i for i, r in enumerate(ranks)}
     si = {s: i for i, s in enumerate(steps)}
@@ -123,8 +122,8 @@ def fig_steps(report: Report) -> dict[str, Any] | None:
         if with_text:
             text[i][j] = _hover_text(r)
     trace: dict[str, Any] = {
-        "type": "heatmap", "x": [str(s) for s in steps], "y": [_rank_label(r) for r in ranks], "z": z,
-        "colorscale": "YlOrRd",
+        "type": "heatmap", "name": "step time", "x": [str(s) for s in steps], "y": [_rank_label(r) for r in ranks],
+        "z": z, "colorscale": "YlOrRd",
         "reversescale": True,  # plotly's YlOrRd runs red -> yellow; slow steps should be red
         "colorbar": {"title": {"text": "ms"}}, "xgap": 1, "ygap": 1, "hoverongaps": False,
     }
@@ -133,9 +132,41 @@ def fig_steps(report: Report) -> dict[str, Any] | None:
         trace["hovertemplate"] = "%{y}, step %{x}: <b>%{z:.2f} ms</b><br>%{text}<extra></extra>"
     else:
         trace["hovertemplate"] = "%{y}, step %{x}: <b>%{z:.2f} ms</b><extra></extra>"
-    height = int(min(900, max(220, 22 * len(ranks) + 110)))
-    return {"data": [trace], "layout": _base_layout(height, xaxis=_axis("global step", type="category"),
-                                                    yaxis=_axis(None, type="category", autorange="reversed"))}
+    return trace
+
+
+def _lateness_trace(report: Report) -> dict[str, Any] | None:
+    """Each rank's lateness per step (the stragglers' cells): red late, blue early, white on time."""
+    c = report.straggler_info.cells if report.straggler_info is not None else None
+    if c is None or not c.rank:
+        return None
+    ranks, steps = sorted(set(c.rank)), sorted(set(c.step))
+    ri = {r: i for i, r in enumerate(ranks)}
+    si = {s: i for i, s in enumerate(steps)}
+    z: list[list[float | None]] = [[None] * len(steps) for _ in ranks]
+    text: list[list[str]] = [[""] * len(steps) for _ in ranks]
+    for r, s, lat, extra in zip(c.rank, c.step, c.lateness_ms, c.extra_work_ms):
+        i, j = ri[r], si[s]
+        z[i][j] = _num(lat)
+        text[i][j] = "" if extra is None else f"extra work {_fmt(extra, '{:+.2f}')} ms"
+    return html_scale.lateness_heatmap_trace(steps, [_rank_label(r) for r in ranks], z, text)
+
+
+def fig_steps(report: Report) -> dict[str, Any] | None:
+    """Per rank (by host or block of ranks when there are many ranks) and step: its lateness at the step's
+    collectives (what differs between ranks), with step time as a second view; step time alone without collectives."""
+    ranks = {int(r) for r in report.steps["rank"].tolist()} if report.steps is not None else set()
+    if html_scale.many(len(ranks)):
+        return html_scale.step_heatmap(report)
+    step = _step_time_trace(report)
+    late = _lateness_trace(report)
+    if step is None and late is None:
+        return None
+    rows = len({t for tr in (step, late) if tr is not None for t in tr["y"]})
+    height = int(min(900, max(220, 22 * rows + 110)))
+    layout = _base_layout(height, xaxis=_axis("global step", type="category"),
+                          yaxis=_axis(None, type="category", autorange="reversed"))
+    return html_scale.two_views(late, step, layout)
 
 
 def fig_breakdown(report: Report) -> dict[str, Any] | None:
@@ -187,11 +218,12 @@ def fig_blame(report: Report) -> dict[str, Any] | None:
         return html_scale.blame(report.stragglers, host_of, thr)
     rows = sorted(report.stragglers, key=lambda s: (host_of(s), int(s.rank)))
     x = [[_pl(host_of(s)) for s in rows], [_rank_label(s.rank) for s in rows]]
+    others = max(len(report.stragglers) - 1, 1)
     data: list[dict[str, Any]] = [
-        {"type": "bar", "name": "blame (others' wait) ms/step", "x": x,
-         "y": [_num(s.blame_ms_per_step) for s in rows], "marker": {"color": [_NAMED if s.named else _PLAIN
-                                                                            for s in rows]},
-         "hovertemplate": "%{x}: blame %{y:.2f} ms/step<extra></extra>"},
+        {"type": "bar", "name": "each other rank's wait for it, ms/step", "x": x,
+         "y": [None if _num(s.blame_ms_per_step) is None else round(s.blame_ms_per_step / others, 4) for s in rows],
+         "marker": {"color": [_NAMED if s.named else _PLAIN for s in rows]},
+         "hovertemplate": "%{x}: each other rank waits %{y:.2f} ms/step for it<extra></extra>"},
         {"type": "scatter", "mode": "markers", "name": "mean lateness ms", "x": x,
          "y": [_num(s.mean_lateness_ms) for s in rows],
          "marker": {"symbol": "diamond", "size": 11, "color": "#222222"},

@@ -21,7 +21,7 @@ from ..analysis.report.model import Report
 from .html_text import _num, _pl
 
 __all__ = ["MANY_RANKS", "many", "step_heatmap", "breakdown", "blame", "overlap", "imbalance", "HEATMAP_ROWS",
-           "TOP_BLAME", "LABELLED"]
+           "TOP_BLAME", "LABELLED", "lateness_heatmap_trace", "two_views"]
 
 #: Above this many ranks, per-rank figures become distributions.
 MANY_RANKS = 64
@@ -97,17 +97,35 @@ def _groups(report: Report, ranks: list[int]) -> tuple[list[str], Callable[[int]
     return labels, lambda r: order[r] // block
 
 
-def step_heatmap(report: Report) -> dict[str, Any] | None:
-    """Step time by host (or block of ranks) and step: each cell the slowest rank of the row in that step."""
-    if report.steps is None:
-        return None
-    cols = (report.steps[c].tolist() for c in ("rank", "step", "step_ms"))
-    recs = [(int(rank), int(step), ms) for rank, step, ms in zip(*cols) if _num(ms) is not None]
-    if not recs:
-        return None
-    ranks = sorted({r[0] for r in recs})
-    steps = sorted({r[1] for r in recs})
-    labels, row_of = _groups(report, ranks)
+def lateness_heatmap_trace(steps: Sequence[int], labels: list[str], z: list[list[float | None]],
+                           text: list[list[str]]) -> dict[str, Any]:
+    """A heatmap of lateness (ms): red late, blue early, white on time (centred on 0)."""
+    vals = [abs(v) for row in z for v in row if v is not None]
+    top = max(max(vals, default=1.0), 1e-3)
+    return {"type": "heatmap", "name": "lateness", "x": [str(s) for s in steps], "y": labels, "z": z, "text": text,
+            "colorscale": "RdBu", "reversescale": True, "zmid": 0, "zmin": -top, "zmax": top,
+            "colorbar": {"title": {"text": "late ms"}}, "xgap": 1, "ygap": 1, "hoverongaps": False,
+            "hovertemplate": "%{y}, step %{x}: <b>%{z:+.2f} ms</b> late<br>%{text}<extra></extra>"}
+
+
+def two_views(late: dict[str, Any] | None, step: dict[str, Any] | None, layout: dict[str, Any]) -> dict[str, Any]:
+    """The heatmap figure: lateness shown, step time a second view behind a toggle (either alone when the other is
+    missing)."""
+    traces = [t for t in (late, step) if t is not None]
+    if len(traces) == 2:
+        late["visible"], step["visible"] = True, False
+        layout["updatemenus"] = [{
+            "type": "buttons", "direction": "right", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom",
+            "showactive": True, "pad": {"t": 0, "r": 4},
+            "buttons": [{"label": "lateness", "method": "restyle", "args": [{"visible": [True, False]}]},
+                        {"label": "step time", "method": "restyle", "args": [{"visible": [False, True]}]}]}]
+        layout["margin"] = {**layout.get("margin", {}), "t": 44}
+    return {"data": traces, "layout": layout}
+
+
+def _row_cells(recs: list[tuple[int, int, float]], labels: list[str], row_of: Callable[[int], int],
+               steps: list[int]) -> tuple[list[list[float | None]], list[list[str]]]:
+    """Per row (host or block) and step: the largest value of its ranks, and which rank it was."""
     si = {s: i for i, s in enumerate(steps)}
     z: list[list[float | None]] = [[None] * len(steps) for _ in labels]
     who: list[list[str]] = [[""] * len(steps) for _ in labels]
@@ -117,13 +135,37 @@ def step_heatmap(report: Report) -> dict[str, Any] | None:
         if z[i][j] is None or v > z[i][j]:
             z[i][j] = v
             who[i][j] = f"rank {rank}"
-    trace = {"type": "heatmap", "x": [str(s) for s in steps], "y": labels, "z": z, "text": who,
-             "colorscale": "YlOrRd", "reversescale": True, "colorbar": {"title": {"text": "ms"}}, "xgap": 1,
-             "ygap": 1, "hoverongaps": False,
-             "hovertemplate": "%{y}, step %{x}: slowest %{text} <b>%{z:.2f} ms</b><extra></extra>"}
+    return z, who
+
+
+def step_heatmap(report: Report) -> dict[str, Any] | None:
+    """By host (or block of ranks) and step: each cell the latest rank of the row (its lateness), with the slowest
+    rank's step time as a second view."""
+    step_recs: list[tuple[int, int, float]] = []
+    if report.steps is not None:
+        cols = (report.steps[c].tolist() for c in ("rank", "step", "step_ms"))
+        step_recs = [(int(rank), int(step), ms) for rank, step, ms in zip(*cols) if _num(ms) is not None]
+    c = report.straggler_info.cells if report.straggler_info is not None else None
+    late_recs = [] if c is None else [(r, s, v) for r, s, v in zip(c.rank, c.step, c.lateness_ms)
+                                      if _num(v) is not None]
+    if not step_recs and not late_recs:
+        return None
+    ranks = sorted({r[0] for r in step_recs + late_recs})
+    steps = sorted({r[1] for r in step_recs + late_recs})
+    labels, row_of = _groups(report, ranks)
+    late = step = None
+    if late_recs:
+        z, who = _row_cells(late_recs, labels, row_of, steps)
+        late = lateness_heatmap_trace(steps, labels, z, [[f"latest: {w}" if w else "" for w in row] for row in who])
+    if step_recs:
+        z, who = _row_cells(step_recs, labels, row_of, steps)
+        step = {"type": "heatmap", "name": "step time", "x": [str(s) for s in steps], "y": labels, "z": z,
+                "text": who, "colorscale": "YlOrRd", "reversescale": True, "colorbar": {"title": {"text": "ms"}},
+                "xgap": 1, "ygap": 1, "hoverongaps": False,
+                "hovertemplate": "%{y}, step %{x}: slowest %{text} <b>%{z:.2f} ms</b><extra></extra>"}
     height = int(min(900, max(220, 14 * len(labels) + 110)))
-    return {"data": [trace], "layout": _layout(height, xaxis=_axis("global step", type="category"),
-                                               yaxis=_axis(None, type="category", autorange="reversed"))}
+    return two_views(late, step, _layout(height, xaxis=_axis("global step", type="category"),
+                                         yaxis=_axis(None, type="category", autorange="reversed")))
 
 
 def breakdown(ranks: list[int], means: dict[str, list[float]]) -> dict[str, Any] | None:
@@ -152,10 +194,12 @@ def blame(rows: list[StragglerRank], host_of: Callable[[StragglerRank], str], th
         return None
     keep.sort(key=lambda s: (host_of(s), int(s.rank)))
     x = [[_pl(host_of(s)) for s in keep], [f"rank {s.rank}" for s in keep]]
-    data = [{"type": "bar", "name": "blame (others' wait) ms/step", "x": x,
-             "y": [_num(s.blame_ms_per_step) for s in keep],
+    others = max(len(rows) - 1, 1)
+    data = [{"type": "bar", "name": "each other rank's wait for it, ms/step", "x": x,
+             "y": [None if _num(s.blame_ms_per_step) is None else round(s.blame_ms_per_step / others, 4)
+                   for s in keep],
              "marker": {"color": [_NAMED if s.named else _PLAIN for s in keep]},
-             "hovertemplate": "%{x}: blame %{y:.2f} ms/step<extra></extra>"},
+             "hovertemplate": "%{x}: each other rank waits %{y:.2f} ms/step for it<extra></extra>"},
             {"type": "scatter", "mode": "markers", "name": "mean lateness ms", "x": x,
              "y": [_num(s.mean_lateness_ms) for s in keep],
              "marker": {"symbol": "diamond", "size": 10, "color": "#222222"},

@@ -13,6 +13,7 @@ them all, else one per rank (see :mod:`.rules`). Each rule is documented, with i
 * ``exposed_comm`` — :mod:`.communication`
 * ``input_wait`` — :mod:`.input_wait`
 * ``cpu_contention`` — :mod:`.cpu`
+* ``cpu_time`` — :mod:`.cpu_time`
 * ``device_idle``, ``host_sync`` — :mod:`.device`
 * ``tiny_ops`` — :mod:`.ops`
 * ``memory_churn`` — :mod:`.memory`
@@ -34,6 +35,7 @@ from ..cross.pipeline import pipelines as find_pipelines
 from ..types import FindingRules
 from .communication import exposed_comm, exposed_comm_text
 from .cpu import cpu_contention, cpu_contention_text
+from .cpu_time import cpu_time, cpu_time_text
 from .device import device_idle, device_idle_text, host_sync, host_sync_text
 from .input_wait import input_wait, input_wait_text
 from .memory import memory_churn, memory_churn_text
@@ -75,15 +77,15 @@ def findings(
     n = len(ms)
     step_ms = np.asarray(run.steps["step_ms"], np.float64)
     median_step = float(np.median(step_ms)) if step_ms.size else 0.0
-    named_lat = {d.rank: float(d.mean_lateness_ms) for d in stragglers.named_rows}
     pipes = pipelines if pipelines is not None else find_pipelines(run)
     out = straggler_findings(stragglers, root_cause, dict(run.hosts), median_step, rules)
     out += pipeline_findings(pipes, rules)
-    out += group("exposed_comm", exposed_comm(ms, rules, named_lat, pipeline_comm(
+    out += group("exposed_comm", exposed_comm(ms, rules, stragglers.waits_for_named, pipeline_comm(
         pipes, {r for r, s in run.ranks.items() if s.collectives["seq"].size})), n, rules,
         lambda m, where, worst: exposed_comm_text(m, where, worst, exposed_advice))
     out += group("input_wait", input_wait(ms, rules), n, rules, input_wait_text)
     out += group("cpu_contention", cpu_contention(run, rules, stragglers), n, rules, cpu_contention_text)
+    out += group("cpu_time", cpu_time(run, rules), n, rules, cpu_time_text)
     out += group("device_idle", device_idle(ms, rules), n, rules, device_idle_text)
     out += group("host_sync", host_sync(ms, rules), n, rules, host_sync_text)
     out += group("tiny_ops", tiny_ops(ms, rules), n, rules, tiny_ops_text)

@@ -1,8 +1,9 @@
 """Communication rule: communication the step waits for (measured in :mod:`.measures`).
 
-* ``exposed_comm`` — exposed communication (``steps.exposed_comm_ms``) net of the wait for named stragglers (on
-  every other rank ≈ the largest named straggler's mean lateness per step; that wait is the straggler's finding) and
-  of a pipeline stage's transfers, waits included (the ``pipeline_bubble`` finding's). Fires when the net share reaches
+* ``exposed_comm`` — exposed communication (``steps.exposed_comm_ms``) net of the rank's wait for named stragglers
+  (the stragglers' ``waits_for_named``: its time in collectives until a named rank arrived, overlapping waits once;
+  that wait is the straggler's finding) and of a pipeline stage's transfers, waits included (the
+  ``pipeline_bubble`` finding's). Fires when the net share reaches
   ``exposed_min_pct`` (10 %) of step time. The advice fits the job's parallelism and the collectives whose time is
   exposed the most (``parallelism.advice_for_exposed``: DDP buckets, FSDP prefetch / reshard_after_forward, tensor
   parallel placement / sequence parallel / async TP, all-to-all overlap for experts).
@@ -19,14 +20,14 @@ if TYPE_CHECKING:
     from ..rank.measures import RankMeasures
 
 
-def exposed_comm(ms: list[RankMeasures], rules: FindingRules, named: dict[int, float],
+def exposed_comm(ms: list[RankMeasures], rules: FindingRules, straggler_wait: dict[int, float],
                  pipeline_wait: dict[int, float] | None = None) -> list[Hit]:
+    """`straggler_wait`: per rank, its wait for the named stragglers per step (ms)."""
     hits = []
-    wait_for = max(named.values()) if named else 0.0
     pipeline_wait = pipeline_wait or {}
     for m in ms:
         exp_ = m.exposed_comm_ms_per_step
-        wait = 0.0 if m.rank in named else min(max(wait_for, 0.0), exp_)
+        wait = min(max(straggler_wait.get(m.rank, 0.0), 0.0), exp_)
         pipe = min(max(pipeline_wait.get(m.rank, 0.0), 0.0), exp_ - wait)
         net = exp_ - wait - pipe
         impact = pct(net, m.step_ms)

@@ -3,12 +3,12 @@
 * ``cpu_contention`` — per rank, the mean over its steps of ``steps.cpu_wait_ms`` (the stepping thread's run-queue
   wait, from the capture's scheduler statistics; unknown for imports and older shards, and then the rule is silent).
   Fires when it reaches ``cpu_wait_min_step_pct`` (10 %) of step time and ``cpu_wait_min_ms`` (1 ms) per step.
-  That time is neither the rank's own work nor waiting for a peer (a blocked wait sleeps, it is not runnable). A
-  rank held back this way more than its peers, late at its collectives by that wait and no more (the stragglers'
-  ``cpu_wait_excess_ms`` and ``lateness_not_cpu_wait_ms``), is not named a straggler: the finding says it arrived
-  late and why (``late_ms_per_step``, ``held_back_ms_per_step``), since freeing its cores, not its work, is what
-  would gain. A rank that oversubscribes its own cores (too many intra-op threads or DataLoader workers) is
-  reported here too.
+  That time is neither the rank's own work nor waiting for a peer (a blocked wait sleeps, it is not runnable). The
+  waits move the ranks' arrivals at collectives, which the straggler rule takes as they are: where a named
+  straggler's lateness and its own extra work (its lateness with the ranks' waits for a CPU taken out, stragglers'
+  ``extra_work_ms``) differ by the floor and a quarter of the lateness, the finding says so — a rank held back by
+  its host is late for its host's sake, and its peers held back while it sleeps make it look less late. A rank that
+  oversubscribes its own cores (too many intra-op threads or DataLoader workers) is reported here too.
 """
 
 from __future__ import annotations
@@ -25,20 +25,23 @@ if TYPE_CHECKING:
     from ..types import RunSummary
 
 
-def held_back(stragglers: Stragglers | None) -> dict[int, tuple[float, float]]:
-    """Ranks late by at least the straggler floor, not named, whose lateness was mostly waiting longer for a CPU than
-    their peers: rank -> (mean lateness, its CPU-wait excess), ms per step."""
+def arrival_shift(stragglers: Stragglers | None) -> dict[int, tuple[float, float]]:
+    """Named ranks whose lateness and own extra work differ by at least the straggler floor and a quarter of the
+    lateness: the ranks' waits for a CPU moved their arrivals. rank -> (mean lateness, extra work), ms per step."""
     if stragglers is None:
         return {}
     thr = float(stragglers.threshold_ms or 0.0)
-    return {int(d.rank): (float(d.mean_lateness_ms), float(d.cpu_wait_excess_ms or 0.0))
-            for d in stragglers.ranks
-            if not d.named and d.mean_lateness_ms >= thr
-            and (d.cpu_wait_excess_ms or 0.0) >= max(thr, 0.5 * d.mean_lateness_ms)}
+    return {int(d.rank): (float(d.mean_lateness_ms), float(d.extra_work_ms)) for d in stragglers.named_rows
+            if d.extra_work_ms is not None
+            and abs(d.extra_work_ms - d.mean_lateness_ms) >= max(thr, SHIFT_SHARE * abs(d.mean_lateness_ms))}
+
+
+#: A named rank's lateness and extra work that differ by this share of its lateness are said to be moved by the waits.
+SHIFT_SHARE = 0.25
 
 
 def cpu_contention(run: RunSummary, rules: FindingRules, stragglers: Stragglers | None = None) -> list[Hit]:
-    held = held_back(stragglers)
+    shift = arrival_shift(stragglers)
     st = run.steps
     wait = np.asarray(st.get("cpu_wait_ms", np.zeros(0)), np.float64)
     if wait.size == 0 or not np.isfinite(wait).any():
@@ -57,8 +60,11 @@ def cpu_contention(run: RunSummary, rules: FindingRules, stragglers: Stragglers 
         r = int(ranks[i])
         hits.append(Hit(r, str(run.hosts.get(r, "?")), pct(float(w[i]), float(s[i])), {
             "cpu_wait_ms_per_step": float(w[i]), "cpu_run_ms_per_step": float(r_ms[i]), "step_ms": float(s[i]),
-            "threshold_step_pct": rules.cpu_wait_min_step_pct, "threshold_ms": rules.cpu_wait_min_ms,
-            "late_ms_per_step": held.get(r, (0.0, 0.0))[0], "held_back_ms_per_step": held.get(r, (0.0, 0.0))[1]}))
+            "threshold_step_pct": rules.cpu_wait_min_step_pct, "threshold_ms": rules.cpu_wait_min_ms}))
+    if shift:  # the straggler's arrivals moved by the waits: said once, in the text
+        r, (late, extra) = max(shift.items(), key=lambda kv: abs(kv[1][1] - kv[1][0]))
+        for h in hits:
+            h.notes["arrival_shift"] = (r, late, extra)
     return hits
 
 
@@ -68,7 +74,7 @@ def cpu_contention_text(m, where, worst):
           f"{m['step_ms']:.1f} ms step (it ran {m['cpu_run_ms_per_step']:.1f} ms): other threads or processes held "
           f"the host's cores. This is neither the rank's own work nor waiting for a peer. Rule: "
           f">= {m['threshold_step_pct']:.0f} % of step time and >= {m['threshold_ms']:.1f} ms per step."
-          + _held_back_text(worst.rank, worst.metrics))
+          + _shift_text(worst.notes))
     advice = ("Give each rank its cores: no more busy ranks per host than cores, intra-op threads per rank "
               "(OMP_NUM_THREADS, torch.set_num_threads) times ranks within the cores, DataLoader workers counted "
               "too; bind ranks to cores (numactl / taskset, torchrun --numa-binding where available); look for other "
@@ -76,9 +82,10 @@ def cpu_contention_text(m, where, worst):
     return title, ev, advice
 
 
-def _held_back_text(rank: int, m: dict) -> str:
-    if m.get("held_back_ms_per_step", 0.0) <= 0:
+def _shift_text(notes: dict) -> str:
+    if "arrival_shift" not in notes:
         return ""
-    return (f" Rank {rank} arrived {m['late_ms_per_step']:.1f} ms late per step at its collectives, "
-            f"{m['held_back_ms_per_step']:.1f} ms of it from waiting longer for a CPU than its peers before them: "
-            f"the host held it back, its own work was not slower, and it is not named a straggler.")
+    r, late, extra = notes["arrival_shift"]
+    who = "its peers' waits for a CPU delayed their arrivals" if extra > late else "its own waits delayed it"
+    return (f" It moves the arrivals at collectives: straggler rank {r} arrives {late:.1f} ms late per step while its "
+            f"own work is {extra:.1f} ms more than its peers' ({who}).")

@@ -65,7 +65,9 @@ def _host_finding(host: str, members: list[int], late: list[int], h: StragglerHo
     lat = (h.mean_lateness_ms if h is not None else 0.0) or (
         float(np.mean([ranks[r].mean_lateness_ms for r in late])) if late else 0)
     late_fraction = (h.late_fraction if h is not None else 0.0) or 0.0
-    blame = sum(ranks[r].blame_ms_per_step for r in members if r in ranks)
+    n_steps = max((ranks[r].n_steps for r in members if r in ranks), default=0)
+    blame = (h.blame_ms / max(n_steps, 1) if h is not None else
+             sum(ranks[r].blame_ms_per_step for r in members if r in ranks))
     cost = max((float(ranks[r].cost_ms_per_step) for r in late), default=float(lat))
     impact = pct(cost, median_step_ms)
     n_others = max(len(ranks) - len(members), 1)
@@ -100,90 +102,36 @@ def _rank_finding(d: StragglerRank, ops: list[RootCauseOp], n_ranks: int, median
     top = ops[0] if ops else None
     return Finding(
         id="straggler_rank", severity=rules.severity(impact), rank=r, host=d.host,
-        title=f"Straggler: rank {r} (host {d.host}) is late in {100 * d.late_step_fraction:.0f} % of "
-              f"steps, costing {cost:.1f} ms per step",
-        evidence=_rank_evidence(d, ops, n_ranks, cost, impact, wait_each, median_step_ms, thr),
+        title=f"Straggler: rank {r} (host {d.host}) is late by {d.mean_lateness_ms:.1f} ms in "
+              f"{100 * d.late_step_fraction:.0f} % of steps",
+        evidence=_rank_evidence(d, ops, n_ranks, wait_each, median_step_ms, thr),
         advice=_rank_advice(r, top),
         metrics={"mean_lateness_ms": d.mean_lateness_ms, "late_fraction": d.late_fraction,
                  "late_step_fraction": d.late_step_fraction, "blame_ms_per_step": d.blame_ms_per_step,
-                 "wait_ms_per_step_each": wait_each, "cost_ms_per_step": cost,
-                 "lost_ms_per_step": d.lost_ms_per_step, "impact_pct": impact,
+                 "wait_ms_per_step_each": wait_each, "cost_ms_per_step": cost, "impact_pct": impact,
                  "median_step_ms": median_step_ms, "threshold_ms": float(thr or 0.0),
-                 "cpu_wait_excess_ms": float(d.cpu_wait_excess_ms or 0.0),
-                 **({"own_excess_ms": d.own_excess_ms} if d.own_excess_ms is not None else {}),
+                 **({"extra_work_ms": d.extra_work_ms} if d.extra_work_ms is not None else {}),
                  **({"top_excess_ms_per_step": top.excess_ms_per_step} if top else {})},
     )
 
 
-def _rank_evidence(d: StragglerRank, ops: list[RootCauseOp], n_ranks: int, cost: float, impact: float,
-                   wait_each: float, median_step_ms: float, thr: float | None) -> str:
-    """What a named rank's finding says: its lateness and what it costs, how it differs, and the notes that apply."""
+def _rank_evidence(d: StragglerRank, ops: list[RootCauseOp], n_ranks: int, wait_each: float, median_step_ms: float,
+                   thr: float | None) -> str:
+    """What a named rank's finding says: its lateness, its extra work, who waits for it, and where it differs."""
     r = d.rank
     cause = "; ".join(f"{display_name(o.name)} +{o.excess_ms_per_step:.1f} ms/step "
                       f"({o.rank_ms_per_step:.1f} vs {o.others_median_ms_per_step:.1f})" for o in ops[:3])
-    return (f"rank {r} arrives {d.mean_lateness_ms:.1f} ms after the median of the other ranks per "
-            f"step, in excess of them in {100 * d.excess_step_fraction:.0f} % of its "
-            f"{d.n_steps} steps; the steps lose {cost:.1f} ms to it ({impact:.0f} % of the "
-            f"{median_step_ms:.1f} ms median step) and "
+    extra = ("" if d.extra_work_ms is None else
+             f"; its own work before them is {d.extra_work_ms:.1f} ms per step more than its peers' (their waits for "
+             f"a CPU taken out)")
+    return (f"rank {r} arrives at the step's collectives {d.mean_lateness_ms:.1f} ms after the median of the other "
+            f"ranks (mean over its {d.n_steps} steps of the {median_step_ms:.1f} ms median step; late by the floor in "
+            f"{100 * d.late_step_fraction:.0f} % of them){extra}; "
             + (f"the other rank waits {wait_each:.1f} ms per step for it" if n_ranks == 2 else
-               f"each of the other {n_ranks - 1} ranks waits {wait_each:.1f} ms per step for it on "
-               f"average")
+               f"each of the other {n_ranks - 1} ranks waits {wait_each:.1f} ms per step for it on average")
+            + " (its time in collectives until this rank arrived, overlapping waits once)"
             + (f"; it differs most in: {cause}" if cause else "")
-            + _slow_cpu_note(d)
-            + _cpu_wait_note(d, thr)
-            + _page_fault_note(d)
-            + _own_work_note(d)
             + f". Rule: the stragglers naming rule (floor {thr or 0:.2f} ms, see straggler_info).")
-
-
-#: A named rank whose training thread needs this many times its peers' CPU time per step is said to run on a slower CPU.
-SLOW_CPU_RATIO = 1.2
-def _slow_cpu_note(d: StragglerRank) -> str:
-    """Said when the rank's training thread needed at least SLOW_CPU_RATIO times its peers' CPU time per step."""
-    if (d.cpu_time_ratio or 0) >= SLOW_CPU_RATIO:
-        return (f"; its training thread used {d.cpu_time_ratio:.2f}x the CPU time per step of the other "
-                f"ranks' median: the same work ran slower on its CPU (a core shared with another "
-                f"process, throttled, or slower)")
-    return ""
-
-
-#: A named rank's extra wait for a CPU is stated once it is this share of its lateness (and above the floor). It is a
-#: fact beside the lateness, not its measured cause: on FSDP2 a rank slowed by a sleep before its all-gathers also
-#: waited 6-24 ms longer for a CPU beside a busy process (it computes while its peer's wait is blocked, not runnable).
-CPU_WAIT_REASON_SHARE = 0.25
-
-
-def _cpu_wait_note(d: StragglerRank, thr: float | None) -> str:
-    w, late = float(d.cpu_wait_excess_ms or 0.0), float(d.mean_lateness_ms)
-    if w < max(thr or 0.0, CPU_WAIT_REASON_SHARE * late):
-        return ""
-    return (f"; its training thread also waited {w:.1f} ms per step longer for a CPU than the other ranks' median "
-            f"(runnable, not running): its host's cores are shared with other threads or processes, which can hold it "
-            f"back (see cpu_contention)")
-
-
-#: A named rank's page faults are stated once they exceed its peers' median by this many per step and this factor.
-PAGE_FAULTS_NOTE_MIN = 1000
-PAGE_FAULTS_NOTE_RATIO = 2.0
-
-
-def _page_fault_note(d: StragglerRank) -> str:
-    mine, others = d.page_faults_per_step, d.others_page_faults_per_step
-    if mine is None or others is None or mine - others < PAGE_FAULTS_NOTE_MIN or mine < PAGE_FAULTS_NOTE_RATIO * others:
-        return ""
-    return (f"; its training thread took {mine:,.0f} page faults per step against the other ranks' median of "
-            f"{others:,.0f}: the kernel mapped memory for it anew every step (an allocator returning memory to the "
-            f"system and taking it back; on CPU, torch's huge pages THP_MEM_ALLOC_ENABLE=1 or a fixed "
-            f"MALLOC_MMAP_THRESHOLD_ keep it)")
-
-
-def _own_work_note(d: StragglerRank) -> str:
-    """Said when the rank's own work before its steps' first collective exceeded its peers' consistently."""
-    if not d.own_steps_consistent or d.own_excess_median_ms is None:
-        return ""
-    return (f"; its own work before each step's first collective (its waits for a CPU left out) took "
-            f"{d.own_excess_median_ms:.1f} ms longer than its peers' (median over steps; longer in "
-            f"{100 * (d.own_positive_fraction or 0):.0f} % of them)")
 
 
 def _rank_advice(r: int, top: RootCauseOp | None) -> str:

@@ -4,9 +4,11 @@ Order of precedence:
 
 1. No recorded step: say so and where to look.
 2. The most severe finding leads (findings are ordered by severity, then impact). When it is a slow host
-   (``straggler_host``) or a named straggler rank: who is late, in how many steps, what the steps lose to it, and its
-   root cause — the ``[idle]`` pseudo-op as "more time outside any recorded op", else the slowest op as "runs N x
-   slower than its peers"; a second sentence names the top other finding when it is of high severity. When another
+   (``straggler_host``) or a named straggler rank: who is late, in how many steps, what it costs — its own extra work
+   per step (``extra_work_ms``; its lateness where that is unknown) and how much shorter the steps would be without it
+   (the finding's what-if gain, ``estimated_gain_ms_per_step``; else the measured cost) — and its root cause: the
+   ``[idle]`` pseudo-op as "more time outside any recorded op", else the slowest op as "runs N x slower than its
+   peers"; a second sentence names the top other finding when it is of high severity. When another
    finding is more severe than any straggler, it leads and the straggler follows as the second sentence.
 3. No straggler but matched collectives: "No straggler: ranks arrive within X ms of each other" (X = the largest mean
    lateness of any rank), then the top finding, else the largest part of the step-time summary.
@@ -90,17 +92,30 @@ def _cause(rc: RootCause | None) -> str:
     return ", and ".join(bits)
 
 
-def _straggler_sentence(host_f: Finding | None, named: list[StragglerRank], rc: dict[int, RootCause]) -> str:
+def _costs(f: Finding | None, cost_ms: float) -> str:
+    """What fixing a straggler would gain: the what-if's shorter step, else the measured cost."""
+    gain = f.estimated_gain_ms_per_step if f is not None else None
+    if gain is not None:
+        return f"the steps would be {gain:.1f} ms shorter without it"
+    return f"the steps lose {cost_ms:.1f} ms to it"
+
+
+def _straggler_sentence(host_f: Finding | None, named: list[StragglerRank], rc: dict[int, RootCause],
+                        findings: list[Finding]) -> str:
     if host_f is not None:
         m = host_f.metrics
         return (f"host {host_f.host} is slow: its ranks arrive {m['mean_lateness_ms']:.1f} ms late together in "
-                f"{100 * m['late_fraction']:.0f} % of collectives, and the steps lose "
-                f"{m.get('cost_ms_per_step', m['mean_lateness_ms']):.1f} ms to it")
+                f"{100 * m['late_fraction']:.0f} % of collectives, and "
+                + _costs(host_f, m.get("cost_ms_per_step", m["mean_lateness_ms"])))
     if not named:
         return ""
     d = named[0]
-    first = (f"rank {d.rank} on host {d.host} is late in {100 * d.late_step_fraction:.0f} % of steps "
-             f"by {d.mean_lateness_ms:.1f} ms, and the steps lose {d.cost_ms_per_step:.1f} ms to it")
+    f = next((x for x in findings if x.id == "straggler_rank" and x.rank == d.rank), None)
+    what = (f"it does {d.extra_work_ms:.1f} ms more work per step than its peers before the step's collectives"
+            if d.extra_work_ms is not None else
+            f"it arrives {d.mean_lateness_ms:.1f} ms after its peers at the step's collectives")
+    first = (f"rank {d.rank} on host {d.host} is a straggler in {100 * d.late_step_fraction:.0f} % of steps: {what}, "
+             f"and {_costs(f, d.cost_ms_per_step)}")
     cause = _cause(rc.get(d.rank))
     if cause:
         first += f"; {cause}"
@@ -124,7 +139,7 @@ def verdict(summary: StepSummary, stragglers: Stragglers, root_cause: list[RootC
     top = others[0] if others else None
     host_f = next((f for f in findings if f.id == "straggler_host"), None)
     rc = {d.rank: d for d in root_cause}
-    first = _straggler_sentence(host_f, stragglers.named_rows, rc)
+    first = _straggler_sentence(host_f, stragglers.named_rows, rc, findings)
     if first:
         lead = findings[0] if findings else None
         if lead is not None and lead.id not in strag_ids:  # a more severe finding than any straggler leads

@@ -1,29 +1,20 @@
 """The clock-free cross-check: lateness from durations only, with no clock alignment.
 
-A collective ends at about the same time on all ranks, so ``median_{r'≠r} d_r'i − d_ri`` estimates ℓ
-(``clock_free_lateness_ms``, per step the largest, averaged over steps) and ``d_ri − min_r' d_r'i`` is how long r
-waited (``clock_free_wait_ms``, DeepSpeed's "straggler effect"). Part (4) of the naming rule: its clock-free
-lateness ≥ ``clock_free_factor`` × its mean lateness, so a clock error cannot name a rank. ``clock_free.agrees``
-says whether the clock-free measure's most-late rank is a named one (or, with nobody named, the same rank as the
-aligned measure's).
+A collective ends at about the same time on all ranks, so ``median_{r'≠r} d_r'i − d_ri`` (durations d) estimates ℓ
+without any clock: per step the largest, averaged over steps (``clock_free_lateness_ms``). On a run over several
+hosts the rule (:mod:`.rule`) needs it to confirm a rank's lateness, so that a clock error cannot name a rank.
+``agrees`` says whether its most-late rank is a named one (or, with nobody named, the same rank as the aligned
+measure's).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .peers import median_of_others
 from .result import ClockFreeCheck
 
-if TYPE_CHECKING:
-    from .instances import Table
-    from .measures import RankMeasures
-
-__all__ = ["clock_free_lateness_ns", "clock_free_summary", "clock_free_wait_ms"]
-
-NS_PER_MS = 1e6
+__all__ = ["clock_free_check", "clock_free_lateness_ns"]
 
 
 def clock_free_lateness_ns(inst: np.ndarray, first: np.ndarray, n: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -36,21 +27,12 @@ def clock_free_lateness_ns(inst: np.ndarray, first: np.ndarray, n: np.ndarray, d
     return median_of_others(first, n, d_pos, d_sorted) - d
 
 
-def clock_free_wait_ms(t: Table, n_inst: int) -> np.ndarray:
-    """Per instance row: its duration minus the shortest in the instance (ms), how long the rank waited there."""
-    dur = t["dur_ns"] / NS_PER_MS
-    dmin = np.full(n_inst, np.inf)
-    np.minimum.at(dmin, t["inst"], dur)
-    return dur - dmin[t["inst"]]
-
-
-def clock_free_summary(m: RankMeasures, named: list[int], thr: float) -> ClockFreeCheck:
-    """The report's ``clock_free`` entry: the most-late rank by each measure, whether they agree, and per rank that
-    passes the aligned rule's (1)-(3), whether the clock-free measure confirms it."""
-    ranks = m.ranks
-    top_lat = int(ranks[int(np.argmax(m.mean_lat))])
-    cf_top = int(ranks[int(np.argmax(m.cf_lat))])
+def clock_free_check(ranks: np.ndarray, mean_lat: np.ndarray, cf_lat: np.ndarray, confirmed: np.ndarray,
+                     candidates: np.ndarray, named: list[int]) -> ClockFreeCheck:
+    """The report's ``clock_free`` entry: the most-late rank by each measure, whether they agree, and per rank the
+    lateness part of the rule names (`candidates`), whether the clock-free measure confirms it."""
+    top_lat = int(ranks[int(np.argmax(mean_lat))])
+    cf_top = int(ranks[int(np.argmax(cf_lat))])
     return ClockFreeCheck(
         top_rank=cf_top, top_rank_by_lateness=top_lat, agrees=(cf_top in named) if named else cf_top == top_lat,
-        named_confirmed={str(int(ranks[i])): bool(m.confirmed[i]) for i in range(ranks.size)
-                         if m.mean_own[i] >= thr and m.cons.passes[i]})
+        named_confirmed={str(int(ranks[i])): bool(confirmed[i]) for i in np.flatnonzero(candidates).tolist()})

@@ -1,9 +1,9 @@
-"""The stragglers analysis end to end: instances, floor, per-rank measures and rule, the report's tables.
+"""The stragglers analysis end to end: instances, lateness, the rule, blame and cost, the report's tables.
 
-:func:`find_stragglers` runs the steps in order — the instances inside steps (:mod:`.instances`), the floor and
-arrival jitter (:mod:`.floor`), the per-rank measures and the naming rule (:mod:`.measures`, :mod:`.rule`), the rank
-rows and per-step stragglers (:mod:`.rows`), the clock-free summary (:mod:`.clock_free`) and the host table
-(:mod:`.hosts`) — and returns them as one :class:`.result.Stragglers`.
+:func:`find_stragglers` runs the steps in order — the instances inside steps (:mod:`.instances`), each rank's
+lateness per step (:mod:`.lateness`), the floor and the naming rule (:mod:`.rule`, confirmed by :mod:`.clock_free`
+on several hosts), extra work (:mod:`.extra_work`), blame (:mod:`.blame`), cost (:mod:`.cost`), the rows
+(:mod:`.rows`) and the host table (:mod:`.hosts`) — and returns them as one :class:`.result.Stragglers`.
 """
 
 from __future__ import annotations
@@ -11,14 +11,18 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from .clock_free import clock_free_summary
-from .floor import arrival_jitter_ms, threshold_ms
+import numpy as np
+
+from .blame import Waits, union_ms, waits
+from .clock_free import clock_free_check
+from .cost import cost_ms
+from .extra_work import cpu_wait_before_ns, extra_work_ms
 from .hosts import host_table
-from .instances import collective_instances, inside_steps
-from .measures import rank_measures
+from .instances import Table, collective_instances, inside_steps, step_keys
+from .lateness import Cells, StepLateness, step_lateness
 from .result import StragglerInfo, StragglerRuleInfo, Stragglers
-from .rows import per_step, rank_rows
-from .rule import StragglerRule
+from .rows import RankFigures, cells_record, per_step, rank_rows
+from .rule import StragglerRule, floor_ms, late_in_steps, step_noise_ms
 
 if TYPE_CHECKING:
     from ...graph.critical_path import StepGraph
@@ -26,23 +30,104 @@ if TYPE_CHECKING:
 
 __all__ = ["find_stragglers"]
 
+NS_PER_MS = 1e6
+
 
 def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
                     graph: StepGraph | None = None) -> Stragglers:
-    """Rank and host straggler tables, per-step stragglers and the naming rule (see :mod:`.result`)."""
+    """Rank and host straggler tables, per-step stragglers and the naming rule (see :mod:`.result`). `graph` is
+    accepted for the report's callers and not needed."""
     rule = rule or StragglerRule()
     t = inside_steps(collective_instances(run))
-    jitter = arrival_jitter_ms(run, t)
-    thr, parts = threshold_ms(run, rule, jitter)
-    info = StragglerInfo(StragglerRuleInfo(text=rule.text(), threshold_ms=thr, **{**parts, **asdict(rule)}),
-                         n_instances=int(t["inst"].max()) + 1 if t["inst"].size else 0)
-    if info.n_instances == 0:
-        return Stragglers([], info)
-    m = rank_measures(run, t, thr, rule, jitter, graph)
-    info.rule.step_noise_ms = m.cons.step_noise_ms
-    ranks = rank_rows(run, m)
-    info.named = [d.rank for d in ranks if d.named]
-    info.clock_free = clock_free_summary(m, info.named, thr)
-    info.per_step, info.changes = per_step(m.cells, m.c_lat, m.c_exc, m.c_blame, m.ranks, thr)
-    info.hosts = host_table(run, t, m.skey, m.blame_row, thr, rule)
-    return Stragglers(ranks, info)
+    if t["inst"].size == 0:
+        thr, parts = floor_ms(run, rule, 0.0)
+        return Stragglers([], StragglerInfo(_rule_info(rule, thr, parts)))
+    t["cpu_wait_before_ns"] = cpu_wait_before_ns(run, t)
+    ranks, ridx = np.unique(t["rank"], return_inverse=True)
+    ridx = ridx.reshape(-1)
+    skey = step_keys(t)
+    cells = Cells(skey, ridx, ranks.size)  # (step, rank) cells; a collective outside every step is a step of its own
+    sl = step_lateness(cells, t["lateness_ns"] / NS_PER_MS)
+    thr, parts = floor_ms(run, rule, step_noise_ms(cells, sl.raw, ranks.size))
+    w = waits(t, skey)
+    f = _figures(run, t, ridx, ranks, cells, sl, thr, rule, w)
+    info = StragglerInfo(_rule_info(rule, thr, parts), n_instances=int(t["inst"].max()) + 1)
+    rows = rank_rows(f, {int(r): str(h) for r, h in run.hosts.items()})
+    info.named = [d.rank for d in rows if d.named]
+    info.clock_free = clock_free_check(ranks, f.mean_lateness, f.clock_free, _confirmed(run, f, rule), f.late,
+                                       info.named)
+    (_, culprit, step), ms = union_ms((w.waiter, w.culprit, w.skey), w.lo, w.hi)
+    c_blame = _cell_values(cells, ranks, culprit, step, ms)
+    info.per_step, info.changes = per_step(cells, sl.lateness, c_blame, ranks, thr)
+    info.hosts = host_table(run, t, skey, w, thr, rule)
+    info.cells = cells_record(cells, sl.lateness, extra_work_ms(t, cells.idx, sl), ranks)
+    return Stragglers(rows, info, waits_for_named=_waits_for(w, ranks, f.n_steps, info.named))
+
+
+def _rule_info(rule: StragglerRule, thr: float, parts: dict[str, float]) -> StragglerRuleInfo:
+    return StragglerRuleInfo(text=rule.text(), threshold_ms=thr, **{**parts, **asdict(rule)})
+
+
+def _confirmed(run: RunSummary, f: RankFigures, rule: StragglerRule) -> np.ndarray:
+    """Per rank: whether the clock-free lateness confirms the lateness (always, on a run within one host)."""
+    hosts = {str(run.hosts.get(int(r), "?")) for r in f.ranks.tolist()}
+    if len(hosts) < 2:
+        return np.ones(f.ranks.size, bool)
+    return f.clock_free >= rule.clock_free_factor * f.mean_lateness
+
+
+def _figures(run: RunSummary, t: Table, ridx: np.ndarray, ranks: np.ndarray, cells: Cells, sl: StepLateness,
+             thr: float, rule: StragglerRule, w: Waits) -> RankFigures:
+    """The per-rank figures, and who the rule names."""
+    nr = ranks.size
+    n_steps, late_steps, passes = late_in_steps(cells, sl.lateness, nr, thr, rule)
+    den = np.maximum(n_steps, 1)
+
+    def mean(v: np.ndarray) -> np.ndarray:  # over the rank's steps
+        return np.bincount(cells.group, weights=v, minlength=nr) / den
+
+    cnt = np.bincount(ridx, minlength=nr)
+    f = RankFigures(
+        ranks=ranks, n_instances=cnt, n_steps=n_steps, mean_lateness=mean(sl.lateness), late_steps=late_steps,
+        late_fraction=np.bincount(ridx, weights=t["is_last"].astype(float), minlength=nr) / np.maximum(cnt, 1),
+        extra_work=cells.mean_by_group(extra_work_ms(t, cells.idx, sl), nr), blame=_per_rank(w, ranks, w.culprit),
+        wait=_per_rank(w, ranks, None), cost=np.zeros(nr),
+        clock_free=mean(cells.max(t["clock_free_lateness_ns"] / NS_PER_MS)), late=passes, named=passes)
+    f.named = passes & _confirmed(run, f, rule)
+    f.cost = mean(cells.max(cost_ms(t, f.named[ridx])))
+    return f
+
+
+def _per_rank(w: Waits, ranks: np.ndarray, culprit: np.ndarray | None) -> np.ndarray:
+    """Per rank, summed over its steps: the waits it caused (`culprit` given: unions per waiting rank and step of the
+    waits for it) or its own waits (None: the union per step of all its waits)."""
+    if culprit is None:
+        (who, _), ms = union_ms((w.waiter, w.skey), w.lo, w.hi)
+    else:
+        (_, who, _), ms = union_ms((w.waiter, culprit, w.skey), w.lo, w.hi)
+    if ms.size == 0:
+        return np.zeros(ranks.size)
+    return np.bincount(np.searchsorted(ranks, who), weights=ms, minlength=ranks.size)
+
+
+def _cell_values(cells: Cells, ranks: np.ndarray, rank: np.ndarray, step: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Values keyed by (rank, step key), summed into the (step, rank) cells (0 where none)."""
+    out = np.zeros(cells.n)
+    if v.size == 0:
+        return out
+    code = cells.step.astype(np.int64) * ranks.size + cells.group
+    want = step.astype(np.int64) * ranks.size + np.searchsorted(ranks, rank)
+    o = np.argsort(code)
+    pos = np.clip(np.searchsorted(code[o], want), 0, code.size - 1)
+    hit = code[o][pos] == want
+    np.add.at(out, o[pos[hit]], v[hit])
+    return out
+
+
+def _waits_for(w: Waits, ranks: np.ndarray, n_steps: np.ndarray, named: list[int]) -> dict[int, float]:
+    """Per rank: its wait for the named ranks per step (each overlapping wait once); empty with nobody named."""
+    if not named:
+        return {}
+    sub = w.subset(np.isin(w.culprit, named))
+    per = _per_rank(sub, ranks, None)
+    return {int(r): float(per[i] / max(int(n_steps[i]), 1)) for i, r in enumerate(ranks.tolist())}

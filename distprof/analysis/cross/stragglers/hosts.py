@@ -1,9 +1,9 @@
-"""Slow hosts: a host's arrival is its last rank's, and the ranks' naming rule, applied to hosts, names slow ones.
+"""Slow hosts: a host's arrival is its last rank's, and the ranks' rule, applied to hosts, names slow ones.
 
-Per instance, a host's lateness is its latest rank's arrival minus the median of the other hosts' arrivals; the same
-rule (excess, consistency, bound: :mod:`.consistency`) names slow hosts, only when there are at least two hosts.
-Every rank of a slow node is late in most steps, so all of them are named although each arrives last only part of the
-time.
+Per instance, a host's lateness is its latest rank's arrival minus the median of the other hosts' arrivals; its
+lateness in a step follows as for ranks (:mod:`.lateness`) and the same rule and floor (:mod:`.rule`) name slow hosts,
+only when there are at least two hosts. A host's blame is the waits of the other hosts' ranks for its ranks, each
+waiting rank's overlapping waits once (:mod:`.blame`).
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .cells import Cells, excess
-from .consistency import consistency
+from .blame import union_ms
+from .lateness import Cells, step_lateness
 from .peers import excess_by
 from .result import StragglerHost
+from .rule import late_in_steps
 
 if TYPE_CHECKING:
     from ...types import RunSummary
+    from .blame import Waits
     from .instances import Table
     from .rule import StragglerRule
 
@@ -30,40 +32,44 @@ NS_PER_MS = 1e6
 def _host_lateness_ms(t: Table, ih: Cells) -> np.ndarray:
     """Per (instance, host) cell: the host's arrival (its last rank's) minus the median of the other hosts' arrivals
     in the instance (ms; 0 where the instance saw one host)."""
-    a_host = ih.max(t["arrival_ns"] - t["arrival_ns"][t["pos"] == 0][t["inst"]])
+    a_host = ih.max((t["arrival_ns"] - t["arrival_ns"][t["pos"] == 0][t["inst"]]).astype(np.float64))
     inst_of = ih.step
     n_hosts = np.bincount(inst_of)[inst_of]
     return np.where(n_hosts >= 2, excess_by(inst_of, a_host) / NS_PER_MS, 0.0)
 
 
-def host_table(run: RunSummary, t: Table, skey: np.ndarray, blame_row: np.ndarray, thr: float,
+def _host_blame(w: Waits, host_of: dict[int, str], hosts: np.ndarray) -> np.ndarray:
+    """Per host: the union, per waiting rank of another host and step, of its waits for the host's ranks (ms)."""
+    if w.lo.size == 0:
+        return np.zeros(hosts.size)
+    hw = np.searchsorted(hosts, [host_of.get(int(r), "?") for r in w.waiter.tolist()])
+    hc = np.searchsorted(hosts, [host_of.get(int(r), "?") for r in w.culprit.tolist()])
+    other = hw != hc
+    (_, hk, _), ms = union_ms((w.waiter[other], hc[other], w.skey[other]), w.lo[other], w.hi[other])
+    return np.bincount(hk, weights=ms, minlength=hosts.size)
+
+
+def host_table(run: RunSummary, t: Table, skey: np.ndarray, w: Waits, thr: float,
                rule: StragglerRule) -> list[StragglerHost]:
-    """Host table, one row per host, named first, then by blame (instance rows ``t``, their step keys and blame)."""
-    host_of = np.array([str(run.hosts.get(int(r), "?")) for r in t["rank"]], dtype=object).astype(str)
-    hosts, hidx = np.unique(host_of, return_inverse=True)
+    """Host table, one row per host, named first, then by blame (instance rows ``t``, their step keys, the waits)."""
+    host_of = {int(r): str(h) for r, h in run.hosts.items()}
+    names = np.array([host_of.get(int(r), "?") for r in t["rank"]], dtype=object).astype(str)
+    hosts, hidx = np.unique(names, return_inverse=True)
     hidx = hidx.reshape(-1)
     nh = hosts.size
-    blame = np.bincount(hidx, weights=blame_row, minlength=nh)
     ih = Cells(t["inst"], hidx, nh)  # (instance, host) cells
     h_lat = _host_lateness_ms(t, ih)
-    last_host = ih.max(t["is_last"].astype(float))
     inst_first_row = np.unique(t["inst"], return_index=True)[1]
     cells = Cells(skey[inst_first_row][ih.step], ih.group, nh)  # (step, host) cells
-    c_lat = cells.max(h_lat)
-    cons = consistency(cells, excess(cells, c_lat), nh, thr, rule, 0.0)
-    den = np.maximum(cons.n_steps, 1)
-    mean = np.bincount(cells.group, weights=c_lat, minlength=nh) / den
-    late_steps = np.bincount(cells.group, weights=(c_lat >= thr).astype(float), minlength=nh) / den
+    sl = step_lateness(cells, h_lat)
+    n, late_steps, passes = late_in_steps(cells, sl.lateness, nh, thr, rule)
+    mean = np.bincount(cells.group, weights=sl.lateness, minlength=nh) / np.maximum(n, 1)
     n_inst_h = np.maximum(np.bincount(ih.group, minlength=nh), 1)
-    late_frac = np.bincount(ih.group, weights=last_host, minlength=nh) / n_inst_h
-    out = [
-        StragglerHost(
-            host=str(hosts[h]), ranks=sorted(int(r) for r, hn in run.hosts.items() if hn == hosts[h]),
-            blame_ms=float(blame[h]), mean_lateness_ms=float(mean[h]), mean_excess_ms=float(cons.mean_excess[h]),
-            excess_bound_ms=None if np.isnan(cons.excess_bound[h]) else float(cons.excess_bound[h]),
-            late_fraction=float(late_frac[h]), late_step_fraction=float(late_steps[h]),
-            named=bool(nh >= 2 and mean[h] >= thr and cons.passes[h]))
-        for h in range(nh)
-    ]
+    late_frac = np.bincount(ih.group, weights=ih.max(t["is_last"].astype(float)), minlength=nh) / n_inst_h
+    blame = _host_blame(w, host_of, hosts)
+    out = [StragglerHost(host=str(hosts[h]), ranks=sorted(r for r, hn in host_of.items() if hn == hosts[h]),
+                         blame_ms=float(blame[h]), mean_lateness_ms=float(mean[h]), late_fraction=float(late_frac[h]),
+                         late_step_fraction=float(late_steps[h]), named=bool(nh >= 2 and passes[h]))
+           for h in range(nh)]
     out.sort(key=lambda d: (not d.named, -d.blame_ms, d.host))
     return out

@@ -1,15 +1,14 @@
-"""Collective instances: each rank's arrival at the same collective, its lateness, and the waiting it caused.
+"""Collective instances: each rank's arrival at the same collective, and its lateness there.
 
 Per process group and window, the k-th exec collective (``comms.role == 1``, ``comms.seq == k``) of every rank is
 one instance (the run summary's matched collectives). For rank r in instance i (times on the aligned clock):
 
-* arrival ``a_ri`` = start of its exec event (``gloo:*`` on the worker thread, the NCCL kernel on the stream);
-* **lateness** ``ℓ_ri = a_ri − median_{r'≠r} a_r'i`` — how much later r arrived than a typical peer. (Measured from
-  the *earliest* peer instead, every lateness would grow by the jitter of the fastest of N−1 noisy ranks.)
-  ``behind_first = a_ri − min_r' a_r'i`` is the wait r imposed on the earliest rank;
-* the **last arriver** ``L_i`` (largest a); its **blame** ``B_i = Σ_{r≠L_i} (a_{L_i,i} − a_ri)`` — the waiting it
-  caused the others (Scalasca's "Wait at N×N", summed over the waiting ranks); its **lead**
-  ``a_{L_i,i} − (second-latest arrival)`` — how much earlier the collective could have started without it.
+* arrival ``a_ri`` = start of its exec event (``gloo:*`` on the worker thread, the NCCL kernel on the stream), end
+  ``z_ri`` its end;
+* **lateness** ``ℓ_ri = a_ri − median_{r'≠r} a_r'i`` — how much later r arrived than a typical peer (measured from
+  the *earliest* peer instead, every lateness would grow by the jitter of the fastest of N−1 noisy ranks);
+* the **last arriver** (largest a) and its **lead** ``a_last − (second-latest arrival)``, how much earlier the
+  collective could have started without it.
 
 Collectives outside every step (a checkpoint after the loop) are left out when the run has steps; in a run without
 any, each instance is a step of its own.
@@ -23,7 +22,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .clock_free import clock_free_lateness_ns
-from .cpu_wait import cpu_wait_before
 from .peers import group_bounds, median_of_others
 
 if TYPE_CHECKING:
@@ -31,23 +29,24 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Table", "blame_ms", "collective_instances", "inside_steps"]
+__all__ = ["Table", "collective_instances", "inside_steps", "step_keys"]
 
 #: Columns by name, one row per (instance, rank).
 Table = dict[str, np.ndarray]
 
-NS_PER_MS = 1e6
+_INT_COLUMNS = ("inst", "window", "pg", "seq", "rank", "step", "row", "arrival_ns", "end_ns", "dur_ns", "pos",
+                "n_ranks", "behind_first_ns", "lead_ns")
 
 
 def collective_instances(run: RunSummary) -> Table:
     """One row per (instance, rank), sorted by (instance, arrival).
 
-    Columns: ``inst`` (0..n−1), ``window``, ``pg``, ``seq``, ``rank``, ``step``, ``arrival_ns``, ``dur_ns``, ``pos``
-    (arrival order, 0 = first), ``n_ranks``, ``lateness_ns`` (vs the median of the others, float), ``behind_first_ns``,
-    ``is_last``, ``lead_ns`` (last arriver only: its arrival − the second-latest; else 0), ``clock_free_lateness_ns``
-    (median of the others' durations − own, float), ``cpu_wait_before_ns`` (:func:`cpu_wait_before`, NaN unknown).
-    Instances seen on fewer than two ranks are dropped; a rank seen twice in one instance keeps its first row. With a
-    steps selection, only collectives inside the selected steps.
+    Columns: ``inst`` (0..n−1), ``window``, ``pg``, ``seq``, ``rank``, ``step``, ``row`` (its row of
+    ``run.collective_rows``), ``arrival_ns``, ``end_ns``, ``dur_ns``, ``pos`` (arrival order, 0 = first), ``n_ranks``,
+    ``lateness_ns`` (vs the median of the others, float), ``behind_first_ns``, ``is_last``, ``lead_ns`` (last arriver
+    only: its arrival − the second-latest; else 0), ``clock_free_lateness_ns`` (median of the others' durations −
+    own, float). Instances seen on fewer than two ranks are dropped; a rank seen twice in one instance keeps its first
+    row. With a steps selection, only collectives inside the selected steps.
     """
     m, step = _selected_members(run)
     if m["inst"].size == 0:
@@ -57,7 +56,11 @@ def collective_instances(run: RunSummary) -> Table:
     keep = _kept_members(inst, rank)
     if not np.any(keep):
         return _empty_instances()
-    cols = _member_columns(run, m, step, rank, keep)
+    arrival = np.asarray(m["start_ns"], np.int64)[keep]
+    end = np.asarray(m["end_ns"], np.int64)[keep]
+    cols = {"window": np.asarray(m["window"], np.int64)[keep], "pg": np.asarray(m["pg"], np.int64)[keep],
+            "seq": np.asarray(m["seq"], np.int64)[keep], "rank": rank[keep], "step": step[keep],
+            "row": np.asarray(m["row"], np.int64)[keep], "arrival_ns": arrival, "end_ns": end, "dur_ns": end - arrival}
     _, inst = np.unique(inst[keep], return_inverse=True)  # renumber 0..n-1
     inst = inst.reshape(-1)
     o = np.lexsort((cols["arrival_ns"], inst))
@@ -89,22 +92,6 @@ def _kept_members(inst: np.ndarray, rank: np.ndarray) -> np.ndarray:
     return keep
 
 
-def _member_columns(run: RunSummary, m: dict[str, np.ndarray], step: np.ndarray, rank: np.ndarray,
-                    keep: np.ndarray) -> Table:
-    """The kept members' own columns: where they ran, when they started, how long they took, their CPU wait."""
-    arrival = np.asarray(m["start_ns"], np.int64)[keep]
-    return {
-        "window": np.asarray(m["window"], np.int64)[keep],
-        "pg": np.asarray(m["pg"], np.int64)[keep],
-        "seq": np.asarray(m["seq"], np.int64)[keep],
-        "rank": rank[keep],
-        "step": step[keep],
-        "arrival_ns": arrival,
-        "dur_ns": np.asarray(m["end_ns"], np.int64)[keep] - arrival,
-        "cpu_wait_before_ns": cpu_wait_before(run)[np.asarray(m["row"], np.int64)][keep],
-    }
-
-
 def _arrival_columns(inst: np.ndarray, cols: Table) -> Table:
     """The columns set against the instance's other members, for rows sorted by (instance, arrival)."""
     a = cols["arrival_ns"]
@@ -124,11 +111,8 @@ def _arrival_columns(inst: np.ndarray, cols: Table) -> Table:
 
 
 def _empty_instances() -> Table:
-    z = np.zeros(0, np.int64)
-    out = {k: z.copy() for k in ("inst", "window", "pg", "seq", "rank", "step", "arrival_ns", "dur_ns", "pos",
-                                 "n_ranks", "behind_first_ns", "lead_ns")}
-    out.update({"lateness_ns": np.zeros(0), "clock_free_lateness_ns": np.zeros(0), "is_last": np.zeros(0, bool),
-                "cpu_wait_before_ns": np.zeros(0)})
+    out = {k: np.zeros(0, np.int64) for k in _INT_COLUMNS}
+    out.update({"lateness_ns": np.zeros(0), "clock_free_lateness_ns": np.zeros(0), "is_last": np.zeros(0, bool)})
     return out
 
 
@@ -146,11 +130,6 @@ def inside_steps(t: Table) -> Table:
     return out
 
 
-def blame_ms(t: Table, n_inst: int) -> np.ndarray:
-    """Per instance row: the last arriver's blame, Σ over the instance of (its behind_first − each one's) (ms);
-    0 on the other rows."""
-    inst = t["inst"]
-    behind = t["behind_first_ns"] / NS_PER_MS
-    n_in = np.bincount(inst, minlength=n_inst)
-    blame_inst = n_in * behind[t["is_last"]] - np.bincount(inst, weights=behind, minlength=n_inst)  # rows by inst
-    return np.where(t["is_last"], blame_inst[inst], 0.0)
+def step_keys(t: Table) -> np.ndarray:
+    """Per row: its step, or −1 − its instance for a collective outside every step (then a step of its own)."""
+    return np.where(t["step"] >= 0, t["step"], -1 - t["inst"])

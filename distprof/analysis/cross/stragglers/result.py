@@ -6,46 +6,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ....record import Record, omit_if_none
+from ....record import Record
 
-__all__ = ["ClockFreeCheck", "StragglerChange", "StragglerHost", "StragglerInfo", "StragglerRank", "StragglerRuleInfo",
-           "StragglerStep", "Stragglers"]
+__all__ = ["ClockFreeCheck", "StragglerCells", "StragglerChange", "StragglerHost", "StragglerInfo", "StragglerRank",
+           "StragglerRuleInfo", "StragglerStep", "Stragglers"]
 
 
 @dataclass
 class StragglerRank(Record):
-    """One rank's lateness, excess, own work, blame and cost, and whether the rule names it (docs/report-format.md)."""
+    """One rank: its lateness, extra work, blame and cost, and whether the rule names it (docs/report-format.md)."""
 
     rank: int
     host: str
-    n_instances: int
+    n_instances: int  # collectives it took part in
     n_steps: int
-    blame_ms: float
+    mean_lateness_ms: float  # its lateness in a step (the rule's), mean over its steps
+    late_step_fraction: float  # share of its steps whose lateness reaches the floor
+    late_fraction: float  # share of its collectives where it arrived last
+    extra_work_ms: float | None  # its lateness with the ranks' waits for a CPU taken out, mean over steps
+    blame_ms: float  # how long the other ranks waited for it, each one's overlapping waits once
     blame_ms_per_step: float
-    mean_lateness_ms: float
-    cpu_wait_excess_ms: float
-    lateness_not_cpu_wait_ms: float
-    cpu_time_ratio: float | None
-    page_faults_per_step: float | None
-    others_page_faults_per_step: float | None
-    mean_excess_ms: float
-    own_excess_ms: float | None
-    own_excess_median_ms: float | None
-    own_excess_bound_ms: float | None
-    own_positive_fraction: float | None
-    own_sign_p: float
-    own_steps_consistent: bool
-    excess_bound_ms: float | None
-    excess_step_fraction: float
-    outlier_step_fraction: float
-    mean_instance_lateness_ms: float
-    max_behind_first_ms: float
-    late_fraction: float
-    late_step_fraction: float
-    lost_ms_per_step: float
-    cost_ms_per_step: float
-    clock_free_lateness_ms: float
-    clock_free_wait_ms: float
+    wait_ms_per_step: float  # how long it waited for the others (the same union)
+    cost_ms_per_step: float  # per step its lead over the latest rank not named (severity follows it)
+    clock_free_lateness_ms: float  # the lateness from durations alone (the cross-check)
     named: bool
 
 
@@ -55,10 +38,8 @@ class StragglerHost(Record):
 
     host: str
     ranks: list[int]
-    blame_ms: float
+    blame_ms: float  # how long the other hosts' ranks waited for its ranks (each one's overlapping waits once)
     mean_lateness_ms: float
-    mean_excess_ms: float
-    excess_bound_ms: float | None
     late_fraction: float
     late_step_fraction: float
     named: bool
@@ -66,12 +47,11 @@ class StragglerHost(Record):
 
 @dataclass
 class StragglerStep(Record):
-    """One recorded step: the rank most in excess (``rank`` None when its excess is under the floor)."""
+    """One recorded step: the latest rank, named the step's straggler (``rank``) when its lateness reaches the floor."""
 
     step: int
     rank: int | None
     lateness_ms: float
-    excess_ms: float
     blame_ms: float
     latest_rank: int
 
@@ -106,17 +86,25 @@ class StragglerRuleInfo(Record):
     from_clock_residual_ms: float
     median_step_ms: float
     from_step_time_ms: float
-    arrival_jitter_ms: float
-    from_jitter_ms: float
+    step_noise_ms: float
+    from_noise_ms: float
     residual_factor: float
     step_fraction: float
+    noise_factor: float
+    max_noise_fraction: float
     min_late_fraction: float
-    confidence: float
-    single_step_factor: float
-    jitter_factor: float
     clock_free_factor: float
-    outlier_z: float
-    step_noise_ms: float | None = omit_if_none()  # the run's step-to-step noise (absent without instances)
+
+
+@dataclass
+class StragglerCells(Record):
+    """Per recorded (rank, step): the rank's lateness and extra work in the step (ms; None unknown), column-wise —
+    what the HTML heatmap shows."""
+
+    rank: list[int] = field(default_factory=list)
+    step: list[int] = field(default_factory=list)
+    lateness_ms: list[float] = field(default_factory=list)
+    extra_work_ms: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -130,6 +118,7 @@ class StragglerInfo(Record):
     per_step: list[StragglerStep] = field(default_factory=list)
     changes: list[StragglerChange] = field(default_factory=list)
     clock_free: ClockFreeCheck = field(default_factory=ClockFreeCheck)
+    cells: StragglerCells = field(default_factory=StragglerCells)
 
 
 @dataclass
@@ -138,6 +127,8 @@ class Stragglers:
 
     ranks: list[StragglerRank]
     info: StragglerInfo
+    #: per rank, how long it waited for the named ranks per step (each overlapping wait once; empty: nobody named)
+    waits_for_named: dict[int, float] = field(default_factory=dict)
 
     @property
     def named_rows(self) -> list[StragglerRank]:

@@ -1,8 +1,6 @@
-"""Student's t, one-sided: the quantile behind the lower confidence bound of a rank's mean excess.
+"""Student's t, one-sided: the quantile behind the report diff's confidence bounds (analysis/report/diff.py).
 
-The naming rule calls a rank *steadily late* when the lower one-sided bound of its mean excess over its steps
-(Student's t at the rule's confidence, split over the ranks) is above the floor (:mod:`.consistency`); the report
-diff uses the same quantile. Closed forms, so that the analysis needs no SciPy.
+Closed forms, so that the analysis needs no SciPy.
 """
 
 from __future__ import annotations

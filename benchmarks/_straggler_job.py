@@ -1,0 +1,150 @@
+"""An accelerator-like training job for benchmarks/straggler_rates.py: every rank's "device time" is a sleep (it does
+not use the host's CPU), the model is tiny, and one rank can be made slower at a chosen place of the iteration.
+
+    torchrun --standalone --nproc_per_node=2 -m distprof.launch ... _straggler_job.py --style ddp --steps 14 \
+        --device-ms 40 [--slow-rank 1 --slow-ms 4]
+
+Styles (where the delay sits follows where each style's real-world delays sit):
+
+* ``ddp`` — an MLP in DDP with small buckets (several bucket all-reduces per step); the device time and the delay
+  sit between forward and backward.
+* ``fsdp2`` — a stack of blocks under ``fully_shard`` (an all-gather per block in forward and backward, a
+  reduce-scatter per block); the device time is spread over the blocks' forwards, the delay at the start of forward.
+* ``callbacks`` — a framework-style loop (a Trainer with ``on_step_begin`` / ``on_step_end`` callbacks, batches from
+  an iterator, the model in DDP); the delay is an ``on_step_begin`` callback, before the forward — where DataLoader
+  waits and host-side preprocessing sit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--style", choices=("ddp", "fsdp2", "callbacks"), default="ddp")
+    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--device-ms", type=float, default=40.0, help="ms every rank sleeps per step (device time)")
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-ms", type=float, default=0.0, help="extra ms per step on --slow-rank")
+    p.add_argument("--dim", type=int, default=32)
+    return p.parse_args()
+
+
+def sleep_ms(ms: float) -> None:
+    if ms > 0:
+        time.sleep(ms / 1e3)
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, device_ms: float) -> None:
+        super().__init__()
+        self.lin = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim))
+        self.device_ms = device_ms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sleep_ms(self.device_ms)
+        return x + self.lin(x)
+
+
+def ddp_step(args, rank: int):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(nn.Sequential(*(Block(args.dim, 0.0) for _ in range(4))), bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(8, args.dim)
+    extra = args.slow_ms if rank == args.slow_rank else 0.0
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).square().mean()
+        sleep_ms(args.device_ms + extra)  # the device's work (and the slow rank's delay) between forward and backward
+        loss.backward()
+        opt.step()
+    return step
+
+
+def fsdp2_step(args, rank: int):
+    from torch.distributed.fsdp import fully_shard
+
+    n = 4
+    model = nn.Sequential(*(Block(args.dim, args.device_ms / n) for _ in range(n)))
+    for b in model:
+        fully_shard(b)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, args.dim)
+    extra = args.slow_ms if rank == args.slow_rank else 0.0
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        sleep_ms(extra)  # the slow rank's delay at the start of forward
+        model(x).square().mean().backward()
+        opt.step()
+    return step
+
+
+class Trainer:
+    """A framework-style loop: callbacks around each step, batches from an iterator."""
+
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, batches, callbacks) -> None:
+        self.model, self.opt, self.batches, self.callbacks = model, opt, batches, callbacks
+
+    def training_step(self) -> None:
+        for cb in self.callbacks:
+            cb.on_step_begin(self)
+        x = next(self.batches)
+        loss = self.model(x).square().mean()
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        for cb in self.callbacks:
+            cb.on_step_end(self)
+
+
+class Delay:
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def on_step_begin(self, trainer: Trainer) -> None:
+        sleep_ms(self.ms)
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        pass
+
+
+def callbacks_step(args, rank: int):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    n = 4
+    model = DDP(nn.Sequential(*(Block(args.dim, args.device_ms / n) for _ in range(n))), bucket_cap_mb=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def batches():
+        g = torch.Generator().manual_seed(rank)
+        while True:
+            yield torch.randn(8, args.dim, generator=g)
+    extra = args.slow_ms if rank == args.slow_rank else 0.0
+    trainer = Trainer(model, opt, batches(), [Delay(extra)] if extra > 0 else [])
+    return trainer.training_step
+
+
+def main() -> None:
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    step = {"ddp": ddp_step, "fsdp2": fsdp2_step, "callbacks": callbacks_step}[args.style](args, rank)
+    for _ in range(args.steps):
+        step()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

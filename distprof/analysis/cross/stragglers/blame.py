@@ -1,0 +1,65 @@
+"""Blame: how long the other ranks waited for a rank at collectives — each waiting rank's waits counted once.
+
+At each instance the members wait for its **last arriver**: member w from its arrival until the last one arrived (or
+until its own collective ended, if earlier). A rank's **blame** is, summed over the waiting ranks, the *union* of
+those waiting intervals over the instances it arrived last at, per step: a waiting rank's bucket all-reduces that
+overlap in time (DDP issues the next before the previous has finished) are one wait, not two. So a waiting rank's
+blame never exceeds its time in collectives: two buckets and a 30 ms delay are 30 ms of waiting, not 60. The same
+union gives each rank's own wait (``wait_ms_per_step``, for anyone), its wait for the named stragglers (what the
+``exposed_comm`` finding nets out) and a host's blame (the waits of the other hosts' ranks for its ranks).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .instances import Table
+
+__all__ = ["Waits", "union_ms", "waits"]
+
+NS_PER_MS = 1e6
+
+
+class Waits:
+    """Every waiting interval: per interval the waiting rank, the rank it waited for (the last arriver), the step key
+    and the interval [lo, hi) (int ns)."""
+
+    def __init__(self, waiter: np.ndarray, culprit: np.ndarray, skey: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+        self.waiter, self.culprit, self.skey, self.lo, self.hi = waiter, culprit, skey, lo, hi
+
+    def subset(self, keep: np.ndarray) -> Waits:
+        return Waits(self.waiter[keep], self.culprit[keep], self.skey[keep], self.lo[keep], self.hi[keep])
+
+
+def waits(t: Table, skey: np.ndarray) -> Waits:
+    """The waiting intervals of a non-empty instance table (rows sorted by instance, arrival); `skey` per row."""
+    inst = t["inst"]
+    n_inst = int(inst.max()) + 1
+    last_row = np.zeros(n_inst, np.int64)
+    last_row[inst[t["is_last"]]] = np.flatnonzero(t["is_last"])
+    lr = last_row[inst]
+    lo = t["arrival_ns"]
+    hi = np.minimum(t["arrival_ns"][lr], t["end_ns"])
+    keep = ~t["is_last"] & (hi > lo)
+    return Waits(t["rank"][keep], t["rank"][lr][keep], skey[keep], lo[keep], hi[keep])
+
+
+def union_ms(keys: tuple[np.ndarray, ...], lo: np.ndarray, hi: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """Per distinct key tuple: the length of the union of its intervals [lo, hi) (ms). Returns (the distinct keys,
+    one array per key column, and their lengths)."""
+    if lo.size == 0:
+        return tuple(np.zeros(0, np.int64) for _ in keys), np.zeros(0)
+    uk, kidx = np.unique(np.stack(keys, axis=1), axis=0, return_inverse=True)
+    kidx = kidx.reshape(-1)
+    t0 = int(lo.min())
+    span = int(hi.max()) - t0 + 1
+    o = np.lexsort((lo, kidx))
+    k, a, z = kidx[o], lo[o] - t0, hi[o] - t0
+    shifted = z + k * span  # a running max of the ends that restarts at each key
+    prev = np.r_[-1, np.maximum.accumulate(shifted)[:-1]] - k * span
+    prev[np.r_[True, k[1:] != k[:-1]]] = -1
+    covered = np.maximum(z - np.maximum(a, prev), 0)
+    return tuple(uk[:, j] for j in range(uk.shape[1])), np.bincount(k, weights=covered, minlength=len(uk)) / NS_PER_MS

@@ -1,0 +1,76 @@
+"""A rank's lateness in a step: the one lateness the analysis names stragglers by and reports.
+
+A rank's **lateness in a step** is its largest lateness ℓ (:mod:`.instances`) at the step's collectives, less the
+median of the other ranks' lateness in that step where that is positive — but never below zero for a rank that was
+late. Every rank is late by chance at some of a step's many collectives (the largest of noisy values); what the
+others share of it cancels. An early peer adds nothing: with two ranks, one late by X makes the other early by X, and
+the late one's lateness stays X (not 2X); the early one's is −X.
+
+A rank that starts its backward X ms late is then ≈X late per step however many bucket all-reduces follow, also when
+its peers' later buckets start late themselves because their communication thread was still waiting in the first.
+The same cells, keyed by (step, host), give the host table (:mod:`.hosts`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .peers import excess_by
+
+__all__ = ["Cells", "StepLateness", "step_lateness"]
+
+
+class Cells:
+    """Sparse (step key, group) cells of instance rows, for grouped max/sum without dense grids.
+
+    ``idx``: per row, its cell; ``n``: the number of cells; ``group``, ``step``: per cell, its group index and step
+    key (cells sorted by (step key, group)).
+    """
+
+    def __init__(self, skey: np.ndarray, gidx: np.ndarray, ng: int):
+        skeys, sidx = np.unique(skey, return_inverse=True)
+        code = sidx.reshape(-1).astype(np.int64) * ng + gidx
+        ucode, idx = np.unique(code, return_inverse=True)
+        self.idx = idx.reshape(-1)
+        self.n = ucode.size
+        self.group = (ucode % ng).astype(np.int64)
+        self.step = skeys[ucode // ng]
+
+    def max(self, v: np.ndarray) -> np.ndarray:
+        out = np.full(self.n, -np.inf)
+        np.maximum.at(out, self.idx, v)
+        return out
+
+    def sum(self, v: np.ndarray) -> np.ndarray:
+        return np.bincount(self.idx, weights=v, minlength=self.n)
+
+    def argmax(self, v: np.ndarray) -> np.ndarray:
+        """Per cell: the row with the largest v (the first such row)."""
+        o = np.lexsort((-np.arange(v.size), v, self.idx))  # by cell, then v; the last row of a cell is its max
+        last = np.r_[self.idx[o][1:] != self.idx[o][:-1], True]
+        out = np.empty(self.n, np.int64)
+        out[self.idx[o][last]] = o[last]
+        return out
+
+    def mean_by_group(self, v: np.ndarray, ng: int) -> np.ndarray:
+        """Per group, the mean of the finite cell values (NaN where it has none)."""
+        ok = np.isfinite(v)
+        n = np.bincount(self.group[ok], minlength=ng)
+        s = np.bincount(self.group[ok], weights=v[ok], minlength=ng)
+        return np.where(n > 0, s / np.maximum(n, 1), np.nan)
+
+
+class StepLateness:
+    """Per (step, group) cell: ``raw`` the largest ℓ at the step's collectives (ms), ``lateness`` the lateness in the
+    step (see the module docstring), ``row`` the instance row of the largest ℓ."""
+
+    def __init__(self, raw: np.ndarray, lateness: np.ndarray, row: np.ndarray):
+        self.raw, self.lateness, self.row = raw, lateness, row
+
+
+def step_lateness(cells: Cells, lat_ms: np.ndarray) -> StepLateness:
+    """The lateness in each (step, group) cell from each instance row's ℓ (ms)."""
+    raw = cells.max(lat_ms)
+    late = np.maximum(raw, 0.0)
+    chance = late - excess_by(cells.step, late)  # the median of the other groups' positive lateness in the step
+    return StepLateness(raw, raw - np.minimum(chance, late), cells.argmax(lat_ms))
