@@ -149,12 +149,14 @@ def test_root_cause_slower_compute():
     run = ddp_run(4, n_steps=2, batch={1: 1.5}, jitter_ms=JITTER)
     (rc,) = root_cause(summarize_merged(run), [1])
     names = [op.name for op in rc.ops]
-    # forward addmm 10 -> 15 ms (+5, and its enclosing annotation too: inclusive times), backward mm 2×5 -> 2×7.5
-    assert set(names[:3]) == {"aten::addmm", "aten::mm", "DistributedDataParallel.forward"}
+    # forward addmm 10 -> 15 ms, backward mm 2×5 -> 2×7.5; the annotation around the addmm is not slower itself:
+    # self times, so that the +5 ms is listed once
+    assert set(names[:2]) == {"aten::addmm", "aten::mm"}
     ex = {op.name: op.excess_ms_per_step for op in rc.ops}
-    assert ex["DistributedDataParallel.forward"] == pytest.approx(5.0)
+    assert ex.get("DistributedDataParallel.forward", 0.0) < 0.5
     assert ex["aten::addmm"] == pytest.approx(5.0)
     assert ex["aten::mm"] == pytest.approx(5.0)
+    assert sum(ex.values()) < 10.5  # nothing counted twice
 
 
 def test_synthetic_shards_with_serialised_buckets(tmp_path):
