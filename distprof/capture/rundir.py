@@ -166,6 +166,23 @@ def why_taken(run_dir: Path) -> str | None:
     return None
 
 
+_warned_open: set[str] = set()
+
+
+def _warn_if_open(out: Path) -> None:
+    """One warning per process when --out exists and every user may write to it without the sticky bit: another
+    user could rename the run directories in it (docs/security.md)."""
+    try:
+        st = os.stat(out)
+    except OSError:
+        return
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX and str(out) not in _warned_open:
+        _warned_open.add(str(out))
+        log.warning("distprof: --out %s is writable by every user (mode %o, no sticky bit): another user can rename "
+                    "or replace its run directories; make it 0700 or 0750 (docs/security.md)", out,
+                    stat.S_IMODE(st.st_mode))
+
+
 def check_out(out: Path | str) -> str | None:
     """Why `out` (--out) cannot hold runs, in words; None when it can, or does not exist yet (it is created)."""
     out = Path(out)
@@ -204,6 +221,7 @@ def claim(out: Path | str, run_id: str, job: JobIdentity) -> Claim:
         raise ClaimError(f"cannot create the run directory {out / run_id}: {bad_out}")
     taken: list[str] = []
     warned = False
+    _warn_if_open(out)
     for n in range(1, MAX_TRIES + 1):
         name = run_dir_name(run_id, n)
         d = out / name

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import h5py
 import hdf5plugin  # noqa: F401  -- registers the Zstd filter; every reader must import it
@@ -39,11 +40,12 @@ def open_h5(path: Path) -> h5py.File:
         raise BadShardError(path, e.reason) from None
     except OSError as e:
         raise BadShardError(path, f"cannot read ({e.strerror})") from None
+    name = safefs.fd_path(fd, path)
     try:
-        return h5py.File(safefs.fd_path(fd, path), "r")
+        return h5py.File(name, "r")
     except H5_ERRORS as e:
-        raise BadShardError(path, f"not a readable HDF5 file ({h5_message(e)}); delete it or re-run the "
-                                  "capture") from None
+        raise BadShardError(path, f"not a readable HDF5 file ({h5_message(e).replace(name, str(path))}); delete it "
+                                  "or re-run the capture") from None
     finally:
         os.close(fd)
 
@@ -60,11 +62,17 @@ MAX_EXPANSION = 512
 RAW_FLOOR_BYTES = 64 << 20
 
 
-def check_expansion(path, where: str, n: int, dsets: list) -> None:
+def check_expansion(path, where: str, n: int, dsets: list | Callable[[], list], row_bytes: int | None = None) -> None:
     """Refuse a table whose `n` rows, as read, would take more than MAX_EXPANSION times the bytes the file stores
-    for its columns `dsets` (and more than RAW_FLOOR_BYTES): a decompression bomb, whose every chunk may be present.
-    Checked before anything is read; BadShardError."""
-    if n == 0 or not dsets:
+    for its columns `dsets` (low-level dataset ids, or a function giving them: opened only when needed) and more than
+    RAW_FLOOR_BYTES: a decompression bomb, whose every chunk may be present. `row_bytes`: the bytes of one row as
+    read, when known without opening the columns. Checked before anything is read; BadShardError."""
+    if n == 0:
+        return
+    if row_bytes is not None and n * row_bytes <= RAW_FLOOR_BYTES:
+        return
+    dsets = dsets() if callable(dsets) else dsets
+    if not dsets:
         return
     raw = n * sum(max(ds.dtype.itemsize, 1) for ds in dsets)
     if raw <= RAW_FLOOR_BYTES:
@@ -81,7 +89,13 @@ def read_column(ds: h5py.Dataset, dtype: np.dtype) -> np.ndarray:
     temporary copy of the whole column. Its size was checked first (:func:`check_expansion`)."""
     n = int(ds.shape[0])
     out = np.empty(n, dtype=dtype)
+    if n <= READ_ROWS:
+        if n:
+            ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
+        return out
+    fspace = ds.id.get_space()
     for a in range(0, n, READ_ROWS):
         b = min(n, a + READ_ROWS)
-        ds.read_direct(out, np.s_[a:b], np.s_[a:b])
+        fspace.select_hyperslab((a,), (b - a,))
+        ds.id.read(h5py.h5s.create_simple((b - a,)), fspace, out[a:b])
     return out

@@ -98,7 +98,8 @@ class Shard:
             grp = f.get(name)
             n = _table_len(grp)
             if grp is not None:  # the table's size as read, against what the file stores, before any read
-                check_expansion(self.path, f"/{name}", n, [grp[c].id for c in known if c in grp])
+                check_expansion(self.path, f"/{name}", n, lambda: [grp[c].id for c in known if c in grp],
+                                row_bytes=sum(dt.itemsize for dt in known.values()))
             for col in cols:
                 if grp is None or col not in grp:
                     out[col] = np.full(n, schema.MISSING_DEFAULTS.get((name, col), 0), dtype=known[col])
@@ -114,7 +115,7 @@ class Shard:
 
 def _names(f: h5py.File, path: Path) -> np.ndarray:
     raw = f["strings/names"]
-    check_expansion(path, "/strings/names", int(raw.shape[0]), [raw.id])
+    check_expansion(path, "/strings/names", int(raw.shape[0]), [raw.id], row_bytes=16)
     if h5py.check_string_dtype(raw.dtype) is not None:
         return np.asarray(raw.asstr(errors="replace")[()], dtype=object)
     return np.array([s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s) for s in raw[()]], dtype=object)

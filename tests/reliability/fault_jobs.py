@@ -150,3 +150,50 @@ def can_mount_tmpfs(where: Path, size_kb: int, *options: str) -> bool:
 
 def unmount(where: Path) -> None:
     subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def listening_ports(pid: int) -> list[int]:
+    """TCP ports process `pid` listens on (IPv4), from /proc: its socket inodes matched to /proc/net/tcp."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = []
+    with open(f"/proc/{pid}/net/tcp") as fh:
+        for line in fh.readlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # LISTEN
+                ports.append(int(f[1].split(":")[1], 16))
+    return ports
+
+
+def clock_port(pid: int, timeout_s: float = 1.0) -> int | None:
+    """The port of the clock reference's server in process `pid`: the listening port that greets a connection with
+    its 16-byte nonce (gloo's and the store's wait for the client to speak first)."""
+    import socket
+
+    for port in listening_ports(pid):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+                s.settimeout(timeout_s)
+                if len(s.recv(64)) == 16:
+                    return port
+        except OSError:
+            continue
+    return None
+
+
+def remount(where: Path, *options: str) -> None:
+    subprocess.run(["mount", "-o", ",".join(["remount", *options]), str(where)], check=True, capture_output=True)
+
+
+def step_times(stdout: str, rank: int) -> dict[int, float]:
+    """step -> seconds since the process started, of `rank` (fault_train.py --times)."""
+    out = {}
+    for m in re.finditer(rf"\bt {rank} (\d+) (\d+\.\d{{4}})", stdout):  # two ranks' lines may interleave
+        out[int(m.group(1))] = float(m.group(2))
+    return out

@@ -2,6 +2,9 @@
 
     fault_train.py --steps 12 [--fault KIND --rank R --at STEP [--where mid|boundary] [--seconds S]]
 
+``--slow-rank R --slow-ms X``: rank R is X ms slower every step (a real straggler); ``--times``: also print
+``pid <rank> <pid>`` and ``t <rank> <step> <seconds since the process started>``.
+
 KIND: ``sigkill`` / ``sigterm`` (rank R sends itself the signal), ``sigterm-job`` (rank R sends SIGTERM to its
 parent, torchrun, which tears every rank down), ``stop-peer`` (rank R freezes rank 0 with SIGSTOP for S seconds
 and trains on: a clock reference that answers late), ``sleep`` (rank R sleeps S seconds), ``hold-gil`` (rank R spends S seconds
@@ -34,7 +37,19 @@ def parse() -> argparse.Namespace:
     p.add_argument("--where", choices=("mid", "boundary"), default="mid")
     p.add_argument("--seconds", type=float, default=0.0)
     p.add_argument("--step-ms", type=float, default=20.0, help="sleep per step (so windows take real time)")
+    p.add_argument("--slow-rank", type=int, default=-1, help="this rank sleeps --slow-ms more every step")
+    p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--times", action="store_true",
+                   help="print 'pid <rank> <pid>' first and 't <rank> <step> <seconds since the process started>' "
+                        "after every step")
     return p.parse_args()
+
+
+def since_start() -> float:
+    """Seconds since this process started."""
+    from distprof.capture.sim import process_start_ns
+
+    return (time.time_ns() - process_start_ns()) / 1e9
 
 
 def inject(args: argparse.Namespace, rank: int, peer0_pid: int) -> None:
@@ -78,11 +93,13 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(16, 64)
     mine = rank == args.rank
+    if args.times:
+        print(f"pid {rank} {os.getpid()}", flush=True)
     for i in range(args.steps):
         loss = model(x).sum()
         if mine and i == args.at and args.where == "boundary":
             inject(args, rank, pids[0])
-        time.sleep(args.step_ms / 1000)
+        time.sleep((args.step_ms + (args.slow_ms if rank == args.slow_rank else 0.0)) / 1000)
         loss.backward()
         if mine and i == args.at and args.where == "mid":
             inject(args, rank, pids[0])
@@ -91,6 +108,8 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
         print(f"step {rank} {i}", flush=True)
+        if args.times:
+            print(f"t {rank} {i} {since_start():.4f}", flush=True)
     print(f"done {rank}", flush=True)
     dist.destroy_process_group()
 

@@ -328,8 +328,9 @@ def _host_phase_estimates(leaders: set[int], infos: Mapping[int, RankClockInfo],
 
 @dataclass(frozen=True)
 class ClockStep:
-    """A host's clock jumped by `jump_ns` between two consecutive phase estimates: after window `before`'s phase
-    `phase_before` and by window `after`'s phase `phase_after` (the same window: it stepped while it was recorded)."""
+    """A host's offset to the reference changed by `jump_ns` (its clock jumped by −`jump_ns`) between two consecutive
+    phase estimates: after window `before`'s phase `phase_before` and by window `after`'s phase `phase_after` (the
+    same window: it stepped while it was recorded)."""
 
     host: str
     before: int
@@ -343,9 +344,10 @@ class ClockStep:
         return self.before == self.after
 
     def describe(self) -> str:
+        """'host h1 +5.000 s inside window 7': how far the host's clock jumped (its offset moved the other way)."""
         where = (f"inside window {self.after}" if self.inside else
                  f"between window {self.before} and window {self.after}")
-        return f"host {self.host} {self.jump_ns / 1e9:+.3f} s {where}"
+        return f"host {self.host} {-self.jump_ns / 1e9:+.3f} s {where}"
 
 
 def find_steps(h: str, est: Mapping[int, Table], unc: Mapping[int, np.ndarray]) -> tuple[list[ClockStep], dict]:
