@@ -1,7 +1,7 @@
 """The clock-free cross-check: lateness from durations only, with no clock alignment.
 
 A collective ends at about the same time on all ranks, so ``median_{r'≠r} d_r'i − d_ri`` (durations d) estimates ℓ
-without any clock: per step the largest, averaged over steps (``clock_free_lateness_ms``). On a run over several
+without any clock: per step the largest, the median over steps (``clock_free_lateness_ms``). On a run over several
 hosts the rule (:mod:`.rule`) needs it to confirm a rank's lateness, so that a clock error cannot name a rank.
 ``agrees`` says whether its most-late rank is a named one (or, with nobody named, the same rank as the aligned
 measure's).

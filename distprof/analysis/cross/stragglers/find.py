@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...groupstats import group_median
 from .blame import Waits, union_ms, waits
 from .clock_free import clock_free_check
 from .cost import cost_ms
@@ -54,7 +55,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
     info = StragglerInfo(_rule_info(rule, thr, parts), n_instances=int(t["inst"].max()) + 1)
     rows = rank_rows(f, {int(r): str(h) for r, h in run.hosts.items()})
     info.named = [d.rank for d in rows if d.named]
-    info.clock_free = clock_free_check(ranks, f.mean_lateness, f.clock_free, _confirmed(run, f, rule), f.late,
+    info.clock_free = clock_free_check(ranks, f.lateness, f.clock_free, _confirmed(run, f, rule), f.late,
                                        info.named)
     (_, culprit, step), ms = union_ms((w.waiter, w.culprit, w.skey), w.lo, w.hi)
     c_blame = _cell_values(cells, ranks, culprit, step, ms)
@@ -73,7 +74,7 @@ def _confirmed(run: RunSummary, f: RankFigures, rule: StragglerRule) -> np.ndarr
     hosts = {str(run.hosts.get(int(r), "?")) for r in f.ranks.tolist()}
     if len(hosts) < 2:
         return np.ones(f.ranks.size, bool)
-    return f.clock_free >= rule.clock_free_factor * f.mean_lateness
+    return f.clock_free >= rule.clock_free_factor * f.lateness
 
 
 def _figures(run: RunSummary, t: Table, ridx: np.ndarray, ranks: np.ndarray, cells: Cells, sl: StepLateness,
@@ -86,13 +87,17 @@ def _figures(run: RunSummary, t: Table, ridx: np.ndarray, ranks: np.ndarray, cel
     def mean(v: np.ndarray) -> np.ndarray:  # over the rank's steps
         return np.bincount(cells.group, weights=v, minlength=nr) / den
 
+    def median(v: np.ndarray) -> np.ndarray:  # over the rank's steps where known
+        ok = np.isfinite(v)
+        return group_median(cells.group[ok], v[ok], nr)
+
     cnt = np.bincount(ridx, minlength=nr)
     f = RankFigures(
-        ranks=ranks, n_instances=cnt, n_steps=n_steps, mean_lateness=mean(sl.lateness), late_steps=late_steps,
+        ranks=ranks, n_instances=cnt, n_steps=n_steps, lateness=median(sl.lateness), late_steps=late_steps,
         late_fraction=np.bincount(ridx, weights=t["is_last"].astype(float), minlength=nr) / np.maximum(cnt, 1),
-        extra_work=cells.mean_by_group(extra_work_ms(t, cells.idx, sl), nr), blame=_per_rank(w, ranks, w.culprit),
+        extra_work=median(extra_work_ms(t, cells.idx, sl)), blame=_per_rank(w, ranks, w.culprit),
         wait=_per_rank(w, ranks, None), cost=np.zeros(nr),
-        clock_free=mean(cells.max(t["clock_free_lateness_ns"] / NS_PER_MS)), late=passes, named=passes)
+        clock_free=median(cells.max(t["clock_free_lateness_ns"] / NS_PER_MS)), late=passes, named=passes)
     f.named = passes & _confirmed(run, f, rule)
     f.cost = mean(cells.max(cost_ms(t, f.named[ridx])))
     return f

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...groupstats import group_median
 from .blame import union_ms
 from .lateness import Cells, step_lateness
 from .peers import excess_by
@@ -63,12 +64,12 @@ def host_table(run: RunSummary, t: Table, skey: np.ndarray, w: Waits, thr: float
     cells = Cells(skey[inst_first_row][ih.step], ih.group, nh)  # (step, host) cells
     sl = step_lateness(cells, h_lat)
     n, late_steps, passes = late_in_steps(cells, sl.lateness, nh, thr, rule)
-    mean = np.bincount(cells.group, weights=sl.lateness, minlength=nh) / np.maximum(n, 1)
+    median = group_median(cells.group, sl.lateness, nh)
     n_inst_h = np.maximum(np.bincount(ih.group, minlength=nh), 1)
     late_frac = np.bincount(ih.group, weights=ih.max(t["is_last"].astype(float)), minlength=nh) / n_inst_h
     blame = _host_blame(w, host_of, hosts)
     out = [StragglerHost(host=str(hosts[h]), ranks=sorted(r for r, hn in host_of.items() if hn == hosts[h]),
-                         blame_ms=float(blame[h]), mean_lateness_ms=float(mean[h]), late_fraction=float(late_frac[h]),
+                         blame_ms=float(blame[h]), lateness_ms=float(median[h]), late_fraction=float(late_frac[h]),
                          late_step_fraction=float(late_steps[h]), named=bool(nh >= 2 and passes[h]))
            for h in range(nh)]
     out.sort(key=lambda d: (not d.named, -d.blame_ms, d.host))

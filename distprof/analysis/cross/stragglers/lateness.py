@@ -52,13 +52,6 @@ class Cells:
         out[self.idx[o][last]] = o[last]
         return out
 
-    def mean_by_group(self, v: np.ndarray, ng: int) -> np.ndarray:
-        """Per group, the mean of the finite cell values (NaN where it has none)."""
-        ok = np.isfinite(v)
-        n = np.bincount(self.group[ok], minlength=ng)
-        s = np.bincount(self.group[ok], weights=v[ok], minlength=ng)
-        return np.where(n > 0, s / np.maximum(n, 1), np.nan)
-
 
 class StepLateness:
     """Per (step, group) cell: ``raw`` the largest ℓ at the step's collectives (ms), ``lateness`` the lateness in the

@@ -20,15 +20,15 @@ class StragglerRank(Record):
     host: str
     n_instances: int  # collectives it took part in
     n_steps: int
-    mean_lateness_ms: float  # its lateness in a step (the rule's), mean over its steps
+    lateness_ms: float  # its lateness in a step (the rule's), the median over its steps
     late_step_fraction: float  # share of its steps whose lateness reaches the floor
     late_fraction: float  # share of its collectives where it arrived last
-    extra_work_ms: float | None  # its lateness with the ranks' waits for a CPU taken out, mean over steps
+    extra_work_ms: float | None  # its lateness with the ranks' waits for a CPU taken out, median over steps
     blame_ms: float  # how long the other ranks waited for it, each one's overlapping waits once
     blame_ms_per_step: float
     wait_ms_per_step: float  # how long it waited for the others (the same union)
     cost_ms_per_step: float  # per step its lead over the latest rank not named (severity follows it)
-    clock_free_lateness_ms: float  # the lateness from durations alone (the cross-check)
+    clock_free_lateness_ms: float  # the lateness from durations alone (the cross-check), median over steps
     named: bool
 
 
@@ -39,7 +39,7 @@ class StragglerHost(Record):
     host: str
     ranks: list[int]
     blame_ms: float  # how long the other hosts' ranks waited for its ranks (each one's overlapping waits once)
-    mean_lateness_ms: float
+    lateness_ms: float  # median over its steps
     late_fraction: float
     late_step_fraction: float
     named: bool

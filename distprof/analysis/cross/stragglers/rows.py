@@ -24,7 +24,7 @@ class RankFigures:
     ranks: np.ndarray
     n_instances: np.ndarray
     n_steps: np.ndarray
-    mean_lateness: np.ndarray
+    lateness: np.ndarray  # median over its steps
     late_steps: np.ndarray
     late_fraction: np.ndarray
     extra_work: np.ndarray  # NaN unknown
@@ -43,12 +43,12 @@ def rank_rows(f: RankFigures, hosts: dict[int, str]) -> list[StragglerRank]:
         n = max(int(f.n_steps[i]), 1)
         rows.append(StragglerRank(
             rank=int(r), host=hosts.get(int(r), "?"), n_instances=int(f.n_instances[i]), n_steps=int(f.n_steps[i]),
-            mean_lateness_ms=float(f.mean_lateness[i]), late_step_fraction=float(f.late_steps[i]),
+            lateness_ms=float(f.lateness[i]), late_step_fraction=float(f.late_steps[i]),
             late_fraction=float(f.late_fraction[i]),
             extra_work_ms=None if np.isnan(f.extra_work[i]) else float(f.extra_work[i]),
             blame_ms=float(f.blame[i]), blame_ms_per_step=float(f.blame[i] / n), wait_ms_per_step=float(f.wait[i] / n),
             cost_ms_per_step=float(f.cost[i]), clock_free_lateness_ms=float(f.clock_free[i]), named=bool(f.named[i])))
-    rows.sort(key=lambda d: (not d.named, -d.cost_ms_per_step, -d.blame_ms, -d.mean_lateness_ms, d.rank))
+    rows.sort(key=lambda d: (not d.named, -d.cost_ms_per_step, -d.blame_ms, -d.lateness_ms, d.rank))
     return rows
 
 

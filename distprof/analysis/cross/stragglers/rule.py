@@ -9,7 +9,7 @@ rank's largest lateness per step from its own median, over all ranks — but tha
 ``max_noise_fraction`` × the median step time. Lateness that comes and goes with the scheduling of a busy host
 raises the floor instead of naming someone (a rank late by the same amount every step adds no noise), and a rank late
 by more than ``max_noise_fraction`` of the step in most steps is named however noisy the host. On a run over several
-hosts the clock-free estimate (:mod:`.clock_free`) must confirm ``clock_free_factor`` of its mean lateness. A host is
+hosts the clock-free estimate (:mod:`.clock_free`) must confirm ``clock_free_factor`` of its lateness. A host is
 named by the same rule on its latest rank's arrivals (:mod:`.hosts`).
 """
 
@@ -58,7 +58,7 @@ class StragglerRule:
             f"(1.4826 x the median absolute deviation of each rank's largest lateness per step from its own median), "
             f"the last never above {self.max_noise_fraction:g} x the median step time. On a run over "
             f"several hosts, its clock-free lateness (from durations) must be at least {self.clock_free_factor:g} x "
-            f"its mean lateness. A host is named by the same rule on its latest rank's arrivals."
+            f"its lateness (medians over its steps). A host is named by the same rule on its latest rank's arrivals."
         )
 
 
