@@ -31,9 +31,26 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=14)
     p.add_argument("--device-ms", type=float, default=40.0, help="ms every rank sleeps per step (device time)")
     p.add_argument("--slow-rank", type=int, default=-1)
-    p.add_argument("--slow-ms", type=float, default=0.0, help="extra ms per step on --slow-rank")
+    p.add_argument("--slow-ms", type=_delays, default=[0.0],
+                   help="extra ms per step on --slow-rank; a comma-separated list is cycled step by step")
     p.add_argument("--dim", type=int, default=32)
     return p.parse_args()
+
+
+def _delays(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+class Delays:
+    """The slow rank's delay, step by step (a list cycled); 0 on the other ranks."""
+
+    def __init__(self, args, rank: int) -> None:
+        self.ms = args.slow_ms if rank == args.slow_rank else [0.0]
+        self.i = 0
+
+    def next(self) -> float:
+        self.i += 1
+        return self.ms[(self.i - 1) % len(self.ms)]
 
 
 def sleep_ms(ms: float) -> None:
@@ -58,12 +75,12 @@ def ddp_step(args, rank: int):
     model = DDP(nn.Sequential(*(Block(args.dim, 0.0) for _ in range(4))), bucket_cap_mb=0.01)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(8, args.dim)
-    extra = args.slow_ms if rank == args.slow_rank else 0.0
+    delays = Delays(args, rank)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         loss = model(x).square().mean()
-        sleep_ms(args.device_ms + extra)  # the device's work (and the slow rank's delay) between forward and backward
+        sleep_ms(args.device_ms + delays.next())  # the device's work (and the slow rank's delay) between forward and backward
         loss.backward()
         opt.step()
     return step
@@ -79,11 +96,11 @@ def fsdp2_step(args, rank: int):
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(8, args.dim)
-    extra = args.slow_ms if rank == args.slow_rank else 0.0
+    delays = Delays(args, rank)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        sleep_ms(extra)  # the slow rank's delay at the start of forward
+        sleep_ms(delays.next())  # the slow rank's delay at the start of forward
         model(x).square().mean().backward()
         opt.step()
     return step
@@ -108,11 +125,11 @@ class Trainer:
 
 
 class Delay:
-    def __init__(self, ms: float) -> None:
-        self.ms = ms
+    def __init__(self, delays: Delays) -> None:
+        self.delays = delays
 
     def on_step_begin(self, trainer: Trainer) -> None:
-        sleep_ms(self.ms)
+        sleep_ms(self.delays.next())
 
     def on_step_end(self, trainer: Trainer) -> None:
         pass
@@ -129,8 +146,7 @@ def callbacks_step(args, rank: int):
         g = torch.Generator().manual_seed(rank)
         while True:
             yield torch.randn(8, args.dim, generator=g)
-    extra = args.slow_ms if rank == args.slow_rank else 0.0
-    trainer = Trainer(model, opt, batches(), [Delay(extra)] if extra > 0 else [])
+    trainer = Trainer(model, opt, batches(), [Delay(Delays(args, rank))])
     return trainer.training_step
 
 

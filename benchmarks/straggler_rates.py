@@ -50,6 +50,7 @@ class Outcome:
     """One run: what was injected and what the report said."""
 
     style: str
+    active: int
     delay_pct: float
     delay_ms: float
     step_ms: float
@@ -104,13 +105,13 @@ def report(run_dir: Path) -> dict:
     return json.loads(q.stdout)
 
 
-def outcome(rep: dict, style: str, delay_pct: float, delay_ms: float, load: float) -> Outcome:
+def outcome(rep: dict, style: str, active: int, delay_pct: float, delay_ms: float, load: float) -> Outcome:
     rows = rep.get("stragglers") or []
     slow = next((d for d in rows if d["rank"] == SLOW_RANK), None) if delay_ms > 0 else \
-        max(rows, key=lambda d: d["mean_lateness_ms"], default=None)
-    return Outcome(style, delay_pct, delay_ms, float(rep["summary"]["step_ms_mean"]),
+        max(rows, key=lambda d: d["lateness_ms"], default=None)
+    return Outcome(style, active, delay_pct, delay_ms, float(rep["summary"]["step_ms_mean"]),
                    sorted(d["rank"] for d in rows if d["named"]),
-                   None if slow is None else slow["mean_lateness_ms"],
+                   None if slow is None else slow["lateness_ms"],
                    None if slow is None else slow.get("extra_work_ms"), load)
 
 
@@ -118,7 +119,7 @@ def _line(o: Outcome) -> str:
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
     what = "balanced" if o.balanced else f"delay {o.delay_ms:.2f} ms ({o.delay_pct:g} %)"
-    return (f"  {o.style:9s} {what:26s} step {o.step_ms:6.1f} ms  named {o.named}  lateness {ms(o.lateness_ms)} ms  "
+    return (f"  {o.style:9s} {o.active:2d} steps {what:26s} step {o.step_ms:6.1f} ms  named {o.named}  lateness {ms(o.lateness_ms)} ms  "
             f"extra work {ms(o.extra_work_ms)} ms  load {o.load:.2f}  {'ok' if o.right else 'WRONG'}")
 
 
@@ -135,24 +136,25 @@ def measure(args: argparse.Namespace, base: Path) -> list[Outcome]:
                 step_ms = statistics.median(bal)
             delay = pct / 100 * step_ms if pct > 0 else 0.0
             for i in range(args.runs):
-                d = base / f"{style}-{pct:g}-{i}"
+                d = base / f"{style}-a{args.active}-{pct:g}-{i}"
                 run_dir = run_job(d, style, args.ranks, args.active, args.device_ms, delay)
                 load = os.getloadavg()[0]
                 (d / "meta.json").write_text(json.dumps({"style": style, "delay_pct": pct, "delay_ms": delay,
                                                          "load": load, "active": args.active,
                                                          "device_ms": args.device_ms}))
-                o = outcome(report(run_dir), style, pct, delay, load)
+                o = outcome(report(run_dir), style, args.active, pct, delay, load)
                 print(_line(o), file=sys.stderr, flush=True)
                 out.append(o)
     return out
 
 
-def rescore(base: Path) -> list[Outcome]:
-    """Re-analyse the runs kept in `base` with the code as it is now."""
+def rescore(bases: list[Path]) -> list[Outcome]:
+    """Re-analyse the runs kept in `bases` with the code as it is now."""
     out = []
-    for meta in sorted(base.glob("*/meta.json")):
+    for meta in sorted(m for base in bases for m in base.glob("*/meta.json")):
         m = json.loads(meta.read_text())
-        o = outcome(report(meta.parent / "r"), m["style"], m["delay_pct"], m["delay_ms"], m["load"])
+        o = outcome(report(meta.parent / "r"), m["style"], int(m.get("active", 10)), m["delay_pct"], m["delay_ms"],
+                    m["load"])
         print(_line(o), file=sys.stderr, flush=True)
         out.append(o)
     return out
@@ -160,20 +162,20 @@ def rescore(base: Path) -> list[Outcome]:
 
 def table(outs: list[Outcome]) -> list[str]:
     """Markdown rows: per style and delay, the runs named right, the lateness against the delay, the load."""
-    rows = ["| style | delay | step ms | runs right | lateness / delay (median) | lateness within 10 % | load |",
-            "|---|---|---|---|---|---|---|"]
-    keys = sorted({(o.style, o.delay_pct) for o in outs}, key=lambda k: (STYLES.index(k[0]) if k[0] in STYLES
-                                                                         else 99, k[0], k[1]))
-    for style, pct in keys:
-        g = [o for o in outs if o.style == style and o.delay_pct == pct]
+    rows = ["| style | recorded steps | delay | step ms | runs right | lateness / delay (median) | "
+            "lateness within 10 % | load |", "|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(o.style, o.active, o.delay_pct) for o in outs},
+                  key=lambda k: (STYLES.index(k[0]) if k[0] in STYLES else 99, k[0], -k[1], k[2]))
+    for style, active, pct in keys:
+        g = [o for o in outs if (o.style, o.active, o.delay_pct) == (style, active, pct)]
         right = sum(o.right for o in g)
         what = "balanced (none named)" if pct == 0 else f"{pct:g} % ({statistics.median(o.delay_ms for o in g):.1f} ms)"
         ratios = [o.lateness_ms / o.delay_ms for o in g if not o.balanced and o.lateness_ms is not None]
         ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
         within = f"{sum(o.lateness_ok for o in g)}/{len(g)}" if pct > 0 else "-"
         loads = [o.load for o in g]
-        rows.append(f"| {style} | {what} | {statistics.median(o.step_ms for o in g):.1f} | {right}/{len(g)} | {ratio} "
-                    f"| {within} | {min(loads):.1f}-{max(loads):.1f} |")
+        rows.append(f"| {style} | {active} | {what} | {statistics.median(o.step_ms for o in g):.1f} | {right}/{len(g)} "
+                    f"| {ratio} | {within} | {min(loads):.1f}-{max(loads):.1f} |")
     return rows
 
 
@@ -194,9 +196,9 @@ def machine() -> str:
 def write_docs(rows: list[str], args: argparse.Namespace) -> None:
     """Replace docs/accuracy.md's "## Stragglers" section's generated table (the text around it stays)."""
     start, end = "<!-- straggler_rates: begin -->", "<!-- straggler_rates: end -->"
-    block = "\n".join([start, f"Measured {datetime.date.today().isoformat()} on {machine()}: 2 ranks, "
-                       f"{args.active} recorded steps, device time {args.device_ms:g} ms per step as a sleep; "
-                       "`load` is the 1-minute load average while the runs ran.", "", *rows, end])
+    block = "\n".join([start, f"Measured {datetime.date.today().isoformat()} on {machine()}: 2 ranks, device time "
+                       f"{args.device_ms:g} ms per step as a sleep; `load` is the 1-minute load average after each "
+                       "run (lowest-highest).", "", *rows, end])
     text = DOC.read_text() if DOC.exists() else "# Accuracy\n"
     if start in text and end in text:
         text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _m: block, text, flags=re.S)
@@ -217,13 +219,14 @@ def main() -> None:
     ap.add_argument("--device-ms", type=float, default=40.0, help="device time per step (a sleep on every rank)")
     ap.add_argument("--step-ms", type=float, help="the balanced step time to size delays (default: measured)")
     ap.add_argument("--keep", help="keep the run directories here")
-    ap.add_argument("--rescore", metavar="DIR", help="re-analyse the runs kept in DIR (no jobs run)")
+    ap.add_argument("--rescore", metavar="DIRS", help="re-analyse the runs kept in these comma-separated --keep "
+                                                       "directories (no jobs run)")
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/accuracy.md")
     ap.add_argument("--json", help="write every run's outcome to this file")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", file=sys.stderr, flush=True)
     if args.rescore:
-        outs = rescore(Path(args.rescore))
+        outs = rescore([Path(x) for x in args.rescore.split(",")])
     else:
         base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dp-rates-"))
         base.mkdir(parents=True, exist_ok=True)

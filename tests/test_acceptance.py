@@ -40,8 +40,8 @@ def test_straggler_with_skewed_simulated_clocks(tmp_path):
     # on a loaded machine the truth is what the trace shows, not the injected 40 ms (while rank 2 sleeps, the others
     # get its CPU and catch up): rank 2 is clearly late, and the aligned lateness agrees with the clock-free one
     # (durations only, no clock) — the check on the skewed clocks' alignment
-    assert top.mean_lateness_ms >= 10, top
-    assert abs(top.mean_lateness_ms - top.clock_free_lateness_ms) <= 0.25 * top.mean_lateness_ms + 2, top
+    assert top.lateness_ms >= 10, top
+    assert abs(top.lateness_ms - top.clock_free_lateness_ms) <= 0.25 * top.lateness_ms + 2, top
     assert [s.rank for s in rep.stragglers if s.named] == [2]
     host1 = rep.clock["sim-host1"]
     assert host1.method == "ping-pong" and host1.residual_us is not None
@@ -64,7 +64,7 @@ def test_no_delay_names_nobody(tmp_path):
         named = [s.rank for s in rep.stragglers if s.named]
         if not named:
             return
-        details.append(([(s.rank, round(s.mean_lateness_ms, 2)) for s in rep.stragglers],
+        details.append(([(s.rank, round(s.lateness_ms, 2)) for s in rep.stragglers],
                         rep.straggler_info.rule.threshold_ms))
     raise AssertionError(f"a rank was named in two runs without any injected delay: {details}")
 
@@ -118,11 +118,11 @@ def test_one_lateness_and_a_headline_of_what_the_straggler_costs(ddp_slow):
     rows = {d.rank: d for d in rep.stragglers}
     assert rep.straggler_info.named == [1]
     for d in rows.values():
-        for name in ("mean_lateness_ms", "extra_work_ms", "blame_ms_per_step", "wait_ms_per_step", "cost_ms_per_step",
+        for name in ("lateness_ms", "extra_work_ms", "blame_ms_per_step", "wait_ms_per_step", "cost_ms_per_step",
                      "clock_free_lateness_ms"):
             v = getattr(d, name)
             assert v is None or abs(v) < 1.5 * DELAY_MS, (name, d)
-    assert rows[1].mean_lateness_ms > 0.5 * DELAY_MS and rows[0].mean_lateness_ms < -0.5 * DELAY_MS
+    assert rows[1].lateness_ms > 0.5 * DELAY_MS and rows[0].lateness_ms < -0.5 * DELAY_MS
     (f,) = [f for f in rep.findings if f.id == "straggler_rank"]
     m = re.search(r"it does ([\d.]+) ms more work per step than its peers .*, and the steps would be ([\d.]+) ms "
                   r"shorter without it", rep.verdict)
@@ -149,8 +149,9 @@ def test_the_heatmap_shows_lateness_and_step_time_second(ddp_slow):
 
 @pytest.mark.parametrize("job", ["callbacks", "hf_trainer"])
 def test_the_default_schedule_names_a_rank_late_in_every_step(tmp_path, job):
-    """The launcher's default window (5 recorded steps): a rank late by about a third of the step in every step is
-    named — a framework-style loop whose delay sits in an on_step_begin callback, and Hugging Face's Trainer."""
+    """The launcher's default window (5 recorded steps): a rank late by a third of the step or more in every step is
+    named — a framework-style loop whose delay sits in an on_step_begin callback and varies from step to step (30 to
+    90 ms: no steady lateness to bound with 5 steps), and Hugging Face's Trainer."""
     if job == "hf_trainer":
         if any(importlib.util.find_spec(m) is None for m in ("transformers", "accelerate")):
             if os.environ.get("CI") == "true":
@@ -160,13 +161,13 @@ def test_the_default_schedule_names_a_rank_late_in_every_step(tmp_path, job):
                   "--slow-ms", "40"]
     else:
         target = [str(ROOT / "benchmarks" / "_straggler_job.py"), "--style", "callbacks", "--steps", "12",
-                  "--device-ms", "40", "--slow-rank", "1", "--slow-ms", "30"]
+                  "--device-ms", "40", "--slow-rank", "1", "--slow-ms", "90,30,60,30,90,45"]
     torchrun(2, ["-m", "distprof.launch", "--out", "out", *target], cwd=tmp_path,
              env=job_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"), timeout=420)
     rep = build_report(distprof.load(only_run_dir(tmp_path / "out"), progress=False))
     assert rep.run.n_steps == 5
     top = rep.stragglers[0]
-    assert rep.straggler_info.named == [1], ([(d.rank, round(d.mean_lateness_ms, 1), d.late_step_fraction)
+    assert rep.straggler_info.named == [1], ([(d.rank, round(d.lateness_ms, 1), d.late_step_fraction)
                                               for d in rep.stragglers], rep.straggler_info.rule)
     assert top.late_step_fraction >= 0.8
     assert rep.verdict.startswith("Rank 1 on host")

@@ -676,7 +676,7 @@ def test_straggler_rank_with_idle_and_compute_root_causes():
     fs, s, rc = analyse(ddp_run(4, n_steps=4, late_rank=2, late_ms=20))
     (f,) = by_id(fs, "straggler_rank")
     assert f.rank == 2 and f.host == "host0" and f.severity == "high"
-    assert f.metrics["late_fraction"] == 1.0 and f.metrics["mean_lateness_ms"] == pytest.approx(20, abs=0.1)
+    assert f.metrics["late_fraction"] == 1.0 and f.metrics["lateness_ms"] == pytest.approx(20, abs=0.1)
     assert "[idle]" in f.evidence and "outside any recorded op" in f.advice
     assert fs[0] is f  # most severe first
     fs, _, _ = analyse(ddp_run(4, n_steps=4, late_rank=1, late_ms=20, late_kind="compute"))
@@ -842,7 +842,7 @@ def test_real_job_input_wait_and_annotations(tmp_path):
 def test_verdict_leads_with_the_most_severe_finding():
     # a low-severity straggler (1.2 ms of a 40 ms step) and 45 % exposed communication: the latter leads
     s = StepSummary(n_rank_steps=8, step_ms_mean=40.0)
-    strag = stragglers_of(8, [straggler_row(rank=1, host="h", named=True, late_step_fraction=1.0, mean_lateness_ms=1.3,
+    strag = stragglers_of(8, [straggler_row(rank=1, host="h", named=True, late_step_fraction=1.0, lateness_ms=1.3,
                                             cost_ms_per_step=1.2)])
     exposed = Finding("exposed_comm", "high", None, None, "x", "", "", {"impact_pct": 45.0})
     low = Finding("straggler_rank", "low", 1, "h", "y", "", "", {"impact_pct": 3.0})

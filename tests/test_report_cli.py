@@ -50,7 +50,7 @@ def test_build_report_keys_and_strict_json():
     assert {"rank", "step", "step_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "memcpy_ms", "idle_ms",
             "other_ms", "overlap_pct"} <= set(doc["steps"][0])
     top = rep.stragglers[0]
-    assert {"rank", "host", "blame_ms", "mean_lateness_ms", "late_fraction"} <= set(doc["stragglers"][0])
+    assert {"rank", "host", "blame_ms", "lateness_ms", "late_fraction"} <= set(doc["stragglers"][0])
     assert top.rank == 1 and top.named
     assert rep.straggler_info.named == [1]
     assert rep.straggler_info.rule.threshold_ms > 0 and rep.straggler_info.rule.text
@@ -179,7 +179,7 @@ def test_cli_report_and_json(synth_dir, tmp_path, capsys):
     rep = json.loads(out.read_text())
     assert REQUIRED <= set(rep)
     assert rep["stragglers"][0]["rank"] == 2
-    assert rep["stragglers"][0]["mean_lateness_ms"] == pytest.approx(30, rel=0.05)
+    assert rep["stragglers"][0]["lateness_ms"] == pytest.approx(30, rel=0.05)
     assert set(rep["clock"]) == {"sim-host0", "sim-host1"}
     assert {"offset_ns", "drift_ppm", "residual_us", "method"} <= set(rep["clock"]["sim-host1"])
 

@@ -180,9 +180,9 @@ def _stragglers(report: Report, st: Style) -> list[str]:
 
 def _no_straggler(ranks: list[StragglerRank], floor: str, st: Style) -> list[str]:
     """Why no rank is named: the latest rank's lateness, and whether the run had too few steps to tell."""
-    worst = max(ranks, key=lambda d: d.mean_lateness_ms or 0)
+    worst = max(ranks, key=lambda d: d.lateness_ms or 0)
     out = [f"  no straggler: no rank is late by >= {floor} ms in most steps (latest: rank {worst.rank}, "
-           f"{fmt(worst.mean_lateness_ms, '{:.2f}')} ms mean lateness, late in "
+           f"{fmt(worst.lateness_ms, '{:.2f}')} ms lateness, late in "
            f"{fmt(100 * (worst.late_step_fraction or 0), '{:.0f}')} % of steps)"]
     return out
 
@@ -190,7 +190,7 @@ def _no_straggler(ranks: list[StragglerRank], floor: str, st: Style) -> list[str
 def _straggler_table(ranks: list[StragglerRank], st: Style) -> list[str]:
     """One row per rank: its lateness and extra work, how long each other rank waits for it and it for them."""
     others = max(len(ranks) - 1, 1)
-    rows = [[str(d.rank), name(d.host), fmt(d.mean_lateness_ms, "{:.2f}"), fmt(100 * (d.late_step_fraction or 0),
+    rows = [[str(d.rank), name(d.host), fmt(d.lateness_ms, "{:.2f}"), fmt(100 * (d.late_step_fraction or 0),
                                                                                 "{:.0f}%"),
              fmt(d.extra_work_ms, "{:.2f}"), fmt(d.blame_ms_per_step / others, "{:.2f}"),
              fmt(d.wait_ms_per_step, "{:.2f}"), fmt(100 * d.late_fraction, "{:.0f}%"), "STRAGGLER" if d.named else ""]
@@ -206,7 +206,7 @@ def _straggler_table(ranks: list[StragglerRank], st: Style) -> list[str]:
 def _late_hosts(hosts: list[StragglerHost], st: Style) -> list[str]:
     """The named late hosts a finding reports."""
     out = [st.red(f"  late host {name(h.host)} (ranks {rank_ranges(h.ranks)}): "
-                  f"{fmt(h.mean_lateness_ms, '{:.2f}')} ms mean lateness, last in "
+                  f"{fmt(h.lateness_ms, '{:.2f}')} ms lateness, last in "
                   f"{100 * h.late_fraction:.0f}% of collectives") for h in hosts[:MAX_OUTLIERS]]
     if len(hosts) > MAX_OUTLIERS:
         out.append(st.dim(f"  ... {len(hosts) - MAX_OUTLIERS} more late hosts in report.json"))

@@ -204,7 +204,7 @@ def _naming_floor(layout: dict[str, Any], thr: float) -> None:
 
 
 def fig_blame(report: Report) -> dict[str, Any] | None:
-    """How long the others waited for each rank at collectives (bars) and its mean lateness, grouped by host."""
+    """How long the others waited for each rank at collectives (bars) and its lateness, grouped by host."""
     if not report.stragglers:
         return None
     hosts = report.run.hosts
@@ -224,10 +224,10 @@ def fig_blame(report: Report) -> dict[str, Any] | None:
          "y": [None if _num(s.blame_ms_per_step) is None else round(s.blame_ms_per_step / others, 4) for s in rows],
          "marker": {"color": [_NAMED if s.named else _PLAIN for s in rows]},
          "hovertemplate": "%{x}: each other rank waits %{y:.2f} ms/step for it<extra></extra>"},
-        {"type": "scatter", "mode": "markers", "name": "mean lateness ms", "x": x,
-         "y": [_num(s.mean_lateness_ms) for s in rows],
+        {"type": "scatter", "mode": "markers", "name": "lateness ms", "x": x,
+         "y": [_num(s.lateness_ms) for s in rows],
          "marker": {"symbol": "diamond", "size": 11, "color": "#222222"},
-         "hovertemplate": "%{x}: mean lateness %{y:.2f} ms<extra></extra>"},
+         "hovertemplate": "%{x}: lateness %{y:.2f} ms<extra></extra>"},
     ]
     layout = _base_layout(360, xaxis=_axis(None, type="multicategory"), yaxis=_axis("ms"))
     if thr is not None:

@@ -200,10 +200,10 @@ def blame(rows: list[StragglerRank], host_of: Callable[[StragglerRank], str], th
                    for s in keep],
              "marker": {"color": [_NAMED if s.named else _PLAIN for s in keep]},
              "hovertemplate": "%{x}: each other rank waits %{y:.2f} ms/step for it<extra></extra>"},
-            {"type": "scatter", "mode": "markers", "name": "mean lateness ms", "x": x,
-             "y": [_num(s.mean_lateness_ms) for s in keep],
+            {"type": "scatter", "mode": "markers", "name": "lateness ms", "x": x,
+             "y": [_num(s.lateness_ms) for s in keep],
              "marker": {"symbol": "diamond", "size": 10, "color": "#222222"},
-             "hovertemplate": "%{x}: mean lateness %{y:.2f} ms<extra></extra>"}]
+             "hovertemplate": "%{x}: lateness %{y:.2f} ms<extra></extra>"}]
     layout = _layout(380, xaxis=_axis(None, type="multicategory"), yaxis=_axis("ms"))
     if thr is not None:
         layout["shapes"] = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": thr, "y1": thr,

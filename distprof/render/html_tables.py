@@ -47,7 +47,7 @@ def verdict(report: Report) -> str:
         top = named[0]
         txt = (f"rank {top.rank} on host {top.host} is the straggler: it arrives last in "
                f"{_fmt(100 * (_num(top.late_fraction) or 0), '{:.0f}')} % of collectives, "
-               f"{_fmt(top.mean_lateness_ms, '{:.1f}')} ms late on average, and the steps lose "
+               f"{_fmt(top.lateness_ms, '{:.1f}')} ms late per step (median), and the steps lose "
                f"{_fmt(top.cost_ms_per_step, '{:.1f}')} ms per step to it.")
         if len(named) > 1:
             txt += " Also named: " + ", ".join(f"rank {x.rank}" for x in named[1:]) + "."

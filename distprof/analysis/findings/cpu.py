@@ -27,13 +27,13 @@ if TYPE_CHECKING:
 
 def arrival_shift(stragglers: Stragglers | None) -> dict[int, tuple[float, float]]:
     """Named ranks whose lateness and own extra work differ by at least the straggler floor and a quarter of the
-    lateness: the ranks' waits for a CPU moved their arrivals. rank -> (mean lateness, extra work), ms per step."""
+    lateness: the ranks' waits for a CPU moved their arrivals. rank -> (lateness, extra work), ms per step."""
     if stragglers is None:
         return {}
     thr = float(stragglers.threshold_ms or 0.0)
-    return {int(d.rank): (float(d.mean_lateness_ms), float(d.extra_work_ms)) for d in stragglers.named_rows
+    return {int(d.rank): (float(d.lateness_ms), float(d.extra_work_ms)) for d in stragglers.named_rows
             if d.extra_work_ms is not None
-            and abs(d.extra_work_ms - d.mean_lateness_ms) >= max(thr, SHIFT_SHARE * abs(d.mean_lateness_ms))}
+            and abs(d.extra_work_ms - d.lateness_ms) >= max(thr, SHIFT_SHARE * abs(d.lateness_ms))}
 
 
 #: A named rank's lateness and extra work that differ by this share of its lateness are said to be moved by the waits.

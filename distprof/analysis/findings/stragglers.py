@@ -62,8 +62,8 @@ def _host_finding(host: str, members: list[int], late: list[int], h: StragglerHo
                   thr: float | None) -> Finding:
     """The ``straggler_host`` finding of one host: its ranks `members`, of which `late` are named; `h` is its row of
     the stragglers host table (None when it has none)."""
-    lat = (h.mean_lateness_ms if h is not None else 0.0) or (
-        float(np.mean([ranks[r].mean_lateness_ms for r in late])) if late else 0)
+    lat = (h.lateness_ms if h is not None else 0.0) or (
+        float(np.mean([ranks[r].lateness_ms for r in late])) if late else 0)
     late_fraction = (h.late_fraction if h is not None else 0.0) or 0.0
     n_steps = max((ranks[r].n_steps for r in members if r in ranks), default=0)
     blame = (h.blame_ms / max(n_steps, 1) if h is not None else
@@ -84,7 +84,7 @@ def _host_finding(host: str, members: list[int], late: list[int], h: StragglerHo
         advice=("The node itself is slower: check it for thermal or power throttling (nvidia-smi -q -d "
                 "PERFORMANCE), other jobs or processes, a different device, driver or CPU model, and its "
                 "network link; exclude it from the job (e.g. Slurm --exclude) until fixed."),
-        metrics={"mean_lateness_ms": float(lat), "late_fraction": float(late_fraction),
+        metrics={"lateness_ms": float(lat), "late_fraction": float(late_fraction),
                  "blame_ms_per_step": float(blame), "wait_ms_per_step_each": blame / n_others,
                  "cost_ms_per_step": cost, "n_ranks": float(len(members)),
                  "n_late_ranks": float(len(late)), "impact_pct": impact, "median_step_ms": median_step_ms,
@@ -102,11 +102,11 @@ def _rank_finding(d: StragglerRank, ops: list[RootCauseOp], n_ranks: int, median
     top = ops[0] if ops else None
     return Finding(
         id="straggler_rank", severity=rules.severity(impact), rank=r, host=d.host,
-        title=f"Straggler: rank {r} (host {d.host}) is late by {d.mean_lateness_ms:.1f} ms in "
+        title=f"Straggler: rank {r} (host {d.host}) is late by {d.lateness_ms:.1f} ms in "
               f"{100 * d.late_step_fraction:.0f} % of steps",
         evidence=_rank_evidence(d, ops, n_ranks, wait_each, median_step_ms, thr),
         advice=_rank_advice(r, top),
-        metrics={"mean_lateness_ms": d.mean_lateness_ms, "late_fraction": d.late_fraction,
+        metrics={"lateness_ms": d.lateness_ms, "late_fraction": d.late_fraction,
                  "late_step_fraction": d.late_step_fraction, "blame_ms_per_step": d.blame_ms_per_step,
                  "wait_ms_per_step_each": wait_each, "cost_ms_per_step": cost, "impact_pct": impact,
                  "median_step_ms": median_step_ms, "threshold_ms": float(thr or 0.0),
@@ -124,7 +124,7 @@ def _rank_evidence(d: StragglerRank, ops: list[RootCauseOp], n_ranks: int, wait_
     extra = ("" if d.extra_work_ms is None else
              f"; its own work before them is {d.extra_work_ms:.1f} ms per step more than its peers' (their waits for "
              f"a CPU taken out)")
-    return (f"rank {r} arrives at the step's collectives {d.mean_lateness_ms:.1f} ms after the median of the other "
+    return (f"rank {r} arrives at the step's collectives {d.lateness_ms:.1f} ms after the median of the other "
             f"ranks (mean over its {d.n_steps} steps of the {median_step_ms:.1f} ms median step; late by the floor in "
             f"{100 * d.late_step_fraction:.0f} % of them){extra}; "
             + (f"the other rank waits {wait_each:.1f} ms per step for it" if n_ranks == 2 else

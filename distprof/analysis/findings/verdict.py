@@ -104,16 +104,16 @@ def _straggler_sentence(host_f: Finding | None, named: list[StragglerRank], rc: 
                         findings: list[Finding]) -> str:
     if host_f is not None:
         m = host_f.metrics
-        return (f"host {host_f.host} is slow: its ranks arrive {m['mean_lateness_ms']:.1f} ms late together in "
+        return (f"host {host_f.host} is slow: its ranks arrive {m['lateness_ms']:.1f} ms late together in "
                 f"{100 * m['late_fraction']:.0f} % of collectives, and "
-                + _costs(host_f, m.get("cost_ms_per_step", m["mean_lateness_ms"])))
+                + _costs(host_f, m.get("cost_ms_per_step", m["lateness_ms"])))
     if not named:
         return ""
     d = named[0]
     f = next((x for x in findings if x.id == "straggler_rank" and x.rank == d.rank), None)
     what = (f"it does {d.extra_work_ms:.1f} ms more work per step than its peers before the step's collectives"
             if d.extra_work_ms is not None else
-            f"it arrives {d.mean_lateness_ms:.1f} ms after its peers at the step's collectives")
+            f"it arrives {d.lateness_ms:.1f} ms after its peers at the step's collectives")
     first = (f"rank {d.rank} on host {d.host} is a straggler in {100 * d.late_step_fraction:.0f} % of steps: {what}, "
              f"and {_costs(f, d.cost_ms_per_step)}")
     cause = _cause(rc.get(d.rank))
@@ -151,7 +151,7 @@ def verdict(summary: StepSummary, stragglers: Stragglers, root_cause: list[RootC
     tail = _phrase(top) if top is not None else _largest_part(summary)
     ranks = stragglers.ranks
     if stragglers.info.n_instances and ranks:
-        within = max(0.0, max(float(d.mean_lateness_ms or 0.0) for d in ranks))
+        within = max(0.0, max(float(d.lateness_ms or 0.0) for d in ranks))
         head = f"No straggler: ranks arrive within {within:.1f} ms of each other"
     else:
         head = f"Steps take {summary.step_ms_mean or 0:.1f} ms on average"

@@ -322,12 +322,12 @@ def _split(name: str, a: dict[str, np.ndarray], b: dict[str, np.ndarray], total_
 
 
 def _lateness(a: RunSummary, b: RunSummary) -> DiffLateness:
-    """Per rank named a straggler in either run: its mean lateness in A and in B (the stragglers analysis)."""
+    """Per rank named a straggler in either run: its lateness in A and in B (the stragglers analysis)."""
     from ..cross.stragglers import find_stragglers
 
     sa, sb = find_stragglers(a), find_stragglers(b)
-    la = {d.rank: d.mean_lateness_ms for d in sa.ranks}
-    lb = {d.rank: d.mean_lateness_ms for d in sb.ranks}
+    la = {d.rank: d.lateness_ms for d in sa.ranks}
+    lb = {d.rank: d.lateness_ms for d in sb.ranks}
     named = sorted(set(sa.info.named) | set(sb.info.named))
     return DiffLateness(list(sa.info.named), list(sb.info.named),
                         [RankLateness(r, la.get(r), lb.get(r)) for r in named])
