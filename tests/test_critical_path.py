@@ -1,5 +1,6 @@
-"""The cross-rank step graph, its replay and the critical path (analysis/graph/critical_path.py, path_report.py):
-on synthetic runs with a known straggler and on a hand-built two-stage point-to-point step."""
+"""The cross-rank step graph, its replay and the critical path (analysis/graph/critical_path.py, schedule.py,
+path_report.py): on synthetic runs with a known straggler, on hand-built steps (two point-to-point stages, a gloo
+collective, collectives in opposite orders), and the chained replay on simulated jobs (tests/whatif_jobs.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from synth import make_run
+from whatif_jobs import simulated_run
 
 import distprof
-from distprof.analysis.graph.critical_path import critical_paths, replay, step_graph
+from distprof.analysis.graph.critical_path import _relax, critical_paths, replay, step_graph
+from distprof.analysis.graph.schedule import schedule
 from distprof.analysis.graph.path_report import critical_path_report
 from distprof.analysis.align.matching import match_collectives
 from distprof.analysis.align.p2p import match_p2p
@@ -125,6 +128,82 @@ def test_a_step_that_ends_after_its_collective_could_proceed_waited_for_it(end0_
     gap = g.ev_gap.copy()
     gap[g.ev_rank == 1] -= 48 * MS
     assert replay(g.with_segments(gap=gap)).rs_end[r0] == pytest.approx(base - 48 * MS)
+
+
+def test_steps_chain_within_a_window_and_break_at_windows_and_gaps():
+    """A rank-step follows the rank's previous step when that is recorded in the same window; a window's first step,
+    and the step after a missing one, start a chain."""
+    g = step_graph(simulated_run(windows=2, gap_steps=3))
+    prev = g.rs_prev
+    chained = prev >= 0
+    assert (g.rs_rank[prev[chained]] == g.rs_rank[chained]).all()
+    assert (g.rs_step[prev[chained]] == g.rs_step[chained] - 1).all()
+    assert sorted(g.rs_step[~chained].tolist()) == [2, 2, 11, 11]  # 2 ranks x 2 windows of 6 steps, 3 apart
+    assert np.abs(g.rs_between[chained]).max() < 1_000  # a step begins where the previous one ended
+    run = simulated_run()
+    keep = ~((run.steps["rank"] == 1) & (run.steps["step"] == 4))  # rank 1's step 4 not recorded
+    run.steps = {k: v[keep] for k, v in run.steps.items()}
+    g = step_graph(run)
+    assert g.rs_prev[(g.rs_rank == 1) & (g.rs_step == 5)][0] == -1
+
+
+@pytest.mark.parametrize("make", ["late", "simulated"])
+def test_chained_replay_reproduces_the_steps_and_matches_relaxation(late, make):
+    """Chained, the measured segments still give the measured steps; with changed segments the level-by-level
+    replay (each value once) gives what relaxing every value to a fixed point gives."""
+    run = late if make == "late" else simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)})
+    g = step_graph(run)
+    rp = replay(g, chain=True)
+    assert rp.converged and schedule(g) is not None
+    assert np.abs(rp.rs_end - g.rs_end).max() < 1_000 and np.abs(rp.rs_start - g.rs_start).max() < 1_000
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        other = g.with_segments(gap=g.ev_gap * rng.uniform(0.2, 1.5, g.n_events),
+                                tail=g.rs_tail * rng.uniform(0.2, 1.5, g.rs_rank.size),
+                                transfer=g.ev_transfer * rng.uniform(0.0, 2.0, g.n_events))
+        a, b = replay(other, chain=True), _relax(other, chain=True, max_passes=None)
+        assert b.converged
+        for x, y in ((a.arrival, b.arrival), (a.end, b.end), (a.rs_start, b.rs_start), (a.rs_end, b.rs_end)):
+            assert np.abs(x - y).max() < 1e-3
+
+
+def test_a_tail_moves_the_next_steps_arrivals_only_when_chained():
+    """Rank 1 waits 20 ms before every forward, in its steps' tails, and rank 0 waits for it at the next all-reduce.
+    Taking 20 ms off rank 1's tail of one step, chained, brings rank 0's next step end 20 ms earlier; unchained (each
+    step from its measured start) it does not."""
+    run = simulated_run(pre={(1, it): 20.0 for it in range(30)})
+    g = step_graph(run)
+    r1 = np.flatnonzero((g.rs_rank == 1) & (g.rs_step == 3))[0]
+    r0_next = np.flatnonzero((g.rs_rank == 0) & (g.rs_step == 4))[0]
+    tail = g.rs_tail.copy()
+    tail[r1] -= 20 * MS
+    other = g.with_segments(tail=tail)
+    assert replay(other, chain=True).rs_end[r0_next] == pytest.approx(g.rs_end[r0_next] - 20 * MS)
+    assert replay(other).rs_end[r0_next] == pytest.approx(g.rs_end[r0_next])
+
+
+def test_collectives_in_opposite_orders_fall_back_to_relaxation():
+    """Rank 0 runs all_reduce A (group 0) then B (group 1), rank 1 B then A, each after the previous one ended: each
+    collective waits for the other (a cycle). No level order exists; the replay relaxes instead and still reproduces
+    the measured step."""
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    coll_rows = {"rank": np.array([0, 0, 1, 1], np.int32), "window": np.zeros(4, np.int32),
+                 "pg": np.array([0, 1, 1, 0], np.int32), "seq": np.zeros(4, np.int32),
+                 "op_id": np.zeros(4, np.uint32), "bytes": i64(64, 64, 64, 64), "start_ns": i64(0, 10, 0, 10) * MS,
+                 "end_ns": i64(10, 20, 10, 20) * MS, "step": i64(0, 0, 0, 0), "ev_row": i64(0, 1, 2, 3),
+                 "exposed_ns": i64(0, 0, 0, 0)}
+    steps = {"rank": np.array([0, 1], np.int32), "step": np.array([0, 0], np.int32), "start_ns": i64(0, 0),
+             "end_ns": i64(21, 21) * MS, "step_ms": np.array([21.0, 21.0])}
+    no_p2p = {k: np.zeros(0, np.int64) for k in ("rank", "window", "pg", "peer", "bytes", "start_ns", "end_ns",
+                                                   "step", "p2p_seq")}
+    no_p2p["is_recv"] = np.zeros(0, bool)
+    run = SimpleNamespace(steps=steps, collectives=match_collectives(coll_rows), collective_rows=coll_rows,
+                          p2p=match_p2p(no_p2p, {0: [0, 1], 1: [0, 1]}), names=np.array(["all_reduce"], dtype=object))
+    g = step_graph(run)
+    assert g.n_events == 4 and g.n_groups == 2
+    assert schedule(g) is None
+    rp = replay(g, chain=True)
+    assert np.abs(rp.rs_end - g.rs_end).max() < 1_000
 
 
 def test_report_html_and_terminal_show_the_path_and_the_what_ifs(late):

@@ -1,12 +1,14 @@
 """What-if estimates (analysis/whatif.py): on synthetic runs whose answer is known (the same run generated without
-the delay), and on real torchrun jobs: the prediction for a removed delay against the measured re-run."""
+the delay), on simulated jobs whose every time is computed (a delay before the forward, between forward and backward,
+in only some steps), and on real torchrun jobs: the prediction for a removed delay against the delay and the measured
+re-run."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from synth import make_run
-from whatif_jobs import DELAY_MS, job
+from whatif_jobs import DELAY_MS, PLACED_DEVICE_MS, job, placed_job, simulated_run
 
 import distprof
 from distprof.analysis.graph import whatif
@@ -88,8 +90,101 @@ def test_removed_delay_predicts_the_measured_rerun(tmp_path_factory):
     without it. The goal is 15 % or 2 ms (benchmarks/whatif_accuracy.py measures it over delays and rank counts);
     the test's margin is wider, for a loaded machine, and still far from the delayed step."""
     slow = distprof.load(job(tmp_path_factory, "slow", DELAY_MS))
-    rerun = whatif.step_time_ms(distprof.load(job(tmp_path_factory, "plain")))
+    rerun = float(np.median(whatif.per_step_time_ms(distprof.load(job(tmp_path_factory, "plain")))[1]))
     w = whatif.estimate(slow, whatif.Straggler(ranks=(1,)))
-    err = abs(w.predicted_step_ms - rerun)
-    assert err <= max(4.0, 0.35 * rerun), (w.to_json(), rerun)
-    assert np.isfinite(w.gain_ms_per_step) and w.gain_ms_per_step > 0.5 * DELAY_MS, w.to_json()
+    # per step the measured step less the gain, the median over steps (the odd step the machine holds off moves a
+    # mean of 8 by tens of ms)
+    predicted = float(np.median(whatif.per_step_time_ms(slow)[1] - w.per_step_gain_ms))
+    err = abs(predicted - rerun)
+    assert err <= max(4.0, 0.35 * rerun), (w.to_json(), predicted, rerun)
+    assert np.isfinite(w.gain_ms_per_step) and np.median(w.per_step_gain_ms) > 0.5 * DELAY_MS, w.to_json()
+
+
+# ---- a delay anywhere in the iteration (simulated: exact times) ----------------------------------------------------
+SIM_DELAY = 20.0
+
+
+def _gain_vs_truth(**delays):
+    """(predicted gain, measured gain: the delayed run's step time less the same run's without the delays)."""
+    run = simulated_run(**delays)
+    w = whatif.estimate(run, whatif.Straggler(ranks=(1,)))
+    return w, whatif.step_time_ms(run) - whatif.step_time_ms(simulated_run())
+
+
+@pytest.mark.parametrize("place", ["pre", "mid"])
+def test_a_delay_anywhere_in_the_iteration_gets_its_full_gain(place):
+    """Rank 1 waits 20 ms every iteration, before its forward (a DataLoader wait, a step-begin callback, host
+    preprocessing: with steps cut at the forward, in the previous step's tail) or between forward and backward. Either
+    way the step is 20 ms longer, and the what-if gives all of it back — in every step, the window's first included
+    (its start was late from the unrecorded step before it). Without carrying a step's tail into the next step's
+    arrivals, the pre-forward delay got half: the waiting rank's time stayed."""
+    w, truth = _gain_vs_truth(**{place: {(1, it): SIM_DELAY for it in range(30)}})
+    assert truth == pytest.approx(SIM_DELAY)
+    assert w.gain_ms_per_step == pytest.approx(truth, abs=0.01), w.to_json()
+    assert w.per_step_gain_ms == pytest.approx(np.full(6, SIM_DELAY), abs=0.01)
+    assert w.predicted_step_ms == pytest.approx(whatif.step_time_ms(simulated_run()), abs=0.01)
+
+
+@pytest.mark.parametrize("place", ["pre", "mid"])
+def test_a_delay_only_some_steps_have_gets_its_full_gain(place):
+    """The delay in every third iteration: a third of it per step on average, which the what-if gives back — a rank's
+    excess in a step that stands out from the peers' spread counts, not only the excess it has in most steps."""
+    w, truth = _gain_vs_truth(**{place: {(1, it): SIM_DELAY for it in range(30) if it % 3 == 1}})
+    assert truth == pytest.approx(SIM_DELAY / 3, rel=0.01)
+    assert w.gain_ms_per_step == pytest.approx(truth, rel=0.02), (w.to_json(), w.per_step_gain_ms)
+
+
+def test_the_chain_breaks_between_windows():
+    """Two windows with unrecorded iterations between them: each window's steps chain, the second window's first step
+    starts where it was measured to (lead-in aside), and the gain is still the whole delay."""
+    pre = {(1, it): SIM_DELAY for it in range(40)}
+    run = simulated_run(windows=2, gap_steps=3, pre=pre)
+    g = step_graph(run)
+    assert (g.rs_prev < 0).sum() == 4  # 2 ranks x 2 windows
+    w = whatif.estimate(run, whatif.Straggler(ranks=(1,)))
+    assert w.gain_ms_per_step == pytest.approx(SIM_DELAY, abs=0.01)
+
+
+def test_a_rank_not_late_gains_nothing_and_others_changes_chain_too():
+    """A rank without a delay gains nothing (also when another is late before its forward), and the other changes
+    replay the chained graph as well: overlapping the all-reduce's transfer saves it once per step."""
+    run = simulated_run(pre={(1, it): SIM_DELAY for it in range(30)})
+    assert whatif.estimate(run, whatif.Straggler(ranks=(0,))).gain_ms_per_step == pytest.approx(0.0, abs=0.01)
+    base = simulated_run()
+    assert whatif.estimate(base, whatif.OverlapComm()).gain_ms_per_step == pytest.approx(1.0, abs=0.01)
+
+
+# ---- the same on real torchrun jobs --------------------------------------------------------------------------------
+#: 30 % of the step or more: the noise of a loaded 2-core machine cannot cross the margins below.
+PLACED_DELAY_MS = 0.75 * PLACED_DEVICE_MS
+
+
+def _median_gain(run):
+    w = whatif.estimate(run, whatif.Straggler(ranks=(1,)))
+    return float(np.median(w.per_step_gain_ms)), w
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job_name,place", [("ddp", "pre"), ("loop", "callback"), ("ddp", "mid")])
+def test_a_real_delay_anywhere_is_priced_at_the_delay(tmp_path_factory, job_name, place):
+    """2 ranks (gloo), 40 ms of device sleep per iteration, rank 1 30 ms slower before its forward (DDP, a plain
+    loop), in an on_step_begin callback (a framework-style loop: DataLoader, clipping, scheduler, a logging
+    all-reduce), or between forward and backward. The gain per step (the median over steps, robust to the odd step
+    the machine holds off) is the delay: before steps were chained the first two got about half of it. Sleeps on a
+    loaded machine run long, so the margin is wide on the high side."""
+    gain, w = _median_gain(distprof.load(placed_job(tmp_path_factory, job_name, place, PLACED_DELAY_MS)))
+    assert 0.8 * PLACED_DELAY_MS <= gain <= 1.5 * PLACED_DELAY_MS, (w.to_json(), w.per_step_gain_ms)
+
+
+@pytest.mark.slow
+def test_a_real_pre_forward_delay_predicts_the_rerun(tmp_path_factory):
+    """The pre-forward case against the same job re-run without the delay: the predicted step (per step the measured
+    step less the gain; the median over steps) is the re-run's (the median of its steps) within 15 % — the old replay
+    was off by half the delay, 15 ms on a ~45 ms step."""
+    run = distprof.load(placed_job(tmp_path_factory, "ddp", "pre", PLACED_DELAY_MS))
+    rerun = distprof.load(placed_job(tmp_path_factory, "ddp", "pre", 0.0))
+    w = whatif.estimate(run, whatif.Straggler(ranks=(1,)))
+    _, measured = whatif.per_step_time_ms(run)
+    predicted = float(np.median(measured - w.per_step_gain_ms))
+    truth = float(np.median(whatif.per_step_time_ms(rerun)[1]))
+    assert abs(predicted - truth) <= 0.15 * truth, (predicted, truth, w.to_json(), w.per_step_gain_ms)

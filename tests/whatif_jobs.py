@@ -1,6 +1,8 @@
-"""Real torchrun jobs for the what-if and diff tests, run once per pytest process and shared by both test modules:
-``examples/ddp_mlp.py`` on 2 ranks (gloo, CPU), small enough that compute stays well below the injected delay
-(ranks share the machine's cores: a large model's compute would change when a rank stops sleeping)."""
+"""Jobs for the what-if and diff tests. Real torchrun jobs, run once per pytest process and shared by the test
+modules: ``examples/ddp_mlp.py`` on 2 ranks (gloo, CPU), small enough that compute stays well below the injected
+delay (ranks share the machine's cores: a large model's compute would change when a rank stops sleeping), and
+``benchmarks/_whatif_job.py`` with a delay placed anywhere in the iteration. And :func:`simulated_run`: a two-rank job
+whose times are computed exactly, for the chained replay's tests."""
 
 from __future__ import annotations
 
@@ -41,6 +43,25 @@ def job(tmp_path_factory, name: str, slow_ms: float = 0.0) -> Path:
     return _CACHE[name]
 
 
+#: benchmarks/_whatif_job.py: accelerator-like steps (40 ms of device sleep per iteration, a tiny model) with a delay
+#: placed anywhere in the iteration on rank 1.
+PLACED_JOB = EXAMPLES.parent / "benchmarks" / "_whatif_job.py"
+PLACED_DEVICE_MS = 40.0
+
+
+def placed_job(tmp_path_factory, job: str, place: str, delay_ms: float) -> Path:
+    """The run directory (run once per session) of benchmarks/_whatif_job.py `job` ("ddp", "fsdp2", "loop") under
+    ``distprof.launch`` on 2 ranks, rank 1 spending `delay_ms` more per iteration at `place` (0: none)."""
+    name = f"{job}-{place}-{delay_ms:g}"
+    if name not in _CACHE:
+        d = tmp_path_factory.mktemp(f"whatif-{name}")
+        torchrun(2, ["-m", "distprof.launch", "--out", "out", *SCHEDULE, str(PLACED_JOB), "--job", job, "--place",
+                     place, "--delay-ms", f"{delay_ms:g}", "--device-ms", f"{PLACED_DEVICE_MS:g}", "--steps", "13"],
+                 cwd=d, env=job_env())
+        _CACHE[name] = only_run_dir(d / "out")
+    return _CACHE[name]
+
+
 def twins(tmp_path_factory) -> tuple[Path, Path]:
     """Two runs of the unchanged job, run at the same time: whatever else loads the machine loads both alike (run one
     after the other, two runs of the same job differ here by 20-30 % with the load of the moment)."""
@@ -49,3 +70,54 @@ def twins(tmp_path_factory) -> tuple[Path, Path]:
             a, b = [pool.submit(_launch, tmp_path_factory, n, 0.0, TWIN_WORKLOAD) for n in ("twin-a", "twin-b")]
             _CACHE["twin-a"], _CACHE["twin-b"] = a.result(), b.result()
     return _CACHE["twin-a"], _CACHE["twin-b"]
+
+
+# ---- a simulated job: exact times, for the chained replay's tests ---------------------------------------------------
+MS = 1_000_000
+
+
+def simulated_run(*, steps: int = 6, first: int = 2, windows: int = 1, gap_steps: int = 0,
+                  pre: dict[tuple[int, int], float] | None = None, mid: dict[tuple[int, int], float] | None = None,
+                  work_ms: float = 30.0, transfer_ms: float = 1.0, opt_ms: float = 2.0):
+    """Two ranks, DDP-like: per iteration each rank works `work_ms` (+ ``mid[(rank, it)]``: between forward and
+    backward), arrives at one all-reduce that moves for `transfer_ms` after the later arrival, runs its optimizer
+    (`opt_ms`), then waits ``pre[(rank, it + 1)]`` before the next forward (a DataLoader wait, a step-begin callback).
+    Steps begin at each forward, as the capture's do, so a pre-forward delay is in the previous step's tail. Records
+    `windows` windows of `steps` steps from iteration `first`, `gap_steps` unrecorded iterations between them. The
+    run object has what the step graph and the what-if read (steps, collectives, p2p, names)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from distprof.analysis.align.matching import match_collectives
+    from distprof.analysis.align.p2p import match_p2p
+
+    pre, mid = pre or {}, mid or {}
+    recorded = [first + w * (steps + gap_steps) + k for w in range(windows) for k in range(steps)]
+    n_it = recorded[-1] + 2
+    fwd = np.zeros((2, n_it + 1))
+    arrive, end = np.zeros((2, n_it)), np.zeros((2, n_it))
+    for it in range(n_it):
+        a = np.array([fwd[r, it] + work_ms + mid.get((r, it), 0.0) for r in range(2)])
+        arrive[:, it], end[:, it] = a, a.max() + transfer_ms
+        for r in range(2):
+            fwd[r, it + 1] = end[r, it] + opt_ms + pre.get((r, it + 1), 0.0)
+    rows = [(r, w, it) for w in range(windows) for it in recorded[w * steps:(w + 1) * steps] for r in range(2)]
+    rank = np.array([r for r, _, _ in rows], np.int32)
+    window = np.array([w for _, w, _ in rows], np.int32)
+    step = np.array([it for _, _, it in rows], np.int64)
+    i64 = lambda v: (np.asarray(v) * MS).astype(np.int64)  # noqa: E731
+    coll = {"rank": rank, "window": window, "pg": np.zeros(rank.size, np.int32),
+            "seq": np.array([recorded.index(it) % steps for it in step], np.int32),
+            "op_id": np.zeros(rank.size, np.uint32), "bytes": np.full(rank.size, 64, np.int64),
+            "start_ns": i64(arrive[rank, step]), "end_ns": i64(end[rank, step]), "step": step,
+            "ev_row": np.arange(rank.size, dtype=np.int64), "exposed_ns": np.zeros(rank.size, np.int64)}
+    start, stop = fwd[rank, step], fwd[rank, step + 1]
+    st = {"rank": rank, "window": window, "step": step.astype(np.int32), "start_ns": i64(start),
+          "end_ns": i64(stop), "step_ms": stop - start}
+    no_p2p = {k: np.zeros(0, np.int64) for k in ("rank", "window", "pg", "peer", "bytes", "start_ns", "end_ns",
+                                                   "step", "p2p_seq")}
+    no_p2p["is_recv"] = np.zeros(0, bool)
+    return SimpleNamespace(steps=st, collectives=match_collectives(coll), collective_rows=coll,
+                           p2p=match_p2p(no_p2p, {0: [0, 1]}), names=np.array(["all_reduce"], dtype=object),
+                           ranks={})

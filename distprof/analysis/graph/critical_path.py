@@ -2,6 +2,7 @@
 
     g = step_graph(run)                  # StepGraph: every rank's step as work segments joined at sync events
     rp = replay(g)                       # Replay: arrivals / ends / step ends, recomputed from the segments
+    rp = replay(g, chain=True)           # ... each step starting at the rank's previous step's replayed end
     cp = critical_paths(g, rp)           # CriticalPaths: per step, which ranks' segments the path runs through
 
 **Events.** The sync events of a rank's step, on the aligned clock: its member rows of the matched collectives
@@ -20,10 +21,17 @@ also when the step ended after the event could proceed (``≥ S``) but before it
 for it (gloo's worker thread closes the event after the main thread went on), so the wait is not counted as work.
 
 **Replay.** ``a = anchor + g``, ``S`` from the arrivals as above, ``z = S + x``, step end = anchor of the tail + tail.
-The graph is acyclic in time, so repeated relaxation over all events at once (numpy, no per-event loop) reaches the
-fixed point in at most its depth passes. With the measured segments the replay reproduces the measured step ends
-(up to clock error: an event that ends before its last member arrived has ``x`` clipped to 0); a what-if
-(:mod:`.whatif`) changes the segments and replays. Each rank's step start is kept (the previous step's exit).
+A step's start: unchained, where it was measured to begin; **chained** (``replay(g, chain=True)``, what the what-ifs
+use), a rank-step whose previous step of the same window is recorded starts at that step's replayed end (plus the
+time measured between the two, ~0: a step begins at the next forward), so what a rank does after its last sync point
+of one step — its optimizer, a callback, the next batch's fetch — delays its first arrival in the next; a window's
+first step and the step after an unrecorded one start where they were measured to (``rs_prev``, ``rs_between``).
+The graph is acyclic in time. Unchained, repeated relaxation over all events at once (numpy, no per-event loop)
+reaches the fixed point in at most its depth passes — one for the measured segments, which it reproduces (up to clock
+error: an event that ends before its last member arrived has ``x`` clipped to 0). Chained, the depth is a whole
+window's, so the replay computes each value once, level by level (:mod:`.schedule`); a graph with a cycle
+(collectives in a different order on different ranks) is relaxed instead. A what-if (:mod:`.whatif`) changes the
+segments and replays.
 
 **Critical path** of a step: from the rank whose step ends last, back through its tail, the event it hangs off —
 through its transfer to the member that arrived last (the one whose arrival set ``S``) — and that member's work
@@ -42,6 +50,8 @@ import numpy as np
 
 from ...record import Record
 from ..groupstats import group_median
+from .links import KIND_COLL, KIND_RECV, KIND_SEND, LINK_ARRIVAL, LINK_END, LINK_START
+from .schedule import replay_scheduled, schedule
 
 if TYPE_CHECKING:
     from ..types import RunSummary
@@ -52,10 +62,6 @@ __all__ = ["StepGraph", "Replay", "CriticalPaths", "PathSegment", "step_graph", 
            "LINK_START", "LINK_ARRIVAL", "LINK_END", "KIND_COLL", "KIND_SEND", "KIND_RECV", "group_median"]
 
 NS_PER_MS = 1e6
-#: How a segment hangs off what precedes it.
-LINK_START, LINK_ARRIVAL, LINK_END = 0, 1, 2
-#: Event kinds.
-KIND_COLL, KIND_SEND, KIND_RECV = 0, 1, 2
 #: An arrival this little before the previous event's end still counts as after it (timestamp grain, clock error).
 END_SLACK_NS = 50_000
 #: Segments of at most this many steps are listed in the report's view (one step: the median one).
@@ -76,6 +82,8 @@ class StepGraph:
     rs_tail: np.ndarray  # tail segment length (ns)
     rs_tail_link: np.ndarray  # LINK_* of the tail
     rs_last: np.ndarray  # index of the last event of the rank-step, −1 without events
+    rs_prev: np.ndarray  # the rank's previous step in the same window when it is recorded (step − 1), else −1
+    rs_between: np.ndarray  # start − that step's end (ns; 0 unchained): time between the two, kept as measured
     # events
     ev_rs: np.ndarray  # rank-step row
     ev_rank: np.ndarray
@@ -102,11 +110,17 @@ class StepGraph:
         return int(self.ev_rank.size)
 
     def with_segments(self, *, gap: np.ndarray | None = None, tail: np.ndarray | None = None,
-                      transfer: np.ndarray | None = None) -> "StepGraph":
-        """The same graph with other segment lengths (what-ifs)."""
-        return replace(self, ev_gap=self.ev_gap if gap is None else gap,
-                       rs_tail=self.rs_tail if tail is None else tail,
-                       ev_transfer=self.ev_transfer if transfer is None else transfer)
+                      transfer: np.ndarray | None = None, start: np.ndarray | None = None) -> "StepGraph":
+        """The same graph with other segment lengths or unchained step starts (what-ifs); it shares the structure's
+        cached orders."""
+        other = replace(self, ev_gap=self.ev_gap if gap is None else gap,
+                        rs_tail=self.rs_tail if tail is None else tail,
+                        ev_transfer=self.ev_transfer if transfer is None else transfer,
+                        rs_start=self.rs_start if start is None else start)
+        for cache in ("_order", "_schedule"):
+            if hasattr(self, cache):
+                setattr(other, cache, getattr(self, cache))
+        return other
 
 
 @dataclass
@@ -115,13 +129,14 @@ class Replay:
     start: np.ndarray  # S
     end: np.ndarray  # z
     last_arriver: np.ndarray  # per event: the event whose arrival set its S
+    rs_start: np.ndarray  # the measured start, or (chained) the previous rank-step's replayed end + the time between
     rs_end: np.ndarray
     converged: bool
-    passes: int
+    passes: int  # relaxation passes, or (scheduled) levels
 
     def step_ms(self, g: StepGraph) -> np.ndarray:
         """Replayed duration of each rank-step (ms)."""
-        return (self.rs_end - g.rs_start) / NS_PER_MS
+        return (self.rs_end - self.rs_start) / NS_PER_MS
 
 
 def _rank_steps(run: RunSummary) -> dict[str, np.ndarray]:
@@ -131,10 +146,22 @@ def _rank_steps(run: RunSummary) -> dict[str, np.ndarray]:
     step = np.asarray(st["step"], np.int64)[o]
     keep = np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])][:rank.size]  # a (rank, step) once
     nan = np.full(o.size, np.nan)
+    window = np.asarray(st.get("window", np.zeros(o.size, np.int64)), np.int64)[o]
     return {"rank": rank[keep], "step": step[keep], "start": np.asarray(st["start_ns"], np.int64)[o][keep],
-            "end": np.asarray(st["end_ns"], np.int64)[o][keep],
+            "end": np.asarray(st["end_ns"], np.int64)[o][keep], "window": window[keep],
             "cw_start": np.asarray(st.get("cpu_wait_at_start_ns", nan), np.float64)[o][keep],
             "cw_end": np.asarray(st.get("cpu_wait_at_end_ns", nan), np.float64)[o][keep]}
+
+
+def _chain(rs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank-step's previous step of the same rank and window when recorded (−1: none, the chain breaks), and
+    the time between its end and this start (ns)."""
+    r, s, w = rs["rank"], rs["step"], rs["window"]
+    ok = np.r_[False, (r[1:] == r[:-1]) & (w[1:] == w[:-1]) & (s[1:] == s[:-1] + 1)] if r.size else np.zeros(0, bool)
+    prev = np.where(ok, np.arange(r.size) - 1, -1)
+    between = np.where(ok, (rs["start"] - rs["end"][np.maximum(prev, 0)]).astype(np.float64), 0.0) if r.size \
+        else np.zeros(0)
+    return prev, between
 
 
 def _rs_index(rs: dict[str, np.ndarray], rank: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -279,10 +306,11 @@ def step_graph(run: RunSummary) -> StepGraph:
     end_rs = (rs["end"] - t0).astype(np.float64)
     cw_a, cw_z = e["cw_a"][o], e["cw_z"][o]
     link, gap, ev_cpu_wait = _work_segments(a, z, prev, ev_rs, start_rs, rs["cw_start"], cw_a, cw_z)
+    rs_prev, rs_between = _chain(rs)
     g = StepGraph(
         t0=t0, rs_rank=rs["rank"], rs_step=rs["step"], rs_start=start_rs, rs_end=end_rs,
         rs_tail=np.zeros(rs["rank"].size), rs_tail_link=np.zeros(rs["rank"].size, np.int8),
-        rs_last=np.full(rs["rank"].size, -1, np.int64),
+        rs_last=np.full(rs["rank"].size, -1, np.int64), rs_prev=rs_prev, rs_between=rs_between,
         ev_rs=ev_rs, ev_rank=e["rank"][o], ev_step=e["step"][o], ev_kind=k_o, ev_group=gid, ev_op=e["op"][o],
         ev_pg=e["pg"][o], ev_partner=_partners(k_o, e["pair"][o], npp), ev_arrival=a, ev_end=z, ev_gap=gap,
         ev_link=link, ev_prev=prev, ev_transfer=np.zeros(n), names=np.asarray(run.names, dtype=object),
@@ -334,37 +362,60 @@ def _starts(g: StepGraph, a: np.ndarray, *, who: bool = True) -> tuple[np.ndarra
     return s, last
 
 
-def replay(g: StepGraph, *, max_passes: int | None = None) -> Replay:
-    """Arrivals, starts, ends and step ends from the segments (see the module docstring)."""
+def replay(g: StepGraph, *, chain: bool = False, max_passes: int | None = None) -> Replay:
+    """Arrivals, starts, ends and step ends from the segments (see the module docstring). Unchained, every rank-step
+    starts where it was measured to; `chain`ed, a rank-step with a recorded previous step in its window starts at
+    that step's replayed end (plus the time measured between them), so what a rank does after its last sync point of
+    one step moves its arrivals in the next."""
+    if chain and (g.rs_prev >= 0).any():
+        sched = schedule(g)
+        if sched is not None:
+            a, _, rs_start, rs_end = replay_scheduled(g, sched)
+            s, who = _starts(g, a)
+            return Replay(arrival=a, start=s, end=s + g.ev_transfer, last_arriver=who, rs_start=rs_start,
+                          rs_end=rs_end, converged=True, passes=sched.levels)
+    return _relax(g, chain=chain, max_passes=max_passes)
+
+
+def _tail_ends(g: StepGraph, a: np.ndarray, z: np.ndarray, rs_start: np.ndarray) -> np.ndarray:
+    """Each rank-step's end: its tail's anchor + the tail."""
+    if not g.n_events:
+        return rs_start + g.rs_tail
+    L = np.maximum(g.rs_last, 0)
+    tl = g.rs_tail_link
+    return np.where(tl == LINK_START, rs_start, np.where(tl == LINK_END, z[L], a[L])) + g.rs_tail
+
+
+def _relax(g: StepGraph, *, chain: bool, max_passes: int | None) -> Replay:
+    """The replay by repeated relaxation of every value at once, from the measured ones: one pass when nothing
+    changed (the measured graph), at most the graph's depth otherwise (chained: its depth over a whole window)."""
     n = g.n_events
     a = g.ev_arrival.copy()
-    limit = max_passes if max_passes is not None else n + 2
-    start_of = g.rs_start[g.ev_rs] if n else np.zeros(0)
+    rs_start = g.rs_start
+    chained = np.flatnonzero(g.rs_prev >= 0) if chain else np.zeros(0, np.int64)
+    limit = max_passes if max_passes is not None else n + 2 + (2 * g.rs_rank.size if chained.size else 0)
     prev = np.maximum(g.ev_prev, 0)
-    converged, passes = n == 0, 0
-    while passes < limit:
+    converged, passes = False, 0
+    while passes < limit and not converged:
         passes += 1
         s, _ = _starts(g, a, who=False)
         z = s + g.ev_transfer
-        anchor = np.where(g.ev_link == LINK_START, start_of, np.where(g.ev_link == LINK_END, z[prev], a[prev]))
-        a_new = anchor + g.ev_gap
-        if np.array_equal(a_new, a):
-            converged = True
-            break
-        a = a_new
+        start_of = rs_start[g.ev_rs] if n else np.zeros(0)
+        a_new = np.where(g.ev_link == LINK_START, start_of, np.where(g.ev_link == LINK_END, z[prev], a[prev])) + \
+            g.ev_gap
+        start_new = rs_start
+        if chained.size:
+            start_new = rs_start.copy()
+            start_new[chained] = _tail_ends(g, a, z, rs_start)[g.rs_prev[chained]] + g.rs_between[chained]
+        converged = np.array_equal(a_new, a) and np.array_equal(start_new, rs_start)
+        a, rs_start = a_new, start_new
     if not converged:
         log.warning("critical path: the step graph did not settle in %d passes (collectives in a different order "
                     "on different ranks?); the replay uses the last pass", passes)
     s, who = _starts(g, a)
     z = s + g.ev_transfer
-    L = np.maximum(g.rs_last, 0)
-    tl = g.rs_tail_link
-    if n:
-        tail_anchor = np.where(tl == LINK_START, g.rs_start, np.where(tl == LINK_END, z[L], a[L]))
-    else:
-        tail_anchor = g.rs_start
-    return Replay(arrival=a, start=s, end=z, last_arriver=who, rs_end=tail_anchor + g.rs_tail,
-                  converged=converged, passes=passes)
+    return Replay(arrival=a, start=s, end=z, last_arriver=who, rs_start=rs_start,
+                  rs_end=_tail_ends(g, a, z, rs_start), converged=converged, passes=passes)
 
 
 @dataclass
@@ -412,7 +463,7 @@ def _walk_back(g: StepGraph, rp: Replay, last: np.ndarray, end_t: np.ndarray) ->
     ev = np.where(tl == LINK_START, -1, g.rs_last[last])
     at_end = tl == LINK_END
     L = np.maximum(ev, 0)
-    t_anchor = np.where(tl == LINK_START, g.rs_start[last],
+    t_anchor = np.where(tl == LINK_START, rp.rs_start[last],
                         np.where(at_end, rp.end[L] if g.n_events else 0.0, rp.arrival[L] if g.n_events else 0.0))
     add(si_all, last, 0, ev, t_anchor, end_t)
     cur_si, cur_ev, cur_end = si_all[ev >= 0], ev[ev >= 0], at_end[ev >= 0]
@@ -428,7 +479,7 @@ def _walk_back(g: StepGraph, rp: Replay, last: np.ndarray, end_t: np.ndarray) ->
         e = nxt_ev
         link = g.ev_link[e]
         pv = g.ev_prev[e]
-        anchor_t = np.where(link == LINK_START, g.rs_start[g.ev_rs[e]],
+        anchor_t = np.where(link == LINK_START, rp.rs_start[g.ev_rs[e]],
                             np.where(link == LINK_END, rp.end[np.maximum(pv, 0)], rp.arrival[np.maximum(pv, 0)]))
         add(cur_si, g.ev_rs[e], 0, e, anchor_t, rp.arrival[e])
         go = link != LINK_START

@@ -13,8 +13,10 @@ Changes (each optionally limited to some ``ranks``):
   the last sync with the median of the other ranks' tails in that step; the rank's systematic excess (per segment
   position in the step, the median over steps of own − peers', where positive) is taken off each step's segment, so
   its step-to-step noise stays, as it would in a run without the delay (taking the peers' median itself would
-  replace two noisy ranks by one, and the step, a maximum over ranks, would come out too short). A peer's segment
-  that is only a hand-over from the previous event's end, shorter than ``HANDOFF_NS``, is not counted: its
+  replace two noisy ranks by one, and the step, a maximum over ranks, would come out too short); so is a step's
+  excess beyond that, less the rank's wait for a CPU in the segment (the capture's scheduler statistics: the machine
+  holding it off is :class:`NoCpuWait`'s), when it stands out from the peers' step-to-step spread (3 robust standard
+  deviations, at least 0.1 ms): a delay only some steps have. A peer's segment that is only a hand-over from the previous event's end, shorter than ``HANDOFF_NS``, is not counted: its
   communication thread was still busy, the work it did meanwhile is hidden in that wait. Segments before
   point-to-point events (pipeline stages do different work) are scaled by the ratio of the rank-step's new
   collective-and-tail work to its old one (in a pure pipeline: the peers' median work per step to its own).
@@ -33,10 +35,15 @@ Changes (each optionally limited to some ``ranks``):
   (1 − 1/N), taken from the rank-step's work segments.
 
 Time removed from a rank-step's work is taken from its segments in proportion to their length (the summaries keep
-per-step totals, not where in the step the time fell); the replay decides what of it the step gains. The prediction
-is anchored on the measurement: per step, predicted = measured − (replayed with the measured segments − replayed
-with the change), the mean over ranks; over steps, the median. Step time of a run: per step the mean over ranks of
-``step_ms``, the median over steps (:func:`step_time_ms`).
+per-step totals, not where in the step the time fell); the replay decides what of it the step gains. The replay is
+**chained** (:func:`.critical_path.replay`): a rank's time after its last sync point of one step delays its first
+arrival in the next, so a delay anywhere in the iteration — before the forward (with steps cut at the forward, in the
+previous step's tail), between forward and backward, in the optimizer, in a callback — gets its whole gain. The first
+step of a window starts where the unrecorded step before it left the rank: it starts earlier by the rank's mean tail
+change over the window, by no more than the rank was late into its first collective. The prediction is anchored on
+the measurement: per step, gain = replayed with the measured segments − replayed with the change, the mean over ranks;
+over steps the mean (a delay in some steps counts for its share); predicted = measured − gain. Step time of a run: per
+step the mean over ranks of ``step_ms``, the mean over steps (:func:`step_time_ms`).
 
 What the replay cannot see: ranks sharing CPU cores (on a 2-core machine a rank that stops sleeping takes CPU time
 from its peers), and a changed op changing others (caches, clocks). docs/whatif.md has the measured accuracy.
@@ -179,9 +186,9 @@ def per_step_time_ms(run: RunSummary) -> tuple[np.ndarray, np.ndarray]:
 
 
 def step_time_ms(run: RunSummary) -> float | None:
-    """The run's step time: the median over steps of the mean over ranks of ``step_ms`` (None without steps)."""
+    """The run's step time: the mean over steps of the mean over ranks of ``step_ms`` (None without steps)."""
     _, t = per_step_time_ms(run)
-    return float(np.median(t)) if t.size else None
+    return float(np.mean(t)) if t.size else None
 
 
 # ---- applying changes to the graph ---------------------------------------------------------------------------------
@@ -198,17 +205,45 @@ def _remove_work(g: StepGraph, remove_ms: np.ndarray) -> tuple[np.ndarray, np.nd
 HANDOFF_NS = 200_000
 
 
-def _less_excess(own: np.ndarray, ref: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """`own` less its systematic excess over `ref` (NaN: no reference): per `key`, the median over its rows of
-    own − ref, where positive."""
+#: A row's excess beyond the systematic one is the rank's own (a delay only some steps have) when it exceeds the
+#: peers' step-to-step spread by this many robust standard deviations ...
+SPIKE_SIGMAS = 3.0
+#: ... and this many ns (timestamps' grain; synthetic runs have no spread at all).
+SPIKE_FLOOR_NS = 100_000
+
+
+def _spread(v: np.ndarray, key: np.ndarray) -> float:
+    """The step-to-step spread of `v` (ns): 1.4826 × the median absolute deviation of each row from its `key`'s
+    median, pooled over the keys (a robust standard deviation); 0 without rows."""
+    if v.size == 0:
+        return 0.0
+    _, k = np.unique(key, return_inverse=True)
+    k = k.reshape(-1)
+    med = group_median(k, v, int(k.max()) + 1)
+    return 1.4826 * float(np.median(np.abs(v - med[k])))
+
+
+def _less_excess(own: np.ndarray, ref: np.ndarray, key: np.ndarray, spread: float,
+                 cpu_wait: np.ndarray | None) -> np.ndarray:
+    """`own` less its excess over `ref` (NaN: no reference): per `key` the systematic excess (the median over its
+    rows of own − ref, where positive), and in a row whose excess beyond that, less the row's wait for a CPU
+    (`cpu_wait`, NaN/None unknown: 0), stands out from the peers' `spread` (SPIKE_SIGMAS, SPIKE_FLOOR_NS) that too —
+    the rank's own extra work in that step, not the machine holding it off — never taking a row further below `ref`
+    than the spread allows."""
     ok = np.isfinite(ref)
     if not ok.any():
         return own
     _, k = np.unique(key, return_inverse=True)
     k = k.reshape(-1)
-    e = group_median(k[ok], (own - ref)[ok], int(k.max()) + 1)
-    e = np.where(np.isfinite(e), np.maximum(e, 0.0), 0.0)
-    return np.maximum(own - e[k], 0.0)
+    d = own - ref
+    e = group_median(k[ok], d[ok], int(k.max()) + 1)
+    e = np.where(np.isfinite(e), np.maximum(e, 0.0), 0.0)[k]
+    thr = max(SPIKE_SIGMAS * spread, SPIKE_FLOOR_NS)
+    with np.errstate(invalid="ignore"):
+        resid = d - e - (0.0 if cpu_wait is None else np.nan_to_num(cpu_wait, nan=0.0))
+        cut = e + np.where(ok & (resid > thr), resid, 0.0)
+        cut = np.where(ok, np.minimum(cut, np.maximum(d + thr, 0.0)), cut)
+    return np.maximum(own - cut, 0.0)
 
 
 def _straggler(g: StepGraph, c: Change) -> StepGraph:
@@ -227,12 +262,16 @@ def _straggler(g: StepGraph, c: Change) -> StepGraph:
     # (own − peers' median), is taken off every step's segment: its step-to-step noise stays, as it would
     first = np.r_[0, np.flatnonzero(g.ev_rs[1:] != g.ev_rs[:-1]) + 1] if g.n_events else np.zeros(0, np.int64)
     pos = np.arange(g.n_events) - np.repeat(first, np.diff(np.r_[first, g.n_events]))
-    gap[mine] = _less_excess(g.ev_gap[mine], m, g.ev_rank[mine] * (int(pos.max(initial=0)) + 1) + pos[mine])
+    key = g.ev_rank * (int(pos.max(initial=0)) + 1) + pos
+    gap[mine] = _less_excess(g.ev_gap[mine], m, key[mine], _spread(g.ev_gap[peers], key[peers]),
+                             None if g.ev_cpu_wait is None else g.ev_cpu_wait[mine])
     steps, si = np.unique(g.rs_step, return_inverse=True)
     si = si.reshape(-1)
     tmed = group_median(si[~who_rs], g.rs_tail[~who_rs], steps.size) if (~who_rs).any() else \
         np.full(steps.size, np.nan)
-    tail[who_rs] = _less_excess(g.rs_tail[who_rs], tmed[si[who_rs]], g.rs_rank[who_rs])
+    tail[who_rs] = _less_excess(g.rs_tail[who_rs], tmed[si[who_rs]], g.rs_rank[who_rs],
+                                _spread(g.rs_tail[~who_rs], g.rs_rank[~who_rs]),
+                                None if g.rs_tail_cpu_wait is None else g.rs_tail_cpu_wait[who_rs])
     # point-to-point segments: scaled by the rank-step's ratio of new to old (collective and tail) work
     p2p = who_ev & ((g.ev_kind == KIND_SEND) | (g.ev_kind == KIND_RECV))
     if p2p.any():
@@ -302,18 +341,50 @@ def apply(run: RunSummary, g: StepGraph, c: Change) -> StepGraph:
     return g.with_segments(gap=gap, tail=tail)
 
 
+def _lead_in(g: StepGraph, changed: StepGraph) -> StepGraph:
+    """`changed` with the first step of each chain (a window's first recorded step, or the first after a gap)
+    starting earlier by the rank's mean tail change over the chain — the step before it was not recorded, and its
+    tail, the rank's time after its last sync point, which sets where its next step starts, is taken to change as the
+    recorded ones do — but by no more than the rank was late into its first collective (after its earliest member):
+    a rank late into every step from a delay before its forward gets its full gain there too, and one that was not
+    late there gains nothing from starting earlier."""
+    nrs = g.rs_rank.size
+    if not nrs or not g.n_events:
+        return changed
+    head = np.maximum.accumulate(np.where(g.rs_prev < 0, np.arange(nrs), 0))  # each rank-step's chain (its head)
+    cut = np.bincount(head, weights=g.rs_tail - changed.rs_tail, minlength=nrs) / \
+        np.maximum(np.bincount(head, minlength=nrs), 1)
+    if not np.any(cut > 0):
+        return changed
+    return changed.with_segments(start=g.rs_start - np.clip(cut, 0.0, _first_lateness(g)))
+
+
+def _first_lateness(g: StepGraph) -> np.ndarray:
+    """Per rank-step: how much later than the instance's earliest member it arrived at its first sync event, when
+    that is a collective and the rank-step is the first of its chain (else 0)."""
+    out = np.zeros(g.rs_rank.size)
+    first = np.flatnonzero(np.r_[True, g.ev_rs[1:] != g.ev_rs[:-1]])
+    first = first[(g.ev_group[first] >= 0) & (g.rs_prev[g.ev_rs[first]] < 0)]
+    if first.size:
+        coll = np.flatnonzero(g.ev_group >= 0)
+        earliest = np.full(g.n_groups, np.inf)
+        np.minimum.at(earliest, g.ev_group[coll], g.ev_arrival[coll])
+        out[g.ev_rs[first]] = np.maximum(g.ev_arrival[first] - earliest[g.ev_group[first]], 0.0)
+    return out
+
+
 def _kind(c: Change) -> str:
     return {Straggler: "straggler", OverlapComm: "overlap_comm", FasterCollective: "faster_collective",
             NoIdle: "no_idle", NoInputWait: "no_input_wait", NoCpuWait: "no_cpu_wait", FasterOp: "faster_op"}[type(c)]
 
 
 class Estimator:
-    """The measured graph and its replay, computed once for many changes."""
+    """The measured graph and its chained replay, computed once for many changes."""
 
     def __init__(self, run: RunSummary, graph: StepGraph | None = None):
         self.run = run
         self.g = graph if graph is not None else step_graph(run)
-        self.base = replay(self.g).step_ms(self.g)
+        self.base = replay(self.g, chain=True).step_ms(self.g)
         self.steps, self.si = np.unique(self.g.rs_step, return_inverse=True)
         self.si = self.si.reshape(-1)
         st, t = per_step_time_ms(run)
@@ -321,15 +392,14 @@ class Estimator:
         self.n = np.maximum(np.bincount(self.si, minlength=self.steps.size), 1)
 
     def estimate(self, c: Change) -> WhatIf:
-        changed = replay(apply(self.run, self.g, c)).step_ms(self.g)
+        changed = replay(_lead_in(self.g, apply(self.run, self.g, c)), chain=True).step_ms(self.g)
         gain = np.bincount(self.si, weights=self.base - changed, minlength=self.steps.size) / self.n
-        measured = float(np.median(self.measured)) if self.measured.size else None
-        if measured is None:
+        if not self.measured.size:
             return WhatIf(_kind(c), c.describe(), None, None, 0.0, None, gain)
-        predicted = float(np.median(self.measured - gain))
-        g = measured - predicted
-        return WhatIf(_kind(c), c.describe(), measured, predicted, g, 100.0 * g / measured if measured > 0 else None,
-                      gain)
+        measured = float(np.mean(self.measured))
+        g = float(np.mean(gain))
+        return WhatIf(_kind(c), c.describe(), measured, measured - g, g,
+                      100.0 * g / measured if measured > 0 else None, gain)
 
 
 def estimate(run: RunSummary, change: Change, *, graph: StepGraph | None = None) -> WhatIf:

@@ -1,0 +1,254 @@
+"""The chained replay of a step graph, computed level by level: each value once, in an order that respects every
+dependency, all values of a level at once (numpy).
+
+    sched = schedule(g)                  # Schedule, or None where the graph's dependencies form a cycle
+    a, z, rs_start, rs_end = replay_scheduled(g, sched)
+
+**Values and what each waits for** (:mod:`.critical_path` defines them): an event's arrival ``A = anchor + gap``
+(anchor: its rank-step's start ``B``, the previous event's arrival, or the previous event's end ``Z``); a *sync
+unit*'s start ``S`` — the latest arrival of its members (a collective instance: all members; a receive: itself and its
+send; a send or an unmatched receive: itself) — and each member event's end ``Z = S + x``; a rank-step's end
+``E = tail anchor + tail``; a chained rank-step's start ``B = E(previous rank-step) + between`` (else its measured
+start).
+
+**Levels.** Each value gets a level such that everything it reads has a lower level, or the same level and an earlier
+phase (a level computes, in order: arrivals, unit starts and ends, rank-step ends, chained starts). They are found by
+raising levels until every dependency holds (integer relaxation, numpy), starting from a guess built from the
+structure of a window: the levels of one step on its own, repeated for each position in the chain of steps — where
+ranks' steps line up (every instance's members at the same position) the guess already holds and one pass checks it.
+A graph whose levels never settle has a cycle (collectives in a different order on different ranks, with no time
+between them): :func:`schedule` returns None and the caller relaxes instead.
+
+**Cost.** The schedule is computed once per graph and kept with it (a what-if graph with other segment lengths shares
+it). A replay then computes each value once: levels × a few numpy calls, however many events a level holds. Levels
+grow with the steps of a window times the sync events of a step (a rank's chain of dependencies runs through all of
+them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .links import LINK_END, LINK_START
+
+if TYPE_CHECKING:
+    from .critical_path import StepGraph
+
+__all__ = ["Schedule", "schedule", "replay_scheduled"]
+
+# where an anchor is: an event's arrival, an event's end (a unit's start, for levels), a rank-step's start
+_AT_A, _AT_Z, _AT_B = 0, 1, 2
+
+
+@dataclass
+class Schedule:
+    """The replay's order: per phase the items sorted by level, and each non-empty level's slice of them."""
+
+    levels: int
+    a_ev: np.ndarray  # events by level
+    a_src: np.ndarray  # their anchors, as indices into the values [A | Z | B]
+    u_mem: np.ndarray  # members of the units, unit by unit, units by level
+    u_mstart: np.ndarray  # where each unit's members begin in u_mem (+ the end)
+    u_ev: np.ndarray  # the events whose end each unit sets, unit by unit, units by level
+    u_ecount: np.ndarray  # how many per unit
+    e_rs: np.ndarray  # rank-steps by the level of their end
+    e_src: np.ndarray  # their tail anchors, as indices into the values
+    b_rs: np.ndarray  # chained rank-steps by the level of their start
+    # per level: [start, stop) into a_ev, into the units, into u_ev (events), into e_rs, into b_rs
+    bounds: list[tuple[int, int, int, int, int, int, int, int, int, int]]
+
+
+def _units(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Each event's sync unit, and the (unit, member event) pairs: a collective's instance, a receive with its send,
+    an event on its own."""
+    n = g.n_events
+    p2p = np.flatnonzero(g.ev_group < 0)
+    unit = g.ev_group.copy()
+    unit[p2p] = g.n_groups + np.arange(p2p.size)
+    recv = p2p[g.ev_partner[p2p] >= 0]
+    mem_unit = np.r_[unit, unit[recv]]
+    mem_ev = np.r_[np.arange(n), g.ev_partner[recv]]
+    return unit, mem_unit, mem_ev, int(g.n_groups + p2p.size)
+
+
+@dataclass
+class _Deps:
+    """The dependencies as index arrays: an anchor's kind and index, for levels (into [A | U | B]) and for values
+    (into [A | Z | B])."""
+
+    n: int
+    nu: int
+    nrs: int
+    unit: np.ndarray
+    mem_order: np.ndarray  # member pairs sorted by unit
+    mem_ev: np.ndarray
+    mem_bounds: np.ndarray
+    a_lsrc: np.ndarray
+    a_vsrc: np.ndarray
+    e_lsrc: np.ndarray
+    e_vsrc: np.ndarray
+    e_from_b: np.ndarray  # the tail hangs off the rank-step's start (its end one level after it)
+    chained: np.ndarray
+
+
+def _deps(g: StepGraph) -> _Deps:
+    n, nrs = g.n_events, g.rs_rank.size
+    unit, mem_unit, mem_ev, nu = _units(g)
+    o = np.argsort(mem_unit, kind="stable")
+    mu = mem_unit[o]
+    bounds = np.flatnonzero(np.r_[True, mu[1:] != mu[:-1]]) if mu.size else np.zeros(0, np.int64)
+    prev = np.maximum(g.ev_prev, 0)
+    link = g.ev_link
+    a_kind = np.where(link == LINK_START, _AT_B, np.where(link == LINK_END, _AT_Z, _AT_A))
+    a_idx = np.where(link == LINK_START, g.ev_rs, prev)
+    last = np.maximum(g.rs_last, 0)
+    tl = g.rs_tail_link
+    e_kind = np.where(tl == LINK_START, _AT_B, np.where(tl == LINK_END, _AT_Z, _AT_A))
+    e_idx = np.where(tl == LINK_START, np.arange(nrs), last)
+    return _Deps(
+        n=n, nu=nu, nrs=nrs, unit=unit, mem_order=o, mem_ev=mem_ev[o], mem_bounds=bounds,
+        a_lsrc=_index(a_kind, a_idx, unit, n, nu, levels=True), a_vsrc=_index(a_kind, a_idx, unit, n, nu, levels=False),
+        e_lsrc=_index(e_kind, e_idx, unit, n, nu, levels=True), e_vsrc=_index(e_kind, e_idx, unit, n, nu, levels=False),
+        e_from_b=e_kind == _AT_B, chained=g.rs_prev >= 0)
+
+
+def _index(kind: np.ndarray, idx: np.ndarray, unit: np.ndarray, n: int, nu: int, *, levels: bool) -> np.ndarray:
+    """Anchors as indices into the levels [A | U | B] or into the values [A | Z | B]."""
+    z = (n + unit[idx] if levels else n + idx) if idx.size and n else np.zeros(idx.size, np.int64)
+    b = (n + nu if levels else 2 * n) + idx
+    return np.where(kind == _AT_A, idx, np.where(kind == _AT_Z, z, b)).astype(np.int64)
+
+
+def _settle(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, *, chain: bool,
+            max_passes: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Raise the levels [A | U | B] and of the ends until every dependency holds (None: they never settle)."""
+    n, nu = d.n, d.nu
+    prev = np.maximum(g.rs_prev, 0)
+    for _ in range(max_passes):
+        old, old_e = lv.copy(), lv_e.copy()
+        if n:
+            lv[:n] = np.maximum(lv[:n], lv[d.a_lsrc] + 1)
+            if d.mem_ev.size:
+                lv[n:n + nu] = np.maximum(lv[n:n + nu], np.maximum.reduceat(lv[d.mem_ev], d.mem_bounds))
+        lv_e = np.maximum(lv_e, lv[d.e_lsrc] + d.e_from_b)
+        if chain:
+            lv[n + nu:] = np.where(d.chained, np.maximum(lv[n + nu:], lv_e[prev] if prev.size else 0), 0)
+        if np.array_equal(old, lv) and np.array_equal(old_e, lv_e):
+            return lv, lv_e
+    return None
+
+
+def _chain_position(g: StepGraph) -> np.ndarray:
+    """Each rank-step's position in its chain of consecutive steps (rank-steps are sorted by rank and step, so a
+    chain is a run of rows)."""
+    nrs = g.rs_rank.size
+    head = np.where(g.rs_prev < 0, np.arange(nrs), 0)
+    return np.arange(nrs) - np.maximum.accumulate(head) if nrs else np.zeros(0, np.int64)
+
+
+def _levels(g: StepGraph, d: _Deps) -> tuple[np.ndarray, np.ndarray] | None:
+    """Levels of [A | U | B] and of the ends for the chained graph (None: a cycle)."""
+    n, nu, nrs = d.n, d.nu, d.nrs
+    cap = n + nu + 2 * nrs + 2
+    local = _settle(d, g, np.zeros(n + nu + nrs, np.int64), np.zeros(nrs, np.int64), chain=False, max_passes=cap)
+    if local is None:
+        return None
+    lv, lv_e = local
+    if not d.chained.any():
+        return lv, lv_e
+    # the guess: one step's levels, repeated for each position of the chain
+    span = int(max(lv.max(initial=0), lv_e.max(initial=0))) + 1
+    pos = _chain_position(g)
+    off_ev = pos[g.ev_rs] * span if n else np.zeros(0, np.int64)
+    lv[:n] += off_ev
+    lv[n + nu:] = np.where(d.chained, pos * span, 0)
+    lv_e = lv_e + pos * span
+    if d.mem_ev.size:
+        lv[n:n + nu] = np.maximum.reduceat(lv[d.mem_ev], d.mem_bounds)
+    return _settle(d, g, lv, lv_e, chain=True, max_passes=cap)
+
+
+def _by_level(level: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """Items sorted by level, and where each level 0..top begins (+ the end)."""
+    o = np.argsort(level.astype(np.int16) if top < 2**15 else level, kind="stable")  # a radix sort for int16
+    return o, np.r_[0, np.cumsum(np.bincount(level, minlength=top + 1))]
+
+
+def schedule(g: StepGraph) -> Schedule | None:
+    """The replay's order for `g` (kept with the graph: computed once); None when its dependencies form a cycle."""
+    cached = getattr(g, "_schedule", False)
+    if cached is not False:
+        return cached
+    d = _deps(g)
+    got = _levels(g, d)
+    sched = None if got is None else _build(g, d, *got)
+    g._schedule = sched
+    return sched
+
+
+def _build(g: StepGraph, d: _Deps, lv: np.ndarray, lv_e: np.ndarray) -> Schedule:
+    n, nu = d.n, d.nu
+    lv_a, lv_u, lv_b = lv[:n], lv[n:n + nu], lv[n + nu:]
+    top = int(max(lv.max(initial=0), lv_e.max(initial=0)))
+    a_ev, a_off = _by_level(lv_a, top)
+    u_ord, u_off = _by_level(lv_u, top)
+    # the units' members and events, unit by unit in level order
+    mcount = np.diff(np.r_[d.mem_bounds, d.mem_ev.size]) if nu else np.zeros(0, np.int64)
+    u_mem = d.mem_ev[_ranges(d.mem_bounds[u_ord], mcount[u_ord])] if nu else np.zeros(0, np.int64)
+    u_mstart = np.r_[0, np.cumsum(mcount[u_ord])].astype(np.int64)
+    ev_by_unit = d.mem_order[d.mem_order < n]  # the member pairs begin with (unit of e, e) for every event e
+    ecount_all = np.bincount(d.unit, minlength=nu) if n else np.zeros(nu, np.int64)
+    estart_all = np.r_[0, np.cumsum(ecount_all)][:-1] if nu else np.zeros(0, np.int64)
+    u_ev = ev_by_unit[_ranges(estart_all[u_ord], ecount_all[u_ord])] if nu else np.zeros(0, np.int64)
+    u_ecount = ecount_all[u_ord]
+    u_estart = np.r_[0, np.cumsum(u_ecount)].astype(np.int64)
+    e_rs, e_off = _by_level(lv_e, top)
+    chained = np.flatnonzero(d.chained)
+    bo, b_off = _by_level(lv_b[chained], top)
+    b_rs = chained[bo]
+    bounds = []
+    for k in range(top + 1):
+        row = (int(a_off[k]), int(a_off[k + 1]), int(u_off[k]), int(u_off[k + 1]), int(u_estart[u_off[k]]),
+               int(u_estart[u_off[k + 1]]), int(e_off[k]), int(e_off[k + 1]), int(b_off[k]), int(b_off[k + 1]))
+        if row[0] < row[1] or row[2] < row[3] or row[6] < row[7] or row[8] < row[9]:
+            bounds.append(row)
+    return Schedule(levels=len(bounds), a_ev=a_ev, a_src=d.a_vsrc[a_ev], u_mem=u_mem, u_mstart=u_mstart,
+                    u_ev=u_ev, u_ecount=u_ecount, e_rs=e_rs, e_src=d.e_vsrc[e_rs], b_rs=b_rs, bounds=bounds)
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The indices start, start+1, … (count of them) of each range, concatenated."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offs = np.r_[0, np.cumsum(counts)[:-1]]
+    return np.repeat(starts - offs, counts) + np.arange(total)
+
+
+def replay_scheduled(g: StepGraph, s: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Arrivals, ends, rank-step starts and ends of the chained graph `g` in the order `s`."""
+    n, nrs = g.n_events, g.rs_rank.size
+    v = np.empty(2 * n + nrs)  # [A | Z | B]
+    v[2 * n:] = g.rs_start
+    end = np.empty(nrs)
+    gap, x, tail = g.ev_gap, g.ev_transfer, g.rs_tail
+    prev, between = g.rs_prev, g.rs_between
+    for a0, a1, u0, u1, e0, e1, r0, r1, b0, b1 in s.bounds:
+        if a0 < a1:
+            ev = s.a_ev[a0:a1]
+            v[ev] = v[s.a_src[a0:a1]] + gap[ev]
+        if u0 < u1:
+            m0 = s.u_mstart[u0]
+            start = np.maximum.reduceat(v[s.u_mem[m0:s.u_mstart[u1]]], s.u_mstart[u0:u1] - m0)
+            ev = s.u_ev[e0:e1]
+            v[n + ev] = np.repeat(start, s.u_ecount[u0:u1]) + x[ev]
+        if r0 < r1:
+            rs = s.e_rs[r0:r1]
+            end[rs] = v[s.e_src[r0:r1]] + tail[rs]
+        if b0 < b1:
+            rs = s.b_rs[b0:b1]
+            v[2 * n + rs] = end[prev[rs]] + between[rs]
+    return v[:n], v[n:2 * n], v[2 * n:], end
