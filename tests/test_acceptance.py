@@ -53,10 +53,11 @@ def test_straggler_with_skewed_simulated_clocks(tmp_path):
     assert abs(host1.offset_ns - truth) < 500e3, (host1.offset_ns, truth)  # measured ≈10 µs when quiet
 
 
-def test_no_delay_names_nobody(tmp_path):
-    # 4 ranks share 2 cores here, so the OS scheduler can hold one rank back for a whole 5-step window (one rank
-    # really arriving 8 ms late at every collective is a straggler in what was recorded). A second, independent run
-    # must then be clean: a rule that names someone without cause fails both.
+def test_no_delay_names_nobody_or_says_the_host_held_it_back(tmp_path):
+    # 4 CPU-bound ranks share 2 cores here, so the OS scheduler can hold one rank back for a whole window (one rank
+    # really arriving late at every collective is a straggler in what was recorded: the rule takes arrivals as they
+    # are). A run that names a rank without any injected delay must then say the host's cores were oversubscribed
+    # (cpu_contention); and of two independent runs, a rule that names someone without cause fails both.
     details = []
     for attempt in ("quiet", "quiet2"):
         (tmp_path / attempt).mkdir()
@@ -64,6 +65,7 @@ def test_no_delay_names_nobody(tmp_path):
         named = [s.rank for s in rep.stragglers if s.named]
         if not named:
             return
+        assert any(f.id == "cpu_contention" for f in rep.findings), rep.verdict
         details.append(([(s.rank, round(s.lateness_ms, 2)) for s in rep.stragglers],
                         rep.straggler_info.rule.threshold_ms))
     raise AssertionError(f"a rank was named in two runs without any injected delay: {details}")
@@ -170,7 +172,7 @@ def test_the_default_schedule_names_a_rank_late_in_every_step(tmp_path, job):
     assert rep.straggler_info.named == [1], ([(d.rank, round(d.lateness_ms, 1), d.late_step_fraction)
                                               for d in rep.stragglers], rep.straggler_info.rule)
     assert top.late_step_fraction >= 0.8
-    assert rep.verdict.startswith("Rank 1 on host")
+    assert "rank 1 on host" in rep.verdict.lower() and "straggler" in rep.verdict  # it may follow a worse finding
 
 
 def test_the_readme_demo_headline_names_the_delay(tmp_path):
