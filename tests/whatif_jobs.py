@@ -47,19 +47,31 @@ def job(tmp_path_factory, name: str, slow_ms: float = 0.0) -> Path:
 #: placed anywhere in the iteration on rank 1.
 PLACED_JOB = EXAMPLES.parent / "benchmarks" / "_whatif_job.py"
 PLACED_DEVICE_MS = 40.0
+#: 12 recorded steps: medians over them hold when the machine holds a step or two off.
+PLACED_SCHEDULE = ["--wait", "2", "--warmup", "1", "--active", "12"]
+PLACED_CYCLE = 15  # iterations per window of PLACED_SCHEDULE
 
 
-def placed_job(tmp_path_factory, job: str, place: str, delay_ms: float) -> Path:
+def placed_job(tmp_path_factory, job: str, place: str, delay_ms: float, *, alternate: int = 0) -> Path:
     """The run directory (run once per session) of benchmarks/_whatif_job.py `job` ("ddp", "fsdp2", "loop") under
-    ``distprof.launch`` on 2 ranks, rank 1 spending `delay_ms` more per iteration at `place` (0: none)."""
-    name = f"{job}-{place}-{delay_ms:g}"
+    ``distprof.launch`` on 2 ranks, rank 1 spending `delay_ms` more per iteration at `place` (0: none). `alternate`:
+    that many windows, the delay only in the even ones (:func:`alternate_windows` gives their steps)."""
+    name = f"{job}-{place}-{delay_ms:g}-{alternate}"
     if name not in _CACHE:
         d = tmp_path_factory.mktemp(f"whatif-{name}")
-        torchrun(2, ["-m", "distprof.launch", "--out", "out", *SCHEDULE, str(PLACED_JOB), "--job", job, "--place",
-                     place, "--delay-ms", f"{delay_ms:g}", "--device-ms", f"{PLACED_DEVICE_MS:g}", "--steps", "13"],
-                 cwd=d, env=job_env())
+        cycle = PLACED_CYCLE if alternate else 0
+        windows = max(alternate, 1)
+        torchrun(2, ["-m", "distprof.launch", "--out", "out", *PLACED_SCHEDULE, "--repeat", str(windows),
+                     str(PLACED_JOB), "--job", job, "--place", place, "--delay-ms", f"{delay_ms:g}",
+                     "--device-ms", f"{PLACED_DEVICE_MS:g}", "--delay-cycle", str(cycle),
+                     "--steps", str(windows * PLACED_CYCLE + 2)], cwd=d, env=job_env())
         _CACHE[name] = only_run_dir(d / "out")
     return _CACHE[name]
+
+
+def alternate_windows(n: int) -> list[tuple[int, int]]:
+    """The (first, last) recorded step of each of `n` windows of PLACED_SCHEDULE (even: with the delay)."""
+    return [(k * PLACED_CYCLE + 3, (k + 1) * PLACED_CYCLE - 1) for k in range(n)]
 
 
 def twins(tmp_path_factory) -> tuple[Path, Path]:
