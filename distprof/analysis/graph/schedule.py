@@ -117,9 +117,12 @@ def _deps(g: StepGraph) -> _Deps:
 
 def _index(kind: np.ndarray, idx: np.ndarray, unit: np.ndarray, n: int, nu: int, *, levels: bool) -> np.ndarray:
     """Anchors as indices into the levels [A | U | B] or into the values [A | Z | B]."""
-    z = (n + unit[idx] if levels else n + idx) if idx.size and n else np.zeros(idx.size, np.int64)
+    at_z = kind == _AT_Z
+    z = np.zeros(idx.size, np.int64)
+    if at_z.any():  # idx is an event there (a rank-step elsewhere: it may exceed the events)
+        z[at_z] = n + (unit[idx[at_z]] if levels else idx[at_z])
     b = (n + nu if levels else 2 * n) + idx
-    return np.where(kind == _AT_A, idx, np.where(kind == _AT_Z, z, b)).astype(np.int64)
+    return np.where(kind == _AT_A, idx, np.where(at_z, z, b)).astype(np.int64)
 
 
 def _settle(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, *, chain: bool,
