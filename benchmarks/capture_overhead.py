@@ -24,6 +24,13 @@ Medians over both ranks and every round, and the ratios against the goals of iss
 
 and the per-step cost of --watch on the training thread measured in-process (microseconds; the step-time ratio above
 is within the noise of a loaded machine, this is not).
+
+The watch arm (`--watch-arm`: only it, a minute) measures what the watch's synchronisation-point timing costs the
+training thread of a real DDP job, in the thread's CPU time (scheduler statistics: what the thread ran, not what the
+loaded machine's other processes made it wait): one process, a gloo group of one, DDP over a 12-layer MLP in many
+buckets, the same steps with and without the watch's recorder (its Work.wait, wait_tensor, DataLoader and optimizer
+wrappers, the backward-end hooks and callbacks, the step row), interleaved; and, apart, one NCCL completion as the
+watch's hook handles it (on NCCL's hook thread, not the training thread).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -149,6 +157,176 @@ def watch_step_cost(rounds: int = 7, steps: int = 20_000) -> tuple[float, float]
     return statistics.median(off), statistics.median(on)
 
 
+def _paired(arms: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Per-step CPU time of short blocks of every arm in turn (`rounds` of each): adjacent blocks share the machine's
+    state of the moment, so a loaded host's drift cancels in their differences."""
+    out: dict[str, list[float]] = {k: [] for k in arms}
+    for _ in range(rounds):
+        for k, fn in arms.items():
+            out[k].append(fn())
+    return out
+
+
+def _added(off: list[float], on: list[float]) -> tuple[float, float, float]:
+    """Median of the paired differences (µs) and its interquartile range."""
+    d = sorted(b - a for a, b in zip(off, on))
+    return statistics.median(d) / 1e3, d[len(d) // 4] / 1e3, d[3 * len(d) // 4] / 1e3
+
+
+def _cpu_ns_per(fn: Callable[[], None], n: int) -> float:
+    """The training thread's CPU ns (scheduler statistics: time it ran, not time it waited for a CPU) per call."""
+    from distprof.capture.schedstat import ThreadCpu
+
+    cpu = ThreadCpu()
+    try:
+        c0 = cpu.sample()[0]
+        for _ in range(n):
+            fn()
+        return (cpu.sample()[0] - c0) / n
+    finally:
+        cpu.close()
+
+
+def watch_sync_cost(rounds: int = 600, block: int = 20) -> dict[str, float]:
+    """What timing the synchronisation points adds to the training thread of a real DDP step (a gloo group of one,
+    12 layers, a bucket per layer): the recorder installed once, blocks of `block` steps in turn with its
+    backward-end hooks and without them (the watch as it was before them). Installing and removing the whole
+    recorder per block would re-specialise the interpreter's caches of the classes it wraps each time, a cost no
+    job pays (the watch installs once), so the whole watch is priced by its parts: the row and optimizer hooks
+    (micro_watch) plus this."""
+    import tempfile as tf
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from distprof.capture.watch import WatchRecorder
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the jobs run (OMP_NUM_THREADS=1): idle OpenMP threads spinning are not the watch's
+    with tf.TemporaryDirectory() as d:
+        dist.init_process_group("gloo", init_method=f"file://{d}/pg", rank=0, world_size=1)
+        rec = WatchRecorder(threading.get_ident())
+        try:
+            torch.manual_seed(0)
+            layers = [m for _ in range(12) for m in (torch.nn.Linear(64, 64), torch.nn.ReLU())]
+            model = DDP(torch.nn.Sequential(*layers, torch.nn.Linear(64, 10)), bucket_cap_mb=0.02)
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+            x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+            loss_fn = torch.nn.CrossEntropyLoss()
+            state = {"i": 0, "timed": 0}
+
+            def step() -> None:
+                opt.zero_grad(set_to_none=True)
+                loss_fn(model(x), y).backward()
+                opt.step()
+                rec.step_end(state["i"], False)
+                state["i"] += 1
+
+            def without() -> float:
+                rec.tail.remove()
+                rec.tail.watch = lambda o: None  # an instance attribute: no class is touched
+                try:
+                    return _cpu_ns_per(step, block)
+                finally:
+                    del rec.tail.watch
+
+            def with_tail() -> float:
+                rec.tail.watch(opt)
+                before = rec.tail.backwards
+                ns = _cpu_ns_per(step, block)
+                state["timed"] += rec.tail.backwards - before
+                return ns
+
+            rec.install()
+            _cpu_ns_per(step, 50)
+            t = _paired({"before": without, "watch": with_tail}, rounds)
+            res = {"off_us": statistics.median(t["before"]) / 1e3, "on_us": statistics.median(t["watch"]) / 1e3,
+                   "tails_per_step": state["timed"] / (rounds * block)}
+            res["sync_us"], res["sync_lo_us"], res["sync_hi_us"] = _added(t["before"], t["watch"])
+            res.update(tail_cost(), nccl_hook_us=nccl_hook_cost())
+        finally:
+            rec.remove()
+            dist.destroy_process_group()
+            torch.set_num_threads(threads)
+    micro = micro_watch()
+    res.update(row_us=micro["row_us"], opt_hooks_us=micro["opt_hooks_us"])
+    res["total_us"] = res["row_us"] + res["opt_hooks_us"] + max(res["sync_us"], res["tail_us"])
+    return res
+
+
+def nccl_hook_cost(n: int = 100_000) -> float:
+    """µs per NCCL completion in the hook DeviceComm registers (NCCL's hook thread runs it, not the training
+    thread), called here with a WorkInfo-like record; the group is a stand-in that only takes the hook."""
+    import datetime as dt
+
+    from distprof.capture.syncpoints import DeviceComm
+
+    got = []
+
+    class Group:
+        def _register_on_completion_hook(self, hook):
+            got.append(hook)
+
+    class Info:
+        time_started = dt.datetime.now()
+        active_duration = dt.timedelta(microseconds=1500)
+
+    dev = DeviceComm()
+    dev._hook(Group())
+    on_done, info = got[0], Info()
+    t = time.perf_counter()
+    for _ in range(n):
+        on_done(info)
+        if len(dev._done) > 60_000:
+            dev.drain()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def tail_cost(rounds: int = 600, block: int = 100) -> dict[str, float]:
+    """The backward-end timing alone (two hooked parameters, two engine callbacks), per backward pass of a tiny graph
+    so that its µs are not lost in a big step's noise; blocks with and without the hooks in turn."""
+    import torch
+
+    from distprof.capture.syncpoints import BackwardTail
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(4)])
+    x = torch.randn(2, 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def backward() -> None:
+        m(x).sum().backward()
+
+    def hooked() -> float:
+        tail = BackwardTail(lambda: 0)
+        tail.install()
+        tail.watch(opt)
+        try:
+            return _cpu_ns_per(backward, block)
+        finally:
+            tail.remove()
+
+    _cpu_ns_per(backward, 500)
+    t = _paired({"off": lambda: _cpu_ns_per(backward, block), "on": hooked}, rounds)
+    added, lo, hi = _added(t["off"], t["on"])
+    return {"tail_us": added, "tail_lo_us": lo, "tail_hi_us": hi, "backward_us": statistics.median(t["off"]) / 1e3}
+
+
+def print_watch_cost(c: dict[str, float]) -> None:
+    print(f"  --watch's synchronisation-point timing on a DDP step's training thread (CPU time from scheduler "
+          f"statistics; 1-rank gloo DDP, 12 layers, {c['tails_per_step']:.2f} backward ends timed per step; blocks "
+          f"of 20 steps with and without it in turn, median of the adjacent blocks' differences, interquartile range "
+          f"in brackets): {c['off_us']:.0f} us per step without, {c['on_us']:.0f} us with: {c['sync_us']:+.1f} us "
+          f"[{c['sync_lo_us']:+.0f} .. {c['sync_hi_us']:+.0f}]")
+    print(f"  the backward-end timing alone: {c['tail_us']:+.2f} us per backward pass [{c['tail_lo_us']:+.1f} .. "
+          f"{c['tail_hi_us']:+.1f}] (a {c['backward_us']:.0f} us backward); per NCCL completion on NCCL's hook "
+          f"thread (not the training thread) {c['nccl_hook_us']:.2f} us")
+    print(f"  the whole watch per step: row {c['row_us']:.2f} + optimizer hooks {c['opt_hooks_us']:.2f} + "
+          f"synchronisation points {max(c['sync_us'], c['tail_us']):.2f} = {c['total_us']:.1f} us = "
+          f"{c['total_us'] / 100:.3f} % of a 10 ms step (goal <= 0.5 %: 50 us)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=120)
@@ -159,8 +337,12 @@ def main() -> None:
                                                    "to tell the watch's part of d from the launcher's; f: distprof "
                                                    "--cpu-sample-ms 0, to tell the CPU sampler's part of c); "
                                                    "ratios are printed for the arms present")
+    ap.add_argument("--watch-arm", action="store_true", help="only the watch's cost on a DDP step's training thread")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    if args.watch_arm:
+        print_watch_cost(watch_sync_cost())
+        return
     from distprof.capture.schedule import Action, action_at
     from distprof.config import ScheduleConfig
     from distprof.storage import find_shards, read_shard
@@ -249,6 +431,7 @@ def main() -> None:
           f"--watch, {on_us:.2f} us with it: +{on_us - off_us:.2f} us per step = "
           f"{(on_us - off_us) / (a * 1e6) * 100:.4f} % of this job's step; the 0.5 % goal allows "
           f"{0.005 * a * 1e6:.0f} us here and 50 us for a 10 ms step")
+    print_watch_cost(watch_sync_cost())
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 and the whole-run watch section of the report (``analysis/report/watch.py``).
 
 **Own work.** A rank that waits in a collective for a late peer has a long step too, so comparing step times flags
-the victims with the culprit. The rule compares *own work* instead: the step's wall time minus the time the training
-thread was blocked waiting for communication (``comm_ms``: ``Work.wait`` of every collective and point-to-point call
-made from Python: a synchronous ``dist.all_reduce``, ``barrier``, ``send``/``recv``, FSDP's and pipelining's waits).
-The late rank arrives last and hardly waits, the others wait for it: their own work stays what it was, the late
-rank's grows. See docs/watch.md for what this cannot see (DDP's gradient all-reduce waits inside C++).
+the victims with the culprit. The rule compares *own work* instead: the step's wall time minus the time it waited at
+synchronisation points (capture/syncpoints.py) — on the host (``comm_ms``: ``Work.wait`` of every collective and
+point-to-point call made from Python, the functional collectives' ``wait_tensor``, the end of backward where DDP's
+reducer waits for its buckets) or on the device (``dev_comm_ms``: NCCL collectives' active time), whichever is
+larger (on NCCL the host hardly blocks; a host wait such as a barrier's holds the device's inside it). The late rank
+arrives last and hardly waits, the others wait for it: their own work stays what it was, the late rank's grows.
 
 **The rule** (:class:`DriftRule`), per step: a rank drifts when its own work exceeds the median of the *other* ranks'
 (leave-one-out, so that with two ranks the peer is the other one) by more than ``threshold`` (a fraction) and by at
@@ -46,8 +47,12 @@ class DriftRule:
 
 
 def own_ms(rows: np.ndarray) -> np.ndarray:
-    """Own work per row of the watch series (ms): wall time minus time blocked waiting for communication."""
-    return np.maximum(rows["step_ms"].astype(np.float64) - rows["comm_ms"], 0.0)
+    """Own work per row of the watch series (ms): wall time minus the time waiting at synchronisation points, on the
+    host or on the device (NCCL), whichever is larger."""
+    waited = rows["comm_ms"].astype(np.float64)
+    if "dev_comm_ms" in (rows.dtype.names or ()):
+        waited = np.fmax(waited, rows["dev_comm_ms"])  # NaN (not measured) leaves the host's
+    return np.maximum(rows["step_ms"].astype(np.float64) - waited, 0.0)
 
 
 def peer_median(own: np.ndarray) -> np.ndarray:

@@ -1,5 +1,9 @@
-"""--watch: the drift rule (tables), the series files (atomic flushes, a killed job, damaged files), the options, and
-a real 2-rank job in which one rank starts sleeping: a window triggered within 20 steps, shards and report naming it."""
+"""--watch: the drift rule (tables), the series files (atomic flushes, a killed job, damaged files, version 1 rows), the
+options, a real 2-rank job in which one rank starts sleeping (a window triggered within 20 steps, shards and report
+naming it), the same in every job style — DDP with one bucket and many, FSDP2, a 2-D mesh, a pipeline by hand and
+under pipelining's GPipe — and balanced runs of each drifting nobody, and the synchronisation points one process can
+show: the end of backward where DDP waits, the functional collectives' wait, NCCL's completion hook (a stand-in group;
+the real one in tests/gpu/check_gpu.py)."""
 
 from __future__ import annotations
 
@@ -381,3 +385,257 @@ def test_store_reads_of_rank_0_are_bounded_whatever_the_job_size():
     assert read_interval_s(2.0, 1001) == pytest.approx(1000 / STORE_READS_PER_S)  # 1,000 others: each every 10 s
     assert 1000 / read_interval_s(2.0, 1001) <= STORE_READS_PER_S
     assert MAX_PUBLISH * 4 + 12 <= 4096  # one rank's key: a few kB at most
+
+
+# ---- every job style: the waits the watch sees (capture/syncpoints.py) ----------------------------------------------
+STYLE_FROM, STYLE_STEPS = 30, 110
+#: style -> (ranks, tests/watch_job.py arguments, the slow rank's extra ms): every rank sleeps (device-like time that
+#: leaves the loaded machine's CPU to the others); the extra is at least ~40 % of the slowed step.
+STYLES = {
+    "ddp-one-bucket": (2, ["--style", "ddp", "--sleep-ms", "40", "--where", "before-backward"], 40.0),
+    "ddp-many-buckets": (2, ["--style", "ddp", "--bucket-mb", "0.001", "--sleep-ms", "40",
+                             "--where", "before-forward"], 40.0),
+    "fsdp2": (2, ["--style", "fsdp2", "--sleep-ms", "40"], 60.0),  # more CPU per step than the others: more sleep
+    "mesh2d": (4, ["--style", "mesh2d", "--sleep-ms", "120"], 100.0),  # 4 busy ranks on the 2 cores: longer sleeps
+    "pipeline": (2, ["--style", "pipeline", "--sleep-ms", "40"], 50.0),
+    "gpipe": (2, ["--style", "gpipe", "--sleep-ms", "40"], 50.0),
+}
+
+
+def _style_run(tmp_path, style: str, slow_rank: int, steps: int):
+    """One --watch --schedule none run of `style` (slow_rank -1: balanced) -> (run dir, series by rank)."""
+    nproc, args, extra = STYLES[style]
+    out = tmp_path / "out"
+    env = job_env(DISTPROF_WATCH_INTERVAL_S="0.1", DISTPROF_TRIGGER_POLL_S="0.2", DISTPROF_TRIGGER_MARGIN="3")
+    torchrun(nproc, ["-m", "distprof.launch", "--out", str(out), "--watch", "--schedule", "none", "--watch-steps", "8",
+                     "--watch-threshold", "0.5", "--warmup", "1", "--active", "2", str(JOB), *args,
+                     "--steps", str(steps), "--slow-rank", str(slow_rank), "--slow-from", str(STYLE_FROM),
+                     "--slow-ms", str(extra)], cwd=tmp_path, env=env)
+    run_dir = only_run_dir(out)
+    return run_dir, {r: wf.read_rank_series(run_dir, r) for r in range(nproc)}
+
+
+def _own_median(rows: np.ndarray, lo: int, hi: int) -> float:
+    keep = (rows["step"] >= lo) & (rows["step"] < hi)
+    return float(np.median(own_ms(rows[keep])))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", sorted(STYLES))
+def test_a_rank_that_starts_sleeping_drifts_in_every_job_style(tmp_path, style):
+    """Half-way through, rank 1 sleeps more every step: its own work rises above its peers' (their waits at the
+    synchronisation points are seen: DDP's reducer at the end of backward, FSDP2's and pipelining's waits, tensor
+    parallelism's wait_tensor), it alone drifts from that step, and the window it asks for is recorded."""
+    nproc, _, extra = STYLES[style]
+    run_dir, series = _style_run(tmp_path, style, 1, STYLE_STEPS)
+    after = {r: _own_median(rows, STYLE_FROM + 3, STYLE_STEPS) for r, rows in series.items()}
+    before = {r: _own_median(rows, 3, STYLE_FROM) for r, rows in series.items()}
+    peers = float(np.median([v for r, v in after.items() if r != 1]))
+    seen = f"own work before {before}, after {after}"
+    assert after[1] - peers > 0.6 * extra, seen  # the sleeper's own work carries its sleep ...
+    for r in range(nproc):
+        if r != 1:
+            assert after[r] - before[r] < 0.4 * extra, seen  # ... its peers' does not: they wait for it
+    drifts = wf.read_drifts(run_dir)
+    assert drifts and {d["rank"] for d in drifts} == {1}, (drifts, seen)
+    d = drifts[0]
+    # from the step it began (a loaded machine's noise can break the first runs of 8 steps), and not before
+    assert STYLE_FROM - 2 <= d["first_step"] <= STYLE_FROM + 25, (d, seen)
+    assert d["state"] == "done", d  # the window was recorded ...
+    shards = find_shards(run_dir)
+    assert len(shards) == nproc and all(read_shard(p).attrs["window"] == d["window"] for p in shards)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", sorted(STYLES))
+def test_a_balanced_job_drifts_nobody_in_every_job_style(tmp_path, style):
+    run_dir, series = _style_run(tmp_path, style, -1, 50)
+    assert wf.read_drifts(run_dir) == [], {r: _own_median(rows, 3, 50) for r, rows in series.items()}
+    assert find_shards(run_dir) == []
+
+
+# ---- the synchronisation points, one process -----------------------------------------------------------------------
+def test_the_wait_at_the_end_of_backward_is_timed_net_of_python_waits():
+    """What DDP's reducer does, without DDP: a callback queued once the last gradient is ready waits (30 ms) in the
+    autograd engine's final callbacks; the watch's hooks time it — less the 10 ms of it that a Python wait
+    (counted apart, as Work.wait is) already holds — and not the backward's own work before it."""
+    import threading
+
+    from torch.autograd import Variable
+
+    from distprof.capture.watch import WatchRecorder
+
+    rec = WatchRecorder(threading.get_ident())
+    rec.install()
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        first_weight = model[0].weight  # its gradient is the last one ready: where DDP queues its own callback
+
+        def reducer_wait():
+            time.sleep(0.03)
+            rec.comm_ns += 10_000_000  # a Python wait inside it, counted apart
+
+        def compute_then_reduce(_p):
+            time.sleep(0.02)  # work of the backward pass itself, before the synchronisation: not a wait
+            Variable._execution_engine.queue_callback(reducer_wait)
+
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()  # the optimizer's parameters get the watch's hooks here
+        rec.step_end(0, False)
+        handle = first_weight.register_post_accumulate_grad_hook(compute_then_reduce)
+        try:
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        finally:
+            handle.remove()
+        rec.step_end(1, False)
+        model(torch.randn(4, 8)).sum().backward()  # no wait at its end: nothing added
+        rec.step_end(2, False)
+        rows, _, _ = rec.take(0)
+    finally:
+        rec.remove()
+    assert rec.tail.backwards == 2
+    comm = rows["comm_ms"]
+    assert 30.0 <= comm[1] < 30.0 + 15.0, comm  # 20 ms of its own + 10 counted apart; the 20 ms before: own work
+    assert comm[2] < 5.0 and comm[1] < rows["step_ms"][1] - 15.0, rows
+    assert not first_weight._post_accumulate_grad_hooks  # hooks gone with the recorder
+
+
+def test_functional_collective_waits_count_and_gloo_groups_get_no_device_timing(tmp_path):
+    """tensor parallelism / DTensor wait in the functional collectives' wait_tensor (never Work.wait from Python):
+    wrapped once the module is imported, counted on the training thread; a gloo group is not hooked for device
+    times (NCCL only), and the series says "not measured"."""
+    import threading
+
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from distprof.capture.watch import WatchRecorder
+
+    rec = WatchRecorder(threading.get_ident())
+    rec.install()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        wrapped = hasattr(funcol.wait_tensor, "__distprof_watch__")
+        rec.step_end(0, False)  # the module was imported before: wrapped at install
+        out = funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD)  # an AsyncCollectiveTensor ...
+        assert float(out.sum()) == 4.0  # ... that waits at its first use
+        rec.step_end(1, False)
+        rec.step_end(2, False)  # a step without any wait
+        rows, _, _ = rec.take(0)
+        assert not rec.device.active
+    finally:
+        dist.destroy_process_group()
+        rec.remove()
+    assert wrapped and not hasattr(funcol.wait_tensor, "__distprof_watch__")
+    assert rows["comm_ms"][1] > 0.0 and rows["comm_ms"][2] == 0.0 and np.isnan(rows["dev_comm_ms"]).all()
+
+
+def test_device_time_goes_to_the_step_that_issued_the_collective():
+    from distprof.capture.syncpoints import device_ms_per_row
+
+    ends = np.array([100, 200, 300], dtype=np.int64)  # steps (0, 100], (100, 200], (200, 300]
+    issued = np.array([50, 60, 100, 150, 301, 320, -5], dtype=np.int64)
+    active = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0])
+    per, later = device_ms_per_row(0, ends, issued, active)
+    np.testing.assert_allclose(per, [7.0, 8.0, 0.0])  # -5: before the first step (already settled), not counted
+    assert later.tolist() == [False, False, False, False, True, True, False]  # kept for the steps to come
+
+
+class _Info:
+    """What ProcessGroupNCCL hands its completion hook (torch's WorkInfo): pybind turns its times into datetime."""
+
+    def __init__(self, issued_ns: int, active_ms: float) -> None:
+        import datetime as dt
+
+        self.time_started = dt.datetime.fromtimestamp(issued_ns / 1e9)
+        self.time_finished = self.time_started
+        self.active_duration = dt.timedelta(milliseconds=active_ms)
+        self.op_type, self.seq = "ALLREDUCE", 1
+
+
+class _Group:
+    """Stands in for an NCCL group: it keeps the completion hook registered on it, as NCCL keeps one per group."""
+
+    def __init__(self) -> None:
+        self.hook = None
+
+    def _register_on_completion_hook(self, hook):
+        if self.hook is not None:
+            raise RuntimeError("ProcessGroupNCCL OnCompletion hook already registered")
+        self.hook = hook
+
+    def _has_hooks(self):
+        return self.hook is not None
+
+
+def test_the_nccl_completion_hook_never_raises_and_passes_on_to_a_users_own_hook():
+    from torch._C._distributed_c10d import ProcessGroup
+
+    from distprof.capture.syncpoints import DeviceComm
+
+    dev = DeviceComm()
+    dev.install()
+    try:
+        g = _Group()
+        dev._hook(g)
+        assert dev.active
+        seen = []
+        ProcessGroup._register_on_completion_hook(g, seen.append)  # the user's, after ours: joins ours
+        g.hook(_Info(1_000_000_000, 2.5))
+        g.hook(object())  # a record without the fields: not ours to fail on (NCCL would abort its communicators)
+        issued, active = dev.drain()
+        assert issued.tolist() == [1_000_000_000] and active.tolist() == [2.5] and len(seen) == 2
+    finally:
+        dev.remove()
+    g.hook(_Info(2_000_000_000, 1.0))  # after close: still passed on, no longer recorded
+    assert len(seen) == 3 and dev.drain()[0].size == 0
+    ProcessGroup._register_on_completion_hook(g, seen.append)  # NCCL holds our hook: a user's still joins it
+    g.hook(_Info(3_000_000_000, 1.0))
+    assert len(seen) == 5
+    wrapper = ProcessGroup._register_on_completion_hook
+    ProcessGroup._register_on_completion_hook = wrapper.__distprof_watch__  # this test's process: torch's own back
+    unhooked = DeviceComm()
+    unhooked.install()
+    unhooked.remove()  # no group hooked: torch's own method is put back
+    assert not hasattr(ProcessGroup._register_on_completion_hook, "__distprof_watch__")
+
+
+def test_nccl_rows_wait_for_their_collectives_then_carry_their_device_time():
+    from distprof.capture.watch import Watch
+    from distprof.config import ProfileConfig
+
+    w = Watch(ProfileConfig(), None, trigger=None, step=lambda: 0, on_error=lambda s, e: None)
+    dev = w.recorder.device
+    dev._hook(_Group())
+    now = time.time_ns()
+    dev.since_ns = w._row_end = now - 10_000_000_000
+    rows = np.zeros(3, wf.SERIES_DTYPE)
+    rows["step"] = [0, 1, 2]
+    rows["step_ms"] = 100.0
+    rows["end_ns"] = [now - 5_000_000_000, now - 4_000_000_000, now - 100_000_000]  # the last one just ended
+    rows["dev_comm_ms"] = np.nan
+    for issued, ms in ((now - 6_000_000_000, 3.0), (now - 4_500_000_000, 5.0), (now - 200_000_000, 7.0)):
+        dev._done.append((issued, ms))
+    out = w._settle(rows, final=False)
+    assert out["step"].tolist() == [0, 1] and out["dev_comm_ms"].tolist() == [3.0, 5.0]  # step 2: not yet settled
+    assert w._held["step"].tolist() == [2]
+    out = w._settle(rows[:0], final=True)  # at the close: whatever came in
+    assert out["step"].tolist() == [2] and out["dev_comm_ms"].tolist() == [7.0] and not w._held.size
+    np.testing.assert_allclose(own_ms(out), [93.0])  # the larger of the host's and the device's wait
+
+
+def test_version_1_series_still_read(tmp_path):
+    (tmp_path / wf.WATCH_DIR).mkdir()
+    old = np.zeros(5, wf.SERIES_DTYPE_V1)
+    old["step"] = range(5)
+    old["step_ms"] = 50.0
+    old["comm_ms"] = 20.0
+    with open(wf.segment_path(tmp_path, 0, 0), "wb") as fh:
+        np.save(fh, old)
+    rows = wf.read_rank_series(tmp_path, 0)
+    assert rows.dtype == wf.SERIES_DTYPE and rows["step"].tolist() == list(range(5))
+    assert np.isnan(rows["dev_comm_ms"]).all() and own_ms(rows).tolist() == [30.0] * 5

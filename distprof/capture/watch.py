@@ -3,13 +3,15 @@ drifts (docs/watch.md).
 
 Training thread (:class:`WatchRecorder`): at each step boundary one row into a preallocated NumPy ring — the step's
 wall time, and what the hooks added up during it: DataLoader ``__next__`` (data wait), the outermost optimizer step,
-``Work.wait`` of collectives and point-to-point calls (time blocked in communication: every synchronous
-``torch.distributed`` call and every explicit wait ends in it), the device memory peak on a GPU. A few
-``perf_counter_ns`` calls and one row assignment per step; no lock, no store, no file.
+the time waiting at synchronisation points (capture/syncpoints.py: ``Work.wait`` of collectives and point-to-point
+calls — every synchronous ``torch.distributed`` call and every explicit wait ends in it —, the functional
+collectives' ``wait_tensor``, and the end of backward where DDP's reducer waits for its buckets), the device memory
+peak on a GPU. A few ``perf_counter_ns`` calls and one row assignment per step; no lock, no store, no file.
 
 Side thread (:class:`Watch`), every ``--watch-interval`` seconds:
 
-* takes the new rows from the ring and rewrites the rank's current segment file atomically
+* takes the new rows from the ring (on NCCL, once the device time of the collectives each step issued has come in
+  through the completion hook: :data:`SETTLE_S`) and rewrites the rank's current segment file atomically
   (storage/watchfile.py): a crash loses at most what came after the last flush;
 * publishes its own work (step time minus time blocked) of the steps since its last publication under one c10d store
   key of its own (one ``set``, at most :data:`MAX_PUBLISH` floats: O(1) per rank per interval);
@@ -29,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +47,7 @@ from ..storage.writer import remove_orphans
 from . import trigger_files as tf
 from .retry import WriteSpell, transient
 from .setup import RunSetup, is_distributed
+from .syncpoints import BackwardTail, DeviceComm, MAX_COMPLETIONS, device_ms_per_row
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +63,15 @@ HISTORY_STEPS = 4096
 MAX_PENDING_ROWS = 4 * 4096
 #: A rank whose key has not moved for this many reading rounds is left out of "every rank has covered step s".
 STALE_ROUNDS = 3
+#: NCCL: a step's row waits this long after its end (or two of its steps, if longer) for the device times of the
+#: collectives it issued (NCCL's watchdog hears a completion within ~0.1 s of it; the device may run a step behind).
+SETTLE_S = 2.0
+#: The module whose ``wait_tensor`` DTensor and tensor parallelism wait in (patched once it is imported).
+FUNCOL = "torch.distributed._functional_collectives"
 _PUB = struct.Struct("<qi")  # first step, number of float32 values that follow
 
 _instances = 0
+_NAN = float("nan")
 
 
 def read_interval_s(interval_s: float, world_size: int) -> float:
@@ -75,6 +85,7 @@ class WatchRecorder:
     on it (`main_ident`); `take` on the side thread."""
 
     def __init__(self, main_ident: int, capacity: int = RING_ROWS) -> None:
+        self.started_ns = time.time_ns()  # the first step's start (rank's clock)
         self.rows = np.zeros(capacity, wf.SERIES_DTYPE)
         self.n = 0  # rows written so far (the side thread reads it; written after the row)
         self.cap = capacity
@@ -86,6 +97,9 @@ class WatchRecorder:
         self._cuda = None
         self._originals: dict[str, tuple[Any, str, Any]] = {}
         self._handles: list = []
+        self.tail = BackwardTail(lambda: self.comm_ns)  # DDP's reducer waits at the end of backward
+        self.device = DeviceComm()  # NCCL: device time of every collective
+        self._funcol = False  # wait_tensor patched
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -103,6 +117,9 @@ class WatchRecorder:
             self._patch(Work, "wait", "comm_ns")
         except (ImportError, AttributeError):  # torch without distributed
             pass
+        self.tail.install()
+        self.device.install()
+        self._patch_funcol()
         try:
             from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -131,10 +148,19 @@ class WatchRecorder:
         setattr(cls, name, timed)
         self._originals[f"{cls.__name__}.{name}"] = (cls, name, orig)
 
+    def _patch_funcol(self) -> None:
+        """The functional collectives' wait (DTensor, tensor parallelism), once their module is imported."""
+        mod = sys.modules.get(FUNCOL)
+        if mod is not None and hasattr(mod, "wait_tensor"):
+            self._funcol = True
+            self._patch(mod, "wait_tensor", "comm_ns")
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self.tail.remove()
+        self.device.remove()
         for cls, name, orig in self._originals.values():
             cur = getattr(cls, name, None)
             if getattr(cur, "__distprof_watch__", None) is orig:
@@ -145,6 +171,7 @@ class WatchRecorder:
         if self._opt_depth == 0:
             self._opt_t0 = time.perf_counter_ns()
         self._opt_depth += 1
+        self.tail.watch(opt)
 
     def _opt_post(self, opt, args, kwargs) -> None:
         self._opt_depth = max(0, self._opt_depth - 1)
@@ -162,11 +189,15 @@ class WatchRecorder:
             peak = int(cuda.max_memory_allocated())
             if not profiler_resets_peak:
                 cuda.reset_peak_memory_stats()
+        waited = self.comm_ns + self.tail.take()
         self.rows[self.n % self.cap] = (step, time.time_ns(), (t - self._t_last) * 1e-6, self.data_ns * 1e-6,
-                                        self.opt_ns * 1e-6, self.comm_ns * 1e-6, peak)
+                                        self.opt_ns * 1e-6, waited * 1e-6, peak, _NAN)
         self.n += 1
         self.data_ns = self.opt_ns = self.comm_ns = 0
         self._opt_depth = 0
+        self.device.poll()
+        if not self._funcol:
+            self._patch_funcol()
         self._t_last = time.perf_counter_ns()
 
     def take(self, since: int) -> tuple[np.ndarray, int, int]:
@@ -223,6 +254,11 @@ class Watch:
         self._seg_n = 0
         self._seg_dirty = False
         self._pending: list[np.ndarray] = []  # rows taken before the run directory was known
+        self._held = np.zeros(0, wf.SERIES_DTYPE)  # NCCL: rows waiting for their collectives' device times
+        self._issued = np.zeros(0, np.int64)  # NCCL completions not yet added to a row: issue time (ns) ...
+        self._active = np.zeros(0, np.float64)  # ... and device time (ms)
+        self._row_end = self.recorder.started_ns  # the end of the last row settled
+        self.late_completions = 0  # completions heard after their step's row was settled (not counted)
         self._recent_own: np.ndarray = np.zeros(0)
         self._recent_first = -1
         self._published_to = -1  # the last step this rank published
@@ -297,6 +333,7 @@ class Watch:
         if self._rank is None:
             self._identify()
         rows, self._taken, lost = self.recorder.take(self._taken)
+        rows = self._settle(rows, final)
         if lost:
             self.lost_rows += lost
             log.info("distprof: watch: %d step rows lost (the side thread fell behind)", lost)
@@ -320,6 +357,33 @@ class Watch:
                 self._write_drifts()
             except OSError as e:
                 self._spell.failed(e)
+
+    def _settle(self, rows: np.ndarray, final: bool) -> np.ndarray:
+        """NCCL: each row gets the device time of the collectives its step issued (``dev_comm_ms``), once they have
+        had SETTLE_S to complete (or two of its steps); the rows after wait for the next turn. Without NCCL groups
+        the rows go as they are (``dev_comm_ms`` NaN: not measured)."""
+        dev = self.recorder.device
+        if not dev.active and not self._held.size:
+            if rows.size:
+                self._row_end = int(rows["end_ns"][-1])
+            return rows
+        issued, active = dev.drain()
+        if issued.size:
+            self._issued = np.concatenate([self._issued, issued])[-MAX_COMPLETIONS:]
+            self._active = np.concatenate([self._active, active])[-MAX_COMPLETIONS:]
+        rows = np.concatenate([self._held, rows]) if self._held.size else rows
+        n = rows.size
+        if not final and n:
+            wait_ns = max(SETTLE_S * 1e9, 2e6 * float(rows["step_ms"][-1]))
+            n = int(np.searchsorted(rows["end_ns"], time.time_ns() - wait_ns, side="right"))
+        out, self._held = rows[:n].copy(), rows[n:].copy()
+        if n:
+            per, later = device_ms_per_row(self._row_end, out["end_ns"], self._issued, self._active)
+            out["dev_comm_ms"] = np.where(out["end_ns"] > dev.since_ns, per, np.nan)
+            self.late_completions += int(np.count_nonzero(~later & (self._issued <= self._row_end)))
+            self._issued, self._active = self._issued[later], self._active[later]
+            self._row_end = int(out["end_ns"][-1])
+        return out
 
     def _bound_pending(self) -> None:
         """Rows waiting for the output (a long spell of failed writes) are bounded: the oldest go first, counted."""

@@ -14,8 +14,12 @@ Rows (:data:`SERIES_DTYPE`), times on the rank's own clock:
   step_ms   wall time of the step, boundary to boundary
   data_ms   time in DataLoader ``__next__`` during the step
   opt_ms    time in the (outermost) optimizer step
-  comm_ms   time the training thread was blocked waiting for collectives / point-to-point (``Work.wait``)
+  comm_ms   time the training thread waited at synchronisation points: ``Work.wait`` of collectives and
+            point-to-point calls, the functional collectives' ``wait_tensor``, the end of backward (DDP's reducer)
   mem_peak  device memory peak during the step in bytes (-1: no GPU)
+  dev_comm_ms  device time of the NCCL collectives the step issued (their active duration: transfers and waiting
+            for peers, on the device); NaN where not measured (gloo, no GPU). Version 2 of the rows: a version-1
+            file (without it) still reads, as NaN.
 """
 
 from __future__ import annotations
@@ -37,8 +41,11 @@ SEGMENT_TEMPLATE = "rank{rank:05d}.s{segment:05d}.npy"
 DRIFTS_NAME = "drifts.json"
 DRIFTS_FORMAT = "distprof-watch-drifts"
 DRIFTS_VERSION = 1
-SERIES_DTYPE = np.dtype([("step", "<i8"), ("end_ns", "<i8"), ("step_ms", "<f4"), ("data_ms", "<f4"),
-                         ("opt_ms", "<f4"), ("comm_ms", "<f4"), ("mem_peak", "<i8")])
+SERIES_DTYPE_V1 = np.dtype([("step", "<i8"), ("end_ns", "<i8"), ("step_ms", "<f4"), ("data_ms", "<f4"),
+                            ("opt_ms", "<f4"), ("comm_ms", "<f4"), ("mem_peak", "<i8")])
+SERIES_DTYPE = np.dtype(SERIES_DTYPE_V1.descr + [("dev_comm_ms", "<f4")])
+#: The rows every version wrote, by version (a file's dtype says which it is).
+SERIES_VERSIONS = {1: SERIES_DTYPE_V1, 2: SERIES_DTYPE}
 #: A segment file is never larger than this (header + SEGMENT_STEPS rows); a bigger one is refused unread.
 MAX_SEGMENT_BYTES = 4096 + SEGMENT_STEPS * SERIES_DTYPE.itemsize
 #: drifts.json is never read past this size.
@@ -112,17 +119,28 @@ def read_segment(path: Path) -> np.ndarray:
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
     except (ValueError, TypeError, SyntaxError, OverflowError, MemoryError) as e:
         raise WatchFileError(f"{path}: not a watch segment ({_short(e)}); remove it") from None
-    if dtype != SERIES_DTYPE or fortran or len(shape) != 1 or not 0 <= shape[0] <= SEGMENT_STEPS:
+    if dtype not in SERIES_VERSIONS.values() or fortran or len(shape) != 1 or not 0 <= shape[0] <= SEGMENT_STEPS:
         raise WatchFileError(f"{path}: field 'dtype/shape' is {dtype}/{shape}, not distprof's watch rows "
                              f"(at most {SEGMENT_STEPS}); written by another version? remove it")
     data = raw[fh.tell():]
-    if len(data) != shape[0] * SERIES_DTYPE.itemsize:
+    if len(data) != shape[0] * dtype.itemsize:
         raise WatchFileError(f"{path}: {len(data)} bytes of rows, the header says {shape[0]} rows; a damaged "
                              "file (remove it)")
-    rows = np.frombuffer(data, dtype=SERIES_DTYPE)
+    rows = _current(np.frombuffer(data, dtype=dtype))
     if rows.size and (np.any(np.diff(rows["step"]) <= 0) or rows["step"][0] < 0):
         raise WatchFileError(f"{path}: field 'step' is not increasing; a damaged file (remove it)")
     return rows
+
+
+def _current(rows: np.ndarray) -> np.ndarray:
+    """Rows of an earlier version as the current rows (a column it lacks: NaN, not measured)."""
+    if rows.dtype == SERIES_DTYPE:
+        return rows
+    out = np.zeros(rows.size, SERIES_DTYPE)
+    out["dev_comm_ms"] = np.nan
+    for name in rows.dtype.names:
+        out[name] = rows[name]
+    return out
 
 
 def _short(e: BaseException) -> str:

@@ -11,6 +11,13 @@ Runs (each with --memory-history, schedule wait 1 / warmup 1 / active 3, 8 steps
 Asserts per run: a shard per rank, kernels, device_stream threads, FLOPs, CUDA [memory] events, the cuda_memory and
 cuda_memory_blocks tables with the raw .memsnap.pickle beside each shard, communication events for two ranks, and a
 clean `distprof report --json`. Prints one summary line per run; exit 1 with the failed check otherwise.
+
+  3. `watch-nccl` (`watch-gloo` with --allow-cpu): `--watch --schedule none` on a DDP job (WATCH_JOB), one rank per
+     GPU (one, or two when there are two GPUs; two gloo ranks on CPU), rank 1 sleeping 30 ms more per step from
+     half-way. NCCL: every step after the first few carries the device time of its collectives (ProcessGroupNCCL's
+     completion hook, `dev_comm_ms`), the job's own completion hook registered after the watch's is still called,
+     NCCL never aborts, the job exits 0; with two ranks rank 0 waits on the device and rank 1 alone drifts. gloo:
+     no device time (NaN), rank 0's wait at the end of backward is seen (DDP's reducer) and rank 1 alone drifts.
 """
 
 from __future__ import annotations
@@ -154,6 +161,89 @@ def check_run(run_dir: Path, *, world: int, cuda: bool, backend: str, stderr: st
     }
 
 
+WATCH_JOB = """
+import json, os, sys, time
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+steps, backend, kind, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+local = int(os.environ.get("LOCAL_RANK", "0"))
+dev = torch.device("cuda", local % torch.cuda.device_count()) if kind == "cuda" else torch.device("cpu")
+if dev.type == "cuda":
+    torch.cuda.set_device(dev)
+dist.init_process_group(backend, **({"device_id": dev} if backend == "nccl" else {}))
+rank = dist.get_rank()
+torch.manual_seed(0)
+d, h = (512, 1024) if dev.type == "cuda" else (32, 64)  # on CPU small: the sleeps, not the CPU, make the steps
+net = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, d), nn.ReLU(), nn.Linear(d, 10)).to(dev)
+model = DDP(net, device_ids=[dev.index] if dev.type == "cuda" else None, bucket_cap_mb=1)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.randn(64, d, device=dev), torch.randint(0, 10, (64,), device=dev)
+calls = []
+for step in range(steps):
+    if step == 10 and backend == "nccl":  # the job's own completion hook, after the watch's: both must be called
+        dist.group.WORLD._register_on_completion_hook(lambda info: calls.append(info.active_duration))
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    time.sleep(0.01 + (0.03 if rank == 1 and step >= steps // 2 else 0.0))
+    loss.backward()
+    opt.step()
+    loss.item()
+dist.destroy_process_group()
+with open(f"{out}.rank{rank}.json", "w") as f:
+    json.dump({"user_hook_calls": len(calls), "timing_env": os.environ.get("TORCH_NCCL_ENABLE_TIMING")}, f)
+"""
+WATCH_STEPS = 60
+
+
+def check_watch(out: Path, cuda: bool) -> str:
+    """The watch's synchronisation-point signal on a real DDP job: NCCL device times, or gloo's backward end."""
+    import numpy as np
+
+    from distprof.drift import own_ms
+    from distprof.storage import watchfile as wf
+
+    import torch
+
+    backend = "nccl" if cuda else "gloo"
+    nproc = min(torch.cuda.device_count(), 2) if cuda else 2
+    job = out / "watch_job.py"
+    job.write_text(WATCH_JOB)
+    run_id = f"watch-{backend}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "distprof.launch", "--out", str(out), "--run-id", run_id, "--watch", "--schedule", "none",
+           "--warmup", "1", "--active", "2", "--watch-interval", "0.2", "--watch-steps", "5",
+           "--watch-threshold", "0.5",
+           str(job), str(WATCH_STEPS), backend, "cuda" if cuda else "cpu", str(out / run_id)]
+    env = job_env() if cuda else {**job_env(), "OMP_NUM_THREADS": "1"}  # two ranks' OpenMP spinning on 2 CPUs: noise
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    err = proc.stdout[-2000:] + proc.stderr[-4000:]
+    need(proc.returncode == 0, f"watch job failed (exit {proc.returncode}):\n{err}")
+    need("Aborting" not in proc.stderr and "onCompletion" not in proc.stderr, f"NCCL complained:\n{err}")
+    run_dir = out / run_id
+    series = {r: wf.read_rank_series(run_dir, r) for r in range(nproc)}
+    half = WATCH_STEPS // 2
+    figures = []
+    for r, rows in series.items():
+        need(rows.size >= WATCH_STEPS - 2, f"rank {r}: {rows.size} steps in the watch series")
+        late = rows[rows["step"] >= 5]
+        dev = late["dev_comm_ms"]
+        if cuda:
+            need(np.mean(np.isfinite(dev) & (dev > 0)) >= 0.8,
+                 f"rank {r}: device times in {np.mean(np.isfinite(dev)):.0%} of the steps: {dev[:12].tolist()}")
+            info = json.loads((out / f"{run_id}.rank{r}.json").read_text())
+            need(info["timing_env"] == "1" and info["user_hook_calls"] > 0, f"rank {r}: {info}")
+        else:
+            need(bool(np.isnan(dev).all()), f"rank {r}: device times on gloo: {dev[:6].tolist()}")
+        a = late[late["step"] >= half + 3]
+        figures.append(f"r{r} own {np.median(own_ms(a)):.1f} host {np.median(a['comm_ms']):.1f} "
+                       f"dev {np.nanmedian(a['dev_comm_ms']) if cuda else float('nan'):.1f} ms")
+    if nproc > 1:
+        drifts = wf.read_drifts(run_dir)
+        need(bool(drifts) and {d["rank"] for d in drifts} == {1} and half - 2 <= drifts[0]["first_step"] <= half + 5,
+             f"drifts {drifts}; {figures}")
+    return "; ".join(figures)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--allow-cpu", action="store_true", help="run on CPU with gloo (plumbing test; CUDA checks inverted)")
@@ -197,6 +287,13 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 failures += 1
                 print(f"FAIL {label}: no backend worked: {'; '.join(notes)}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            res = check_watch(out, cuda)
+            print(f"ok   watch-{'nccl' if cuda else 'gloo':7s} job {time.perf_counter() - t0:5.1f}s  {res}", flush=True)
+        except (CheckFailed, subprocess.TimeoutExpired) as e:
+            failures += 1
+            print(f"FAIL watch-{'nccl' if cuda else 'gloo'} {e}", flush=True)
     finally:
         if tmp is not None:
             tmp.cleanup()
