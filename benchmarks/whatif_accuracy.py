@@ -21,8 +21,9 @@ lands on both halves of a pair alike). By default all pairs of a cell run in one
 ``distprof.profile`` (stepping on the optimizer, as ``distprof.launch`` does) with a fresh model — a run's process
 start costs more than its iterations here; ``--fresh`` launches every run on its own under ``distprof.launch``;
 ``--interleave`` runs one job per cell under ``distprof.launch`` whose profiler windows alternate with and without
-the delay (``_whatif_job.py --delay-cycle``): a pair is two adjacent windows about a second apart, so the drift of a
-loaded host's speed between a run and its re-run seconds later mostly cancels.
+the delay (``_whatif_job.py --delay-cycle``), ``--gap`` idle steps before each (the capture extracting the previous
+window shares the cores): a pair is two adjacent windows a few seconds apart, so the drift of a loaded host's speed
+between a run and a re-run launched later mostly cancels.
 
 Per pair: the **measured gain** is the delayed run's step time minus the re-run's (per step the mean over ranks, as
 ``whatif.step_time_ms``; the mean over the recorded steps); the **predicted gain** is ``whatif.Straggler(ranks=(1,))``'s
@@ -161,14 +162,20 @@ def _torchrun(cmd: list[str], out: Path) -> None:
     raise SystemExit(f"job failed:\n{p.stderr[-3000:]}")
 
 
+def _wait(args) -> int:
+    """Idle steps before each window: with --interleave enough for the capture to finish the previous window (its
+    extraction shares the host's cores: with 1, a window's first steps took 150-300 ms and the next ones 20 % more)."""
+    return args.gap if args.interleave else 1
+
+
 def _cycle(args) -> int:
-    return args.active + 2  # the schedule's wait 1, warm-up 1, active
+    return _wait(args) + 1 + args.active  # wait, warm-up 1, active
 
 
 def interleaved_pairs(out: Path, args) -> list[tuple[tuple[Path, tuple[int, int]], tuple[Path, tuple[int, int]]]]:
     """--interleave: each pair's (run, (first, last) step) with and without the delay: windows 2k and 2k + 1."""
     c = _cycle(args)
-    win = [(k * c + 2, (k + 1) * c - 1) for k in range(2 * args.runs)]
+    win = [(k * c + _wait(args) + 1, (k + 1) * c - 1) for k in range(2 * args.runs)]
     return [((out / "r", win[2 * k]), (out / "r", win[2 * k + 1])) for k in range(args.runs)]
 
 
@@ -178,8 +185,8 @@ def run_cell(cell: Cell, args, out: Path) -> list:
     ids = [(f"p{k}-d", f"p{k}-r") for k in range(args.runs)]
     if args.interleave:
         c = _cycle(args)
-        _torchrun(["-m", "distprof.launch", "--out", str(out), "--run-id", "r", "--wait", "1", "--warmup", "1",
-                   "--active", str(args.active), "--repeat", str(2 * args.runs), str(JOB), *_job_args(cell, args),
+        _torchrun(["-m", "distprof.launch", "--out", str(out), "--run-id", "r", "--wait", str(_wait(args)),
+                   "--warmup", "1", "--active", str(args.active), "--repeat", str(2 * args.runs), str(JOB), *_job_args(cell, args),
                    "--delay-ms", f"{delay_ms:g}", "--delay-cycle", str(c), "--steps", str(2 * args.runs * c + 2)],
                   out)
         return interleaved_pairs(out, args)
@@ -297,7 +304,9 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="launch every run on its own under distprof.launch")
     ap.add_argument("--interleave", action="store_true",
                     help="one job per cell under distprof.launch, windows with and without the delay alternating "
-                         "(each pair ~1 s apart: drift in the host's load cancels)")
+                         "(each pair a few s apart: drift in the host's load mostly cancels)")
+    ap.add_argument("--gap", type=int, default=30,
+                    help="--interleave: idle steps before each window, for the capture to finish the previous one")
     ap.add_argument("--keep", help="keep the run directories here")
     ap.add_argument("--reuse", help="analyse the runs an earlier --keep left here instead of running jobs")
     ap.add_argument("--markdown", help="write the summary table here")

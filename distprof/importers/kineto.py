@@ -349,11 +349,12 @@ class _Events:
         if v.__class__ is int:
             return v * 1000
         if v.__class__ is float:
-            if not math.isfinite(v):
+            v *= 1000
+            if not math.isfinite(v):  # inf, nan, or a finite µs value whose ns overflow (the range check skips it)
                 return None
-            if abs(v) >= _FLOAT_EXACT_LIMIT:
+            if abs(v) >= _FLOAT_EXACT_LIMIT * 1000:
                 self.n_inexact += 1
-            return int(round(v * 1000))
+            return int(round(v))
         return None
 
     def new_cat(self, cat: Any) -> int:
