@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gzip as gzip_mod
 import os
-import secrets
 import stat
 import sys
 from contextlib import contextmanager
@@ -113,45 +112,20 @@ def _maybe_gzip(raw: BinaryIO, gzip: bool, compresslevel: int, name: str) -> Ite
 def _replace(target: OutputTarget, fsync: bool) -> Iterator[BinaryIO]:
     """A new file beside ``target.path``; renamed over it when the block ends without an exception.
 
-    The temporary is created relative to the folder's descriptor with O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600 (a
-    name planted there is never opened, nobody else can open it while it is written), given the final mode, and
-    renamed relative to the same descriptor (storage.safefs)."""
+    ``storage.safefs.atomic_file``: the temporary is created relative to the folder's descriptor with
+    O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600 (a name planted there is never opened, nobody else can open it while it is
+    written), given the final mode, and renamed relative to the same descriptor."""
     final = target.path
+    mode = target.mode if target.mode is not None else safefs.default_mode(0o666)
+    entered = False
     try:
-        dfd = safefs.open_dir(final.parent)
+        with safefs.atomic_file(final.parent, final.name, fsync=fsync, mode=mode) as raw:
+            entered = True
+            yield raw
     except OSError as e:
-        raise OutputError(f"{final}: cannot create a file in {final.parent} ({e.strerror or e})") from None
-    try:
-        fd, tmp = _create_beside(final, dfd)
-        try:
-            with os.fdopen(fd, "wb") as raw:
-                yield raw
-                raw.flush()
-                if fsync:
-                    os.fsync(raw.fileno())
-                os.fchmod(raw.fileno(), target.mode if target.mode is not None else safefs.default_mode(0o666))
-            os.replace(tmp, final.name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
+        if entered:
             raise
-    finally:
-        os.close(dfd)
-
-
-def _create_beside(final: Path, dfd: int) -> tuple[int, str]:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(8):
-        tmp = f"{final.name}.{secrets.token_hex(4)}{TMP_SUFFIX}"
-        try:
-            return os.open(tmp, flags, 0o600, dir_fd=dfd), tmp
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise OutputError(f"{final}: cannot create a file in {final.parent} ({e.strerror})") from None
-    raise OutputError(f"{final}: cannot create a temporary file beside it")  # pragma: no cover
+        raise OutputError(f"{final}: cannot create a file in {final.parent} ({e.strerror or e})") from None
 
 
 def _flush_std() -> None:

@@ -120,32 +120,12 @@ def write_file(directory: os.PathLike | str, name: str, data: bytes | memoryview
     durable. `dir_fd`: an open descriptor of `directory` to use instead of opening it. Returns the size. Raises
     OSError (FileRefused when `directory` is a link); a file already at `name` is then untouched.
     """
-    if not name or "/" in name or name in (".", "..") or "\0" in name:
-        raise FileRefused(Path(directory) / name, "not a file name")
+    _check_name(directory, name)
     own = dir_fd is None
     dfd = open_dir(directory) if own else dir_fd
     try:
-        tmp, fd = _create_tmp(dfd, name)
-        try:
+        with _temporary(dfd, name, fsync, mode) as fd:
             _write_all(fd, data)
-            if fsync:
-                os.fsync(fd)
-            os.fchmod(fd, default_mode() if mode is None else mode)
-        except BaseException:
-            os.close(fd)
-            _unlink_quietly(tmp, dfd)
-            raise
-        os.close(fd)
-        try:
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            _unlink_quietly(tmp, dfd)
-            raise
-        if fsync:
-            try:
-                os.fsync(dfd)
-            except OSError:
-                pass
         return len(data)
     finally:
         if own:
@@ -157,29 +137,43 @@ def atomic_file(directory: os.PathLike | str, name: str, *, fsync: bool = False,
                 mode: int | None = None) -> Iterator[BinaryIO]:
     """:func:`write_file` for a writer that streams: a binary file object on the temporary file, renamed over `name`
     when the block ends without an exception (removed otherwise)."""
-    if not name or "/" in name or name in (".", "..") or "\0" in name:
-        raise FileRefused(Path(directory) / name, "not a file name")
+    _check_name(directory, name)
     dfd = open_dir(directory)
     try:
-        tmp, fd = _create_tmp(dfd, name)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                yield fh
-                fh.flush()
-                if fsync:
-                    os.fsync(fh.fileno())
-                os.fchmod(fh.fileno(), default_mode() if mode is None else mode)
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            _unlink_quietly(tmp, dfd)
-            raise
-        if fsync:
-            try:
-                os.fsync(dfd)
-            except OSError:
-                pass
+        with _temporary(dfd, name, fsync, mode) as fd, os.fdopen(fd, "wb", closefd=False) as fh:
+            yield fh
     finally:
         os.close(dfd)
+
+
+@contextmanager
+def _temporary(dfd: int, name: str, fsync: bool, mode: int | None) -> Iterator[int]:
+    """A new temporary beside `name` (relative to `dfd`), written by the block through the descriptor it yields; then
+    flushed, given its final mode and renamed over `name`. Removed when anything fails; `name` is then untouched."""
+    tmp, fd = _create_tmp(dfd, name)
+    try:
+        try:
+            yield fd
+            if fsync:
+                os.fsync(fd)
+            os.fchmod(fd, default_mode() if mode is None else mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        _unlink_quietly(tmp, dfd)
+        raise
+    if fsync:
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+
+
+def _check_name(directory: os.PathLike | str, name: str) -> None:
+    """`name` is one file name in `directory` (no separator, no NUL, not . or ..), else FileRefused."""
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise FileRefused(Path(directory) / name, "not a file name")
 
 
 def _create_tmp(dfd: int, name: str) -> tuple[str, int]:

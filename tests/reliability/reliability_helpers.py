@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import socket
+import time
 from typing import Sequence
 
 from distprof.cli import main
@@ -28,3 +31,23 @@ def one_error_line(err: str) -> str:
     assert len(lines) == 1 and lines[0].startswith("distprof: error: "), err
     return lines[0]
 
+
+def flood_port(port: int, idle: int, garbage: int, seconds: float = 20.0) -> list[socket.socket]:
+    """`idle` connections that say nothing and `garbage` ones that send random bytes, all held open (bounded: at
+    most `seconds` of connecting)."""
+    held = []
+    deadline = time.monotonic() + seconds
+    for i in range(idle + garbage):
+        if time.monotonic() > deadline:
+            break
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=0.2)
+        except OSError:
+            continue
+        if i >= idle:
+            try:
+                s.sendall(os.urandom(200))
+            except OSError:
+                pass
+        held.append(s)
+    return held

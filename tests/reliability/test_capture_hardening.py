@@ -33,7 +33,7 @@ from fault_jobs import (
     torchrun_job,
     unmount,
 )
-from reliability_helpers import run_cli
+from reliability_helpers import flood_port, run_cli
 
 from distprof.capture import trigger_files as tf
 from distprof.storage import watchfile as wf
@@ -82,22 +82,6 @@ def test_a_fifo_at_job_json_before_the_job_starts_hangs_nothing(tmp_path):
 
 
 # ---- the clock port ---------------------------------------------------------------------------------------------
-def _flood(port: int, idle: int, garbage: int, seconds: float = 20.0) -> list[socket.socket]:
-    held = []
-    deadline = time.monotonic() + seconds
-    for i in range(idle + garbage):
-        if time.monotonic() > deadline:
-            break
-        try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=0.2)
-            if i >= idle:
-                s.sendall(os.urandom(100))
-        except OSError:
-            continue
-        held.append(s)
-    return held
-
-
 def _fd_limit(n: int):
     def limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (n, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
@@ -125,7 +109,7 @@ def test_a_flood_on_the_clock_port_costs_no_window_and_no_training_time(tmp_path
         _wait_for(proc, r"step 0 9(?!\d)", lines)
         port = clock_port(pid0)
         assert port is not None, "no clock server found in rank 0"
-        held = _flood(port, idle=1100, garbage=50)
+        held = flood_port(port, idle=1100, garbage=50)
         job = _finish(proc, t0, tmp_path / "out", lines)
     finally:
         for s in held:

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from conftest import job_env
+from reliability_helpers import flood_port
 
 from distprof.capture import clock
 from distprof.capture.clock import ClockServer, ClockSync, bind_address, roles_of
@@ -132,27 +133,6 @@ ref.close(1.0)
 """
 
 
-def _flood(port: int, idle: int, garbage: int, seconds: float = 20.0) -> list[socket.socket]:
-    """`idle` connections that say nothing and `garbage` ones that send random bytes, all held open (bounded: at
-    most `seconds` of connecting)."""
-    held = []
-    deadline = time.monotonic() + seconds
-    for i in range(idle + garbage):
-        if time.monotonic() > deadline:
-            break
-        try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=0.2)
-        except OSError:
-            continue
-        if i >= idle:
-            try:
-                s.sendall(os.urandom(200))
-            except OSError:
-                pass
-        held.append(s)
-    return held
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="/proc and RLIMIT_NOFILE semantics of Linux")
 def test_a_flood_costs_no_exchange_no_descriptor_and_no_cpu():
     """1,100 idle and 50 garbage connections from another process against a reference limited to 64 descriptors
@@ -171,7 +151,7 @@ def test_a_flood_costs_no_exchange_no_descriptor_and_no_cpu():
     held: list[socket.socket] = []
     try:
         port = json.loads(job.stdout.readline())["port"]
-        held = _flood(port, idle=1100, garbage=50)
+        held = flood_port(port, idle=1100, garbage=50)
         job.stdin.write("go\n")
         job.stdin.flush()
         out, err = job.communicate(timeout=90)
