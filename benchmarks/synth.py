@@ -25,9 +25,10 @@ are what a capture would write; ≈ 1–2 M events/s on one core here.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,7 @@ K = schema.KIND_CODE
 MAIN_TID, BWD_TID = 1000, 1001
 COMPUTE_STREAM, COMM_STREAM = 7, 20
 T0_NS = 1_790_856_000 * 10**9  # 2026-09-30 12:00 UTC: a realistic epoch
+SHAPES = ("default", "fsdp", "tp", "pp", "ep", "llm")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,11 @@ class Spec:
     slow_ms: float
     seed: int
     run_id: str
+    shape: str = "default"  # default, or an LLM shape of synth_shapes.py (fsdp, tp, pp, ep, llm)
+    layers: int = 32  # LLM shapes: transformer layers (split over the pipeline stages)
+    pp: int = 1  # LLM shapes: pipeline stages
+    ep: int = 1  # LLM shapes: expert-parallel group size (1: no MoE)
+    micro: int = 1  # LLM shapes: micro-batches per step (pipeline)
 
     @property
     def per_step(self) -> int:
@@ -238,8 +245,9 @@ def _pingpongs(rng, host: int, phase_times, off, drift, rounds: int = 16) -> dic
             "t_recv_ns": recorded(a[:, 3], host, off, drift)}
 
 
-def write_rank(spec: Spec, out: Path, rank: int, truth, pgs, off, drift) -> int:
-    """Write every window's shard of one rank; returns the events written."""
+def write_rank(spec: Spec, out: Path, rank: int, truth, pgs, off, drift, columns=None) -> int:
+    """Write every window's shard of one rank; returns the events written. `columns` (an LLM shape's) replaces
+    :func:`_rank_columns` and returns a sixth item: build_tables keywords (streams, point-to-point calls)."""
     host = host_of(spec, rank)
     leader = min(r for r in range(spec.ranks) if host_of(spec, r) == host)
     role = "reference" if rank == 0 else ("leader" if rank == leader else "member")
@@ -247,15 +255,21 @@ def write_rank(spec: Spec, out: Path, rank: int, truth, pgs, off, drift) -> int:
     mine = [g for g in pgs if rank in g["ranks"]]
     for w in range(spec.windows):
         strings = Strings()
-        c, meta, m_ts, m_b = _rank_columns(spec, rank, w, truth, pgs, strings)
+        extra = {"stream_names": {(0, COMPUTE_STREAM): "stream 7", (0, COMM_STREAM): "stream 20 nccl"}}
+        if columns is None:
+            c, meta, m_ts, m_b = _rank_columns(spec, rank, w, truth, pgs, strings)
+        else:
+            c, meta, m_ts, m_b, extra = columns(spec, rank, w, truth, pgs, strings)
         ts = recorded(c["ts"], host, off, drift)
+        calls = extra.get("p2p_calls")
+        if calls is not None:  # the calls' times, like the events', on the host's clock
+            extra = dict(extra, p2p_calls=replace(calls, t_ns=recorded(calls.t_ns, host, off, drift)))
         cols = Columns(name_id=c["name_id"].astype(np.uint32), kind=c["kind"].astype(np.uint8), tid=c["tid"],
                        device=c["device"].astype(np.int16), ts=ts, dur=c["dur"], flops=c["flops"], corr=c["corr"],
                        comm_meta=meta)
         built = build_tables(cols, strings, main_tid=MAIN_TID, thread_names={MAIN_TID: "python3",
                                                                              BWD_TID: "pt_autograd_0"},
-                             stream_names={(0, COMPUTE_STREAM): "stream 7", (0, COMM_STREAM): "stream 20 nccl"},
-                             process_groups=[dict(g, index=i) for i, g in enumerate(mine)])
+                             process_groups=[dict(g, index=i) for i, g in enumerate(mine)], **extra)
         tables = built.tables
         o = np.argsort(m_ts, kind="stable")
         m_ts, m_b = recorded(m_ts[o], host, off, drift), m_b[o]
@@ -296,17 +310,33 @@ def write_rank(spec: Spec, out: Path, rank: int, truth, pgs, off, drift) -> int:
 def generate(spec: Spec, out: Path, *, ranks: range | None = None, progress: bool = False) -> int:
     """Write the run into `out` (created); `ranks` restricts which ranks' shards this call writes."""
     out.mkdir(parents=True, exist_ok=True)
-    truth = timeline(spec)
-    pgs = process_groups(spec)
+    columns = None
+    if spec.shape == "default":
+        truth = timeline(spec)
+        pgs = process_groups(spec)
+    else:
+        truth, pgs, columns = shapes().plan(spec, T0_NS)
     off, drift = clocks(spec)
     n = 0
     t0 = time.perf_counter()
     for i, r in enumerate(ranks or range(spec.ranks)):
-        n += write_rank(spec, out, r, truth, pgs, off, drift)
+        n += write_rank(spec, out, r, truth, pgs, off, drift, columns)
         if progress and (i + 1) % 64 == 0:
             el = time.perf_counter() - t0
             print(f"  {i + 1} ranks, {n:,} events, {n / el / 1e6:.2f} M events/s", file=sys.stderr)
     return n
+
+
+def shapes():
+    """benchmarks/synth_shapes.py, the LLM shapes (loaded from beside this file, whatever sys.path holds: the tests
+    have a synth module of their own)."""
+    mod = sys.modules.get("synth_shapes")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("synth_shapes", Path(__file__).with_name("synth_shapes.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["synth_shapes"] = mod
+        spec.loader.exec_module(mod)
+    return mod
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -316,9 +346,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hosts", type=int, default=None, help="hosts (default: ranks / 8, at least 1)")
     p.add_argument("--steps", type=int, default=5, help="recorded steps per window")
     p.add_argument("--windows", type=int, default=2)
-    p.add_argument("--names", type=int, default=3000, help="distinct op (and kernel) names")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel group size (1: one data-parallel group)")
-    p.add_argument("--colls", type=int, default=4, help="collectives per step and group")
+    p.add_argument("--names", type=int, default=None,
+                   help="distinct op (and kernel) names (default 3000; LLM shapes: 160, as real traces have)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel group size (default 1: one data-parallel "
+                   "group; LLM shapes: the shape's)")
+    p.add_argument("--colls", type=int, default=4, help="collectives per step and group (default shape)")
+    p.add_argument("--shape", choices=SHAPES, default="default",
+                   help="default: --colls all-reduces per group and step; fsdp: per-layer all-gathers and reduce-"
+                        "scatters (FSDP2); tp: per-layer tensor-parallel all-reduces, DDP across; pp: 1F1B pipeline "
+                        "send/recv, DDP across; ep: MoE all-to-alls, DDP across; llm: TP x PP x FSDP (+ EP with --ep)")
+    p.add_argument("--layers", type=int, default=32, help="LLM shapes: transformer layers (over all stages)")
+    p.add_argument("--pp", type=int, default=None, help="LLM shapes: pipeline stages")
+    p.add_argument("--ep", type=int, default=None, help="LLM shapes: expert-parallel group size (1: no MoE)")
+    p.add_argument("--micro-batches", type=int, default=None, help="LLM shapes: micro-batches per step (pipeline)")
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -329,9 +369,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def spec_from(args: argparse.Namespace) -> Spec:
     hosts = args.hosts or max(args.ranks // 8, 1)
+    shape = getattr(args, "shape", "default")
+    if shape == "default":
+        return Spec(ranks=args.ranks, events=args.events, hosts=min(hosts, args.ranks), steps=args.steps,
+                    windows=args.windows, names=args.names or 3000, tp=args.tp or 1, colls=args.colls,
+                    slow_rank=args.slow_rank, slow_ms=args.slow_ms, seed=args.seed, run_id=args.run_id)
+    tp, pp, ep, micro = shapes().mesh_defaults(shape, args.ranks, args.tp, args.pp, args.ep, args.micro_batches)
     return Spec(ranks=args.ranks, events=args.events, hosts=min(hosts, args.ranks), steps=args.steps,
-                windows=args.windows, names=args.names, tp=args.tp, colls=args.colls, slow_rank=args.slow_rank,
-                slow_ms=args.slow_ms, seed=args.seed, run_id=args.run_id)
+                windows=args.windows, names=args.names or 160, tp=tp, colls=args.colls, slow_rank=args.slow_rank,
+                slow_ms=args.slow_ms, seed=args.seed, run_id=args.run_id, shape=shape, layers=args.layers, pp=pp,
+                ep=ep, micro=micro)
 
 
 def main(argv=None) -> None:
