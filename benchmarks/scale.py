@@ -2,6 +2,7 @@
 
     python benchmarks/scale.py                                   # 64, 256, 1024 ranks x 100k events, 1 and 2 procs
     python benchmarks/scale.py --ranks 64,256 --events 20000 --data /tmp/dp-scale
+    python benchmarks/scale.py --ranks 64 --events 150000 --shape llm    # hundreds of collectives per step
 
 For each rank count, a synthetic GPU-like run (benchmarks/synth.py: thousands of op names, two streams, NCCL
 collectives on TP/DP groups, 8 ranks per host with drifting clocks, one slow rank) is written once into --data (kept
@@ -49,14 +50,14 @@ def env() -> dict[str, str]:
     return e
 
 
-def generate(ranks: int, events: int, data: Path, gen_procs: int) -> Path:
-    out = data / f"r{ranks}-e{events}"
+def generate(ranks: int, events: int, data: Path, gen_procs: int, shape: str = "default") -> Path:
+    out = data / (f"r{ranks}-e{events}" if shape == "default" else f"r{ranks}-e{events}-{shape}")
     if (out / ".done").exists():
         return out
     shutil.rmtree(out, ignore_errors=True)
+    mesh = ["--tp", "8" if ranks >= 16 else "1"] if shape == "default" else ["--shape", shape]  # a shape has its mesh
     args = [str(HERE / "synth.py"), "--ranks", str(ranks), "--events", str(events), "--hosts", str(max(ranks // 8, 1)),
-            "--tp", "8" if ranks >= 16 else "1", "--slow-rank", str(ranks * 2 // 3), "--slow-ms", "10",
-            "--run-id", f"scale{ranks}", "-o", str(out)]
+            *mesh, "--slow-rank", str(ranks * 2 // 3), "--slow-ms", "10", "--run-id", f"scale{ranks}", "-o", str(out)]
     t0 = time.perf_counter()
     if gen_procs > 1:
         cmd = ["mpiexec", "-n", str(gen_procs), sys.executable, str(HERE / "_synth_mpi.py"), *args[1:]]
@@ -100,6 +101,9 @@ def main() -> None:
     ap.add_argument("--procs", default="1,2", help="comma-separated process counts (1 = serial)")
     ap.add_argument("--data", default="/tmp/distprof-scale", help="where the synthetic runs are kept")
     ap.add_argument("--gen-procs", type=int, default=2, help="MPI processes generating a run")
+    ap.add_argument("--shape", default="default", choices=("default", "fsdp", "tp", "pp", "ep", "llm"),
+                    help="synth.py --shape: default (TP/DP groups, 8 all-reduces per step), or an LLM shape with "
+                         "per-layer collectives (docs/scaling.md, Synthetic shapes)")
     args = ap.parse_args()
     data = Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
@@ -107,7 +111,7 @@ def main() -> None:
     procs = [int(x) for x in args.procs.split(",")]
     rows = []
     for n in rank_counts:
-        run_dir = generate(n, args.events, data, args.gen_procs)
+        run_dir = generate(n, args.events, data, args.gen_procs, args.shape)
         ev = n_events(run_dir)
         reports = {}
         for p in procs:
