@@ -540,8 +540,10 @@ class _Layout:
     enq: np.ndarray
     kern: np.ndarray
     stream: np.ndarray
-    rpc_args: list[CommArgs]
+    rpc_args: list[CommArgs]  # without nccl_seq (torch's per-group number, set per step)
     k_args: list[CommArgs]
+    seq_first: np.ndarray  # per collective: its number in its group at step 0 (it adds seq_step per step)
+    seq_step: np.ndarray  # per collective: its group's collectives per step
     p2p: np.ndarray  # send / recv items
     p2p_enq: np.ndarray
     p2p_kern: np.ndarray
@@ -562,6 +564,9 @@ def _layout(tr: Truth, rank: int, items: list[Item], n_op: int, strings) -> _Lay
     coll = np.flatnonzero(kinds == "coll")
     p2p = np.flatnonzero((kinds == "send") | (kinds == "recv"))
     groups = [tr.groups[tr.name_of[(items[i].group, rank)]] for i in coll.tolist()]
+    kind = [items[i].group for i in coll.tolist()]
+    per_step = {k: kind.count(k) for k in set(kind)}
+    ordinal = [kind[:x].count(k) for x, k in enumerate(kind)]
     return _Layout(
         comp=comp, op_ids=np.vectorize(op_lut.get, otypes=[np.int64])(code) if code.size else code,
         k_ids=np.vectorize(k_lut.get, otypes=[np.int64])(code) if code.size else code, code=code, coll=coll,
@@ -572,6 +577,7 @@ def _layout(tr: Truth, rank: int, items: list[Item], n_op: int, strings) -> _Lay
         rpc_args=[CommArgs(op=items[i].op, pg_name=g["name"], pg_desc=g["desc"], pg_ranks=g["ranks"],
                            bytes=items[i].nbytes, group_size=len(g["ranks"])) for i, g in zip(coll.tolist(), groups)],
         k_args=[CommArgs(op=items[i].op, bytes=items[i].nbytes) for i in coll.tolist()],
+        seq_first=np.array(ordinal, np.int64), seq_step=np.array([per_step[k] for k in kind], np.int64),
         p2p=p2p, p2p_enq=np.array([strings.id(COLL_NAMES[items[i].op][0]) for i in p2p.tolist()], np.int64),
         p2p_kern=np.array([strings.id(COLL_NAMES[items[i].op][1] + NCCL_ARGS) for i in p2p.tolist()], np.int64),
         p2p_args=[CommArgs(op=items[i].op, bytes=items[i].nbytes) for i in p2p.tolist()])
@@ -596,8 +602,9 @@ def _compute(c: _Cols, strings, lay: _Layout, b: np.ndarray, e: np.ndarray, rng)
           np.maximum((d * rng.uniform(0.9, 0.95, d.size)).astype(np.int64), US), corr=cid)
 
 
-def _collectives(c: _Cols, strings, lay: _Layout, b, k, e, meta: dict) -> None:
-    """The collectives of one step: FSDP region, c10d enqueue, record_param_comms, launch, NCCL kernel."""
+def _collectives(c: _Cols, strings, lay: _Layout, step: int, b, k, e, meta: dict) -> None:
+    """The collectives of one step: FSDP region, c10d enqueue, record_param_comms (with torch's sequence number in
+    the group, as torch 2.x records it), launch, NCCL kernel."""
     sel = lay.coll
     if not sel.size:
         return
@@ -609,7 +616,10 @@ def _collectives(c: _Cols, strings, lay: _Layout, b, k, e, meta: dict) -> None:
     cid = c.corrs(sel.size)
     c.add(lay.enq, K["cpu_op"], MAIN_TID, -1, t, 25 * US)
     j = c.add(strings.id("record_param_comms"), K["cpu_op"], MAIN_TID, -1, t + 2 * US, 20 * US)
-    meta.update(zip(range(j, j + sel.size), lay.rpc_args))
+    seq = (lay.seq_first + step * lay.seq_step).tolist()
+    meta.update((j + x, CommArgs(op=a.op, pg_name=a.pg_name, pg_desc=a.pg_desc, pg_ranks=a.pg_ranks, bytes=a.bytes,
+                                 group_size=a.group_size, nccl_seq=sq))
+                for x, (a, sq) in enumerate(zip(lay.rpc_args, seq)))
     c.add(strings.id("cudaLaunchKernel"), K["cuda_runtime"], MAIN_TID, -1, t + 5 * US, 6 * US, corr=cid)
     j = c.add(lay.kern, K["kernel"], lay.stream, 0, k[sel], e[sel] - k[sel], corr=cid)
     meta.update(zip(range(j, j + sel.size), lay.k_args))
@@ -652,7 +662,7 @@ def columns(spec, rank: int, window: int, truth: dict, pgs, strings):
         b, k, e = (t0 + a[j, step].astype(np.int64) for a in (st.begin, st.kstart, st.kend))
         c.add(strings.id(f"ProfilerStep#{step + 2}"), K["user_annotation"], MAIN_TID, -1, t0, t1 - t0)
         _compute(c, strings, lay, b, e, rng)
-        _collectives(c, strings, lay, b, k, e, meta)
+        _collectives(c, strings, lay, step, b, k, e, meta)
         _transfers(c, strings, tr, rank, step, items, lay, b, k, e, meta, calls)
         c.add(strings.id("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"), K["cpu_op"],
               BWD_TID, -1, b[bwd] + 20 * US, 15 * US)
