@@ -16,6 +16,12 @@ What a rank holds (per recorded step; ``--events`` is the total per rank over ev
 * clock: each host's clock is offset (up to ±2 s, seeded) and drifts (±20 ppm); host leaders record NTP-style
   ping-pongs with rank 0 at each window's start and end, as the capture does.
 
+``--shape fsdp|tp|pp|ep|llm`` (benchmarks/synth_shapes.py): an LLM job instead, with per-layer collectives
+(``--layers``): FSDP2 all-gathers and reduce-scatters, TP all-reduces, 1F1B pipeline send/recv (``--pp``,
+``--micro-batches``), MoE all-to-alls (``--ep``), or the 3-D mix; hundreds of collectives per step, about 160 op
+names. The default shape is the run described above, unchanged. docs/scaling.md, "Synthetic shapes", compares
+both with real traces.
+
 ``--slow-rank R --slow-ms X``: rank R's compute takes X ms longer every step (the truth a report must find: R is the
 straggler, and its peers wait ≈ X ms per step in its collectives). Generation is vectorised per rank and goes
 through the capture's own table builder (``distprof.events.tables.build_tables``) and shard writer, so the shards

@@ -27,6 +27,12 @@ Ranks are laid out as DeviceMesh does it: rank = (stage x dp + dp index) x tp + 
 own NCCL stream (its collectives queue one after another there); a collective ends at its group's last arrival plus
 a transfer time from its size (150 GB/s inside a host, 50 GB/s across, ring factors). The job's timeline is
 simulated once for every rank (``plan``), then each rank's events are drawn from it (``columns``).
+
+As in real traces: the backward's ops and the collectives its hooks issue run on the autograd engine's thread;
+kernels keep the compute stream 90-95 % busy; ``record_param_comms`` carries torch's per-group sequence number;
+about 160 op names, varying a little with the layer (four layer types). ``--slow-rank R --slow-ms X`` makes rank R's
+compute X ms longer per step spread over all of it (a slow GPU): with per-layer collectives each one sees only a
+small part of it, and in a pipeline the whole pipeline replica slows down.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class Item:
     ref: int = -1  # wait: the item waited for
     peer: int = 0  # send/recv: +1 the next stage, -1 the previous one
     tag: tuple = ()  # send/recv: ("act" | "grad", micro-batch)
+    layer: int = 0  # compute: the layer (its op names vary a little with it, as layer types do)
 
 
 @dataclass(frozen=True)
@@ -155,14 +162,14 @@ class _Program:
             self.pending[group] = i
         return i
 
-    def block(self, phase: int, kind: str) -> None:
+    def block(self, phase: int, kind: str, layer: int) -> None:
         """One layer block's compute and the collectives around it (TP all-reduce after, MoE all-to-all around)."""
         p = self.p
         work = (p.attn_ms if kind == "attn" else p.mlp_ms) * (2.0 if phase else 1.0)
         moe = p.moe and kind == "mlp"
         if moe:
             self.coll("all_to_all", "ep", 2 * p.tp_bytes, phase, True)  # dispatch
-        self.add(kind="compute", phase=phase, label=kind, work_ms=work)
+        self.add(kind="compute", phase=phase, label=kind, work_ms=work, layer=layer)
         if moe:
             self.coll("all_to_all", "ep", 2 * p.tp_bytes, phase, True)  # combine
         if p.tp > 1:
@@ -184,9 +191,9 @@ class _Program:
         p = self.p
         if self.stage > 0:
             self.add(kind="recv", phase=0, op="recv", group="pp", nbytes=p.tp_bytes, peer=-1, tag=("act", mb))
-        for _, _layer in self.gathered_layers(0, p.fsdp and mb == 0, list(range(p.layers))):
-            self.block(0, "attn")
-            self.block(0, "mlp")
+        for _, layer in self.gathered_layers(0, p.fsdp and mb == 0, list(range(p.layers))):
+            self.block(0, "attn", layer)
+            self.block(0, "mlp", layer)
         if self.stage < p.pp - 1:
             self.add(kind="send", phase=0, op="send", group="pp", nbytes=p.tp_bytes, peer=1, tag=("act", mb))
 
@@ -197,9 +204,9 @@ class _Program:
             self.add(kind="recv", phase=1, op="recv", group="pp", nbytes=p.tp_bytes, peer=1, tag=("grad", mb))
         gather = p.fsdp and p.micro == 1 and mb == 0  # no pipeline: resharded after forward, gathered again
         order = list(reversed(range(p.layers)))
-        for k, _layer in self.gathered_layers(1, gather, order):
-            self.block(1, "mlp")
-            self.block(1, "attn")
+        for k, layer in self.gathered_layers(1, gather, order):
+            self.block(1, "mlp", layer)
+            self.block(1, "attn", layer)
             if p.fsdp and last:
                 self.coll("reduce_scatter", "dp", p.param_bytes, 1, False, "FSDP::post_backward_reduce")
             if p.ddp and last and p.dp > 1 and ((k + 1) % p.bucket_layers == 0 or k == len(order) - 1):
@@ -535,6 +542,8 @@ class _Layout:
     op_ids: np.ndarray  # (compute items, ops per item) string ids
     k_ids: np.ndarray
     code: np.ndarray  # (compute items, ops per item) vocabulary code (flops for every third name)
+    comp_tid: np.ndarray  # per compute item: the thread its ops run on (the backward's: the autograd engine's)
+    coll_tid: np.ndarray  # per collective: the thread that issues it
     coll: np.ndarray  # collective items
     region: np.ndarray  # string id of the FSDP region around the enqueue, -1 none
     enq: np.ndarray
@@ -550,6 +559,12 @@ class _Layout:
     p2p_args: list[CommArgs]
 
 
+def _threads(items: list[Item], sel: np.ndarray) -> np.ndarray:
+    """The backward runs on the autograd engine's thread (its ops, and the collectives its hooks issue: FSDP's
+    gathers and reductions, DDP's buckets, TP's all-reduces), as in real traces; the rest on the main thread."""
+    return np.array([BWD_TID if items[i].phase == 1 else MAIN_TID for i in sel.tolist()], np.int64)
+
+
 def _layout(tr: Truth, rank: int, items: list[Item], n_op: int, strings) -> _Layout:
     kinds = np.array([it.kind for it in items])
     comp = np.flatnonzero(kinds == "compute")
@@ -557,6 +572,7 @@ def _layout(tr: Truth, rank: int, items: list[Item], n_op: int, strings) -> _Lay
     for row, i in enumerate(comp.tolist()):
         it = items[i]
         first = tr.real[it.phase] // 2 if it.label == "mlp" else 0  # the MLP's ops: the second half of the real names
+        first += (it.layer % 4) * max(n_op // 2, 1)  # four layer types, each with some ops of its own
         code[row] = (first + np.arange(n_op)) % len(tr.vocab[it.phase]) + 1000 * it.phase
     uniq = np.unique(code).tolist()
     op_lut = {u: strings.id(tr.vocab[u // 1000][u % 1000]) for u in uniq}
@@ -568,7 +584,7 @@ def _layout(tr: Truth, rank: int, items: list[Item], n_op: int, strings) -> _Lay
     per_step = {k: kind.count(k) for k in set(kind)}
     ordinal = [kind[:x].count(k) for x, k in enumerate(kind)]
     return _Layout(
-        comp=comp, op_ids=np.vectorize(op_lut.get, otypes=[np.int64])(code) if code.size else code,
+        comp=comp, comp_tid=_threads(items, comp), coll_tid=_threads(items, coll), op_ids=np.vectorize(op_lut.get, otypes=[np.int64])(code) if code.size else code,
         k_ids=np.vectorize(k_lut.get, otypes=[np.int64])(code) if code.size else code, code=code, coll=coll,
         region=np.array([strings.id(items[i].label) if items[i].label else -1 for i in coll.tolist()], np.int64),
         enq=np.array([strings.id(COLL_NAMES[items[i].op][0]) for i in coll.tolist()], np.int64),
@@ -592,11 +608,12 @@ def _compute(c: _Cols, strings, lay: _Layout, b: np.ndarray, e: np.ndarray, rng)
     d = np.maximum((w / w.sum(axis=1, keepdims=True) * span[:, None]).astype(np.int64), 4 * US)
     ts = (b[sel] + 5 * US)[:, None] + np.cumsum(d, axis=1) - d
     ts, d = ts.ravel(), d.ravel()
+    tid = np.repeat(lay.comp_tid, n_op)
     cid = c.corrs(ts.size)
-    c.add(lay.op_ids.ravel(), K["cpu_op"], MAIN_TID, -1, ts, d - US, flops=(d * 1000) * (lay.code.ravel() % 3 == 0),
+    c.add(lay.op_ids.ravel(), K["cpu_op"], tid, -1, ts, d - US, flops=(d * 1000) * (lay.code.ravel() % 3 == 0),
           corr=cid)
     # the kernels keep the compute stream busy, as a GPU-bound job's CPU running ahead does: 90-95 % of each op
-    c.add(strings.id("cudaLaunchKernel"), K["cuda_runtime"], MAIN_TID, -1, ts + d // 64, np.maximum(d // 64, 1),
+    c.add(strings.id("cudaLaunchKernel"), K["cuda_runtime"], tid, -1, ts + d // 64, np.maximum(d // 64, 1),
           corr=cid)
     c.add(lay.k_ids.ravel(), K["kernel"], COMPUTE_STREAM, 0, ts + d // 32,
           np.maximum((d * rng.uniform(0.9, 0.95, d.size)).astype(np.int64), US), corr=cid)
@@ -611,16 +628,16 @@ def _collectives(c: _Cols, strings, lay: _Layout, step: int, b, k, e, meta: dict
     t = b[sel]
     lab = lay.region >= 0
     if lab.any():
-        c.add(lay.region[lab], K["user_annotation"], MAIN_TID, -1, t[lab], 34 * US)
+        c.add(lay.region[lab], K["user_annotation"], lay.coll_tid[lab], -1, t[lab], 34 * US)
         t = t + 2 * US * lab
     cid = c.corrs(sel.size)
-    c.add(lay.enq, K["cpu_op"], MAIN_TID, -1, t, 25 * US)
-    j = c.add(strings.id("record_param_comms"), K["cpu_op"], MAIN_TID, -1, t + 2 * US, 20 * US)
+    c.add(lay.enq, K["cpu_op"], lay.coll_tid, -1, t, 25 * US)
+    j = c.add(strings.id("record_param_comms"), K["cpu_op"], lay.coll_tid, -1, t + 2 * US, 20 * US)
     seq = (lay.seq_first + step * lay.seq_step).tolist()
     meta.update((j + x, CommArgs(op=a.op, pg_name=a.pg_name, pg_desc=a.pg_desc, pg_ranks=a.pg_ranks, bytes=a.bytes,
                                  group_size=a.group_size, nccl_seq=sq))
                 for x, (a, sq) in enumerate(zip(lay.rpc_args, seq)))
-    c.add(strings.id("cudaLaunchKernel"), K["cuda_runtime"], MAIN_TID, -1, t + 5 * US, 6 * US, corr=cid)
+    c.add(strings.id("cudaLaunchKernel"), K["cuda_runtime"], lay.coll_tid, -1, t + 5 * US, 6 * US, corr=cid)
     j = c.add(lay.kern, K["kernel"], lay.stream, 0, k[sel], e[sel] - k[sel], corr=cid)
     meta.update(zip(range(j, j + sel.size), lay.k_args))
 
@@ -653,7 +670,6 @@ def columns(spec, rank: int, window: int, truth: dict, pgs, strings):
     items = st.items
     n_op = ops_per_compute(spec, items)
     lay = _layout(tr, rank, items, n_op, strings)
-    bwd = np.array([i for i in lay.comp.tolist() if items[i].phase == 1][:4], np.int64)
     opt = lay.comp[-1]
     rng = np.random.default_rng(spec.seed * 100_003 + rank * 101 + window)
     c, meta, calls, mem_ts, mem_b = _Cols(), {}, [], [], []
@@ -664,8 +680,6 @@ def columns(spec, rank: int, window: int, truth: dict, pgs, strings):
         _compute(c, strings, lay, b, e, rng)
         _collectives(c, strings, lay, step, b, k, e, meta)
         _transfers(c, strings, tr, rank, step, items, lay, b, k, e, meta, calls)
-        c.add(strings.id("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"), K["cpu_op"],
-              BWD_TID, -1, b[bwd] + 20 * US, 15 * US)
         c.add(strings.id("Optimizer.step#AdamW.step"), K["user_annotation"], MAIN_TID, -1, int(b[opt]),
               int(e[opt] - b[opt]))
         n_m = max(n_op * lay.comp.size // 5, 4)
