@@ -116,8 +116,13 @@ class Plan:
 
     # sizes (bytes) and work (ms per rank), per micro-batch where it applies
     @property
+    def share(self) -> float:
+        """A micro-batch's part of the work: pipelines run larger models and batches (4 micro-batches' worth)."""
+        return min(1.0, 4.0 / self.micro)
+
+    @property
     def tp_bytes(self) -> int:
-        return 16 * MB // self.micro
+        return int(16 * MB * self.share)
 
     @property
     def param_bytes(self) -> int:
@@ -125,11 +130,11 @@ class Plan:
 
     @property
     def attn_ms(self) -> float:
-        return 1.0 / self.micro
+        return 1.0 * self.share
 
     @property
     def mlp_ms(self) -> float:
-        return 1.5 / self.micro
+        return 1.5 * self.share
 
     @property
     def bucket_layers(self) -> int:
@@ -542,6 +547,7 @@ class _Layout:
     op_ids: np.ndarray  # (compute items, ops per item) string ids
     k_ids: np.ndarray
     code: np.ndarray  # (compute items, ops per item) vocabulary code (flops for every third name)
+    weight: np.ndarray  # (compute items, ops per item): a GEMM's or attention's share of the time, x 25 another's
     comp_tid: np.ndarray  # per compute item: the thread its ops run on (the backward's: the autograd engine's)
     coll_tid: np.ndarray  # per collective: the thread that issues it
     coll: np.ndarray  # collective items
@@ -577,6 +583,8 @@ def _layout(tr: Truth, rank: int, items: list[Item], n_op: int, strings) -> _Lay
     uniq = np.unique(code).tolist()
     op_lut = {u: strings.id(tr.vocab[u // 1000][u % 1000]) for u in uniq}
     k_lut = {u: strings.id(kernel_name(tr.vocab[u // 1000][u % 1000])) for u in uniq}
+    heavy = {u: np.float64(25.0 if "gemm" in kernel_name(tr.vocab[u // 1000][u % 1000]) or "attention" in
+                           tr.vocab[u // 1000][u % 1000] else 1.0) for u in uniq}
     coll = np.flatnonzero(kinds == "coll")
     p2p = np.flatnonzero((kinds == "send") | (kinds == "recv"))
     groups = [tr.groups[tr.name_of[(items[i].group, rank)]] for i in coll.tolist()]
@@ -586,6 +594,7 @@ def _layout(tr: Truth, rank: int, items: list[Item], n_op: int, strings) -> _Lay
     return _Layout(
         comp=comp, comp_tid=_threads(items, comp), coll_tid=_threads(items, coll), op_ids=np.vectorize(op_lut.get, otypes=[np.int64])(code) if code.size else code,
         k_ids=np.vectorize(k_lut.get, otypes=[np.int64])(code) if code.size else code, code=code, coll=coll,
+        weight=np.vectorize(heavy.get, otypes=[np.float64])(code) if code.size else code.astype(np.float64),
         region=np.array([strings.id(items[i].label) if items[i].label else -1 for i in coll.tolist()], np.int64),
         enq=np.array([strings.id(COLL_NAMES[items[i].op][0]) for i in coll.tolist()], np.int64),
         kern=np.array([strings.id(COLL_NAMES[items[i].op][1] + NCCL_ARGS) for i in coll.tolist()], np.int64),
@@ -603,9 +612,11 @@ def _compute(c: _Cols, strings, lay: _Layout, b: np.ndarray, e: np.ndarray, rng)
     """The compute items of one step: ops back to back on the main thread, each launching its kernel."""
     sel = lay.comp
     n_op = lay.code.shape[1]
-    w = 0.3 + rng.lognormal(0.0, 0.6, lay.code.shape)
-    span = np.maximum(e[sel] - b[sel] - 10 * US, n_op * 4 * US)
-    d = np.maximum((w / w.sum(axis=1, keepdims=True) * span[:, None]).astype(np.int64), 4 * US)
+    w = (0.3 + rng.lognormal(0.0, 0.6, lay.code.shape)) * lay.weight  # GEMMs and attention take most of the time
+    span = np.maximum(e[sel] - b[sel] - 10 * US, n_op)
+    least = np.clip(span // n_op, 1, 4 * US)  # every op at least this long, and all of them inside the item:
+    # an op running into the next collective's enqueue would make its kernel that collective's
+    d = least[:, None] + (w / w.sum(axis=1, keepdims=True) * (span - n_op * least)[:, None]).astype(np.int64)
     ts = (b[sel] + 5 * US)[:, None] + np.cumsum(d, axis=1) - d
     ts, d = ts.ravel(), d.ravel()
     tid = np.repeat(lay.comp_tid, n_op)
@@ -660,6 +671,22 @@ def _transfers(c: _Cols, strings, tr: Truth, rank: int, step: int, items: list[I
     meta.update(zip(range(j, j + sel.size), lay.p2p_args))
 
 
+def _memory(items: list[Item], comp: np.ndarray, b: np.ndarray, e: np.ndarray, micro: int):
+    """A step's allocations: each forward block saves its activations (freed when its backward ends) and each block
+    allocates a temporary it frees two thirds in: the curve rises through the forward and falls through the backward."""
+    phase = np.array([items[i].phase for i in comp.tolist()])
+    act = int(64 * MB * min(1.0, 4.0 / micro))
+    tmp = act // 2
+    bb, ee = b[comp], e[comp]
+    keep = phase < 2
+    saved_ts = np.where(phase == 0, bb, ee)[keep]
+    saved = np.where(phase == 0, act, -act)[keep]
+    ts = np.concatenate([saved_ts, bb + (ee - bb) // 3, bb + 2 * (ee - bb) // 3])
+    delta = np.concatenate([saved, np.full(comp.size, tmp), np.full(comp.size, -tmp)])
+    o = np.argsort(ts, kind="stable")
+    return ts[o], delta[o]
+
+
 def columns(spec, rank: int, window: int, truth: dict, pgs, strings):
     """One rank-window's events (true clock): build_tables columns, collective arguments, memory samples, and the
     build_tables keywords (stream names, point-to-point calls)."""
@@ -682,9 +709,9 @@ def columns(spec, rank: int, window: int, truth: dict, pgs, strings):
         _transfers(c, strings, tr, rank, step, items, lay, b, k, e, meta, calls)
         c.add(strings.id("Optimizer.step#AdamW.step"), K["user_annotation"], MAIN_TID, -1, int(b[opt]),
               int(e[opt] - b[opt]))
-        n_m = max(n_op * lay.comp.size // 5, 4)
-        mem_ts.append(np.sort(rng.integers(t0, t1, n_m)))
-        mem_b.append(np.where(np.arange(n_m) % 2 == 0, 1, -1) * MB * rng.integers(1, 64, n_m))
+        m_ts, m_b = _memory(items, lay.comp, b, e, p.micro)
+        mem_ts.append(m_ts)
+        mem_b.append(m_b)
     cols = {key: np.concatenate(v) for key, v in c.cols.items()}
     streams = {(0, COMPUTE_STREAM): "stream 7"}
     streams.update({(0, STREAM_OF[g]): f"stream {STREAM_OF[g]} nccl {g}" for g in _kinds(p)})
