@@ -56,7 +56,6 @@ MB = 1 << 20
 BW_INTRA, BW_INTER, LATENCY_NS = 150e9, 50e9, 20 * US
 
 
-
 def mesh_defaults(shape: str, ranks: int, tp: int | None, pp: int | None, ep: int | None,
                   micro: int | None) -> tuple[int, int, int, int]:
     """(tp, pp, ep, micro-batches) of a shape for `ranks`, each the caller's where given."""
@@ -505,14 +504,13 @@ def plan(spec, t0_ns: int):
     pgs, name_of = process_groups(p)
     stages = simulate(p, spec, t0_ns)
     vocab = vocabulary(spec.names)
-    n = p.stage_size
-    start = np.concatenate([s.start for s in stages])  # ranks are stage-major
-    end = np.concatenate([s.end for s in stages])[:, :, None]
-    truth = {"start": start, "end": end,
+    real = {ph: min(len(v), len(base)) for (ph, v), base in zip(vocab.items(), (FWD_NAMES, BWD_NAMES, OPT_NAMES))}
+    # what synth.write_rank reads of every rank (ranks are stage-major): step starts, and step ends for the clock
+    # samples' times
+    truth = {"start": np.concatenate([s.start for s in stages]),
+             "end": np.concatenate([s.end for s in stages])[:, :, None],
              "shape": Truth(plan=p, stages=stages, name_of=name_of, groups={g["name"]: g for g in pgs},
-                            vocab=vocab, real={ph: min(len(v), len(base)) for (ph, v), base in
-                                                              zip(vocab.items(), (FWD_NAMES, BWD_NAMES, OPT_NAMES))})}
-    assert start.shape[0] == p.pp * n
+                            vocab=vocab, real=real)}
     return truth, pgs, columns
 
 
