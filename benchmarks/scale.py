@@ -110,12 +110,13 @@ def main() -> None:
     rank_counts = [int(x) for x in args.ranks.split(",")]
     procs = [int(x) for x in args.procs.split(",")]
     rows = []
+    suffix = "" if args.shape == "default" else f"-{args.shape}"  # a shape's files beside the default run's
     for n in rank_counts:
         run_dir = generate(n, args.events, data, args.gen_procs, args.shape)
         ev = n_events(run_dir)
         reports = {}
         for p in procs:
-            out = data / f"report-r{n}-p{p}.json"
+            out = data / f"report-r{n}-p{p}{suffix}.json"
             wall, rss = measure(run_dir, p, out)
             reports[p] = json.loads(out.read_text())
             rows.append({"ranks": n, "procs": p, "events": ev, "seconds": wall, "us_per_event": wall / ev * 1e6,
@@ -134,7 +135,7 @@ def main() -> None:
             print(f"{r['ranks']:>6} {p:>5} {r['events']:>12,} {r['seconds']:>8.1f} {r['us_per_event']:>9.3f} "
                   f"{r['peak_rss_mb']:>12.0f} {r['seconds'] / first['seconds']:>7.2f} "
                   f"{r['us_per_event'] / first['us_per_event']:>8.2f} {r['peak_rss_mb'] / first['peak_rss_mb']:>6.2f}")
-    (data / "scale.json").write_text(json.dumps(rows, indent=1))
+    (data / f"scale{suffix}.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
