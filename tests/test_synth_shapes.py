@@ -72,6 +72,13 @@ def test_shape_collectives_and_parallelism(synth, tmp_path, shape):
     assert all(p_lo <= c <= p_hi for c in p2p.values()), (shape, sorted(set(p2p.values())))
     rep = build_report(run)
     assert rep.parallelism.styles == styles, rep.parallelism.evidence
+    # streams: FSDP's gathers run on their NCCL stream while the previous layer computes (mostly hidden); TP's
+    # all-reduces and MoE's all-to-alls block the compute stream (all exposed)
+    exposed = {(r.group, r.op): r.exposed_ms_per_step / r.ms_per_step for r in rep.collectives}
+    hidden = {"fsdp": [("default_pg", "all_gather")], "llm": [("mesh_dp_shard", "all_gather")]}.get(shape, [])
+    blocking = {"tp": [("mesh_tp", "all_reduce")], "ep": [("mesh_ep", "all_to_all")],
+                "llm": [("mesh_tp", "all_reduce")]}.get(shape, [])
+    assert all(exposed[k] < 0.6 for k in hidden) and all(exposed[k] > 0.95 for k in blocking), exposed
     if "PP" in styles:
         assert len(rep.pipelines) == 16 // S  # one per data- and tensor-parallel coordinate
         for pipe in rep.pipelines:
