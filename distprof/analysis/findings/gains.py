@@ -4,14 +4,24 @@
 
 A straggler (rank or host) → its ranks at their peers' median; exposed communication → overlapped; input wait,
 CPU contention, device idle → removed, on the finding's rank (or every rank for a finding on many). Other findings
-have no modelled change and get None.
+have no modelled change and get None. A finding asking for a change the report's what-if table has (or another
+finding has) gets that replay's figures, not a new replay (:func:`..graph.whatif.estimator`, kept with the graph).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..graph.whatif import Change, Estimator, NoCpuWait, NoIdle, NoInputWait, OverlapComm, Straggler
+from ..graph.whatif import (
+    Change,
+    Estimator,
+    NoCpuWait,
+    NoIdle,
+    NoInputWait,
+    OverlapComm,
+    Straggler,
+    estimator,
+)
 
 if TYPE_CHECKING:
     from ..graph.critical_path import StepGraph
@@ -45,7 +55,7 @@ def annotate_findings(run: RunSummary, found: list[Finding], *, graph: StepGraph
             f.predicted_step_ms = None
             continue
         if est is None:
-            est = Estimator(run, graph)
+            est = estimator(run, graph)  # the graph's: the what-if table's replays are reused
         w = est.estimate(c)
         f.estimated_gain_ms_per_step = w.gain_ms_per_step
         f.predicted_step_ms = w.predicted_step_ms

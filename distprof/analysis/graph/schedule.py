@@ -37,7 +37,7 @@ from .links import LINK_END, LINK_START
 if TYPE_CHECKING:
     from .critical_path import StepGraph
 
-__all__ = ["Schedule", "schedule", "replay_scheduled"]
+__all__ = ["Schedule", "schedule", "replay_scheduled", "replay_values", "first_changed_row"]
 
 # where an anchor is: an event's arrival, an event's end (a unit's start, for levels), a rank-step's start
 _AT_A, _AT_Z, _AT_B = 0, 1, 2
@@ -59,6 +59,15 @@ class Schedule:
     b_rs: np.ndarray  # chained rank-steps by the level of their start
     # per level: [start, stop) into a_ev, into the units, into u_ev (events), into e_rs, into b_rs
     bounds: list[tuple[int, int, int, int, int, int, int, int, int, int]]
+    # the row of bounds that reads each input (a replay from a later row: :func:`first_changed_row`): per event, its
+    # gap's (its arrival's) and its transfer's (its end's); per rank-step, its tail's (its end's), the time between
+    # it and its previous step's (its chained start's), and its measured start's (the first reader of an unchained
+    # start; len(bounds) where nothing reads it)
+    row_gap: np.ndarray
+    row_transfer: np.ndarray
+    row_tail: np.ndarray
+    row_between: np.ndarray
+    row_start: np.ndarray
 
 
 def _units(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -213,13 +222,32 @@ def _build(g: StepGraph, d: _Deps, lv: np.ndarray, lv_e: np.ndarray) -> Schedule
     bo, b_off = _by_level(lv_b[chained], top)
     b_rs = chained[bo]
     bounds = []
+    row_of = np.zeros(top + 1, np.int64)  # each level's row in bounds (an empty level: the next one's)
     for k in range(top + 1):
         row = (int(a_off[k]), int(a_off[k + 1]), int(u_off[k]), int(u_off[k + 1]), int(u_estart[u_off[k]]),
                int(u_estart[u_off[k + 1]]), int(e_off[k]), int(e_off[k + 1]), int(b_off[k]), int(b_off[k + 1]))
+        row_of[k] = len(bounds)
         if row[0] < row[1] or row[2] < row[3] or row[6] < row[7] or row[8] < row[9]:
             bounds.append(row)
+    rows = _rows(d, lv, lv_e, row_of, len(bounds))
     return Schedule(levels=len(bounds), a_ev=a_ev, a_src=d.a_vsrc[a_ev], u_mem=u_mem, u_mstart=u_mstart,
-                    u_ev=u_ev, u_ecount=u_ecount, e_rs=e_rs, e_src=d.e_vsrc[e_rs], b_rs=b_rs, bounds=bounds)
+                    u_ev=u_ev, u_ecount=u_ecount, e_rs=e_rs, e_src=d.e_vsrc[e_rs], b_rs=b_rs, bounds=bounds, **rows)
+
+
+def _rows(d: _Deps, lv: np.ndarray, lv_e: np.ndarray, row_of: np.ndarray, nrows: int) -> dict[str, np.ndarray]:
+    """The row of the schedule's bounds at which each input is first read (`row_of`: each level's row; `nrows`
+    where nothing reads it)."""
+    n, nu, nrs = d.n, d.nu, d.nrs
+    row_a, row_e = row_of[lv[:n]], row_of[lv_e]
+    # an unchained start is read by the arrivals and the tails anchored on it; a chained one is computed
+    row_start = np.full(nrs, nrows, np.int64)
+    from_b = d.a_vsrc >= 2 * n
+    np.minimum.at(row_start, d.a_vsrc[from_b] - 2 * n, row_a[from_b])
+    np.minimum.at(row_start, np.flatnonzero(d.e_from_b), row_e[d.e_from_b])
+    row_start[d.chained] = nrows
+    return {"row_gap": row_a, "row_transfer": row_of[lv[n:n + nu]][d.unit] if n else np.zeros(0, np.int64),
+            "row_tail": row_e, "row_between": np.where(d.chained, row_of[lv[n + nu:]], nrows),
+            "row_start": row_start}
 
 
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -233,13 +261,50 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def replay_scheduled(g: StepGraph, s: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Arrivals, ends, rank-step starts and ends of the chained graph `g` in the order `s`."""
+    n = g.n_events
+    v, end = replay_values(g, s)
+    return v[:n], v[n:2 * n], v[2 * n:], end
+
+
+def first_changed_row(s: Schedule, g: StepGraph, other: StepGraph) -> int:
+    """The first row of ``s.bounds`` that reads an input (a segment, a transfer, a tail, the time between steps, an
+    unchained start) that differs between the graphs `g` and `other` (same structure); len(s.bounds) when none does.
+    Every value of an earlier row is then the same in both replays, bit for bit."""
+    first = len(s.bounds)
+    for row, mine, theirs in ((s.row_gap, g.ev_gap, other.ev_gap), (s.row_transfer, g.ev_transfer, other.ev_transfer),
+                              (s.row_tail, g.rs_tail, other.rs_tail), (s.row_between, g.rs_between, other.rs_between),
+                              (s.row_start, g.rs_start, other.rs_start)):
+        if mine is theirs or not mine.size:
+            continue
+        diff = _bits(mine) != _bits(theirs)
+        if diff.any():
+            first = min(first, int(row[diff].min()))
+    return first
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    """The float64 values' bit patterns (NaN and −0.0 compared as stored)."""
+    return np.ascontiguousarray(x, np.float64).view(np.int64)
+
+
+def replay_values(g: StepGraph, s: Schedule, *, base: tuple[np.ndarray, np.ndarray] | None = None,
+                  from_row: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The values [A | Z | B] and the rank-step ends of the chained graph `g` in the order `s`. With `base` (the
+    values and ends of a replay of a graph whose inputs read before row `from_row` are those of `g`:
+    :func:`first_changed_row`), the rows before `from_row` are taken from it and only the rest is computed."""
     n, nrs = g.n_events, g.rs_rank.size
-    v = np.empty(2 * n + nrs)  # [A | Z | B]
-    v[2 * n:] = g.rs_start
-    end = np.empty(nrs)
+    if base is None or from_row <= 0:
+        v = np.empty(2 * n + nrs)  # [A | Z | B]
+        v[2 * n:] = g.rs_start
+        end = np.empty(nrs)
+        from_row = 0
+    else:
+        v, end = base[0].copy(), base[1].copy()
+        heads = g.rs_prev < 0
+        v[2 * n:][heads] = g.rs_start[heads]
     gap, x, tail = g.ev_gap, g.ev_transfer, g.rs_tail
     prev, between = g.rs_prev, g.rs_between
-    for a0, a1, u0, u1, e0, e1, r0, r1, b0, b1 in s.bounds:
+    for a0, a1, u0, u1, e0, e1, r0, r1, b0, b1 in s.bounds[from_row:]:
         if a0 < a1:
             ev = s.a_ev[a0:a1]
             v[ev] = v[s.a_src[a0:a1]] + gap[ev]
@@ -254,4 +319,4 @@ def replay_scheduled(g: StepGraph, s: Schedule) -> tuple[np.ndarray, np.ndarray,
         if b0 < b1:
             rs = s.b_rs[b0:b1]
             v[2 * n + rs] = end[prev[rs]] + between[rs]
-    return v[:n], v[n:2 * n], v[2 * n:], end
+    return v, end

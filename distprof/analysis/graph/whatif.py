@@ -52,7 +52,7 @@ from its peers), and a changed op changing others (caches, clocks). docs/whatif.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
@@ -70,6 +70,7 @@ from .critical_path import (
     replay,
     step_graph,
 )
+from .schedule import first_changed_row, replay_values, schedule
 
 if TYPE_CHECKING:
     from ..cross.stragglers import Stragglers
@@ -79,7 +80,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Change", "Straggler", "OverlapComm", "FasterCollective", "NoIdle", "NoInputWait", "NoCpuWait", "FasterOp",
            "WhatIf",
-           "Estimator", "estimate", "standard", "step_time_ms", "per_step_time_ms"]
+           "Estimator", "estimator", "estimate", "standard", "step_time_ms", "per_step_time_ms"]
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,52 @@ def _less_excess(own: np.ndarray, ref: np.ndarray, key: np.ndarray, spread: floa
     return np.maximum(own - cut, 0.0)
 
 
+def _segment_orders(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
+    """The events sorted by (collective instance, segment) and by (rank and position in the rank-step, segment):
+    computed once per graph (kept with it), so each straggler's medians over its peers take a subset of them instead
+    of sorting again."""
+    cached = getattr(g, "_segment_orders", None)
+    if cached is None:
+        cached = (np.lexsort((g.ev_gap, g.ev_group)), np.lexsort((g.ev_gap, _position_key(g))))
+        g._segment_orders = cached
+    return cached
+
+
+def _position_key(g: StepGraph) -> np.ndarray:
+    """Per event: its rank and its position in the rank-step, as one key."""
+    first = np.r_[0, np.flatnonzero(g.ev_rs[1:] != g.ev_rs[:-1]) + 1] if g.n_events else np.zeros(0, np.int64)
+    pos = np.arange(g.n_events) - np.repeat(first, np.diff(np.r_[first, g.n_events]))
+    return g.ev_rank * (int(pos.max(initial=0)) + 1) + pos
+
+
+def _subset_medians(order: np.ndarray, sel: np.ndarray, key: np.ndarray, v: np.ndarray,
+                    n_keys: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`group_median` of ``v[sel]`` by ``key[sel]`` from `order`, the rows sorted by (key, v): the same
+    figures without a sort. Returns the medians — per key 0..n_keys−1 (NaN where a key has no row), or with n_keys
+    None per key present, in key order — and the selected rows in sorted order with each one's index into them."""
+    o = order[sel[order]]
+    ks, vs = key[o], v[o]
+    start = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]]) if o.size else np.zeros(0, np.int64)
+    cnt = np.diff(np.r_[start, o.size])
+    mid = (vs[start + (cnt - 1) // 2] + vs[start + cnt // 2]) / 2
+    run = np.repeat(np.arange(start.size), cnt)
+    if n_keys is None:
+        return mid, o, run
+    med = np.full(n_keys, np.nan)
+    med[ks[start]] = mid
+    return med, o, run
+
+
+def _presorted_spread(order: np.ndarray, sel: np.ndarray, key: np.ndarray, v: np.ndarray) -> float:
+    """:func:`_spread` of ``v[sel]`` by ``key[sel]`` from `order`, the rows sorted by (key, v)."""
+    if not sel.any():
+        return 0.0
+    mid, o, run = _subset_medians(order, sel, key, v)
+    med = np.empty(v.size)
+    med[o] = mid[run]
+    return 1.4826 * float(np.median(np.abs(v[sel] - med[sel])))
+
+
 def _straggler(g: StepGraph, c: Change) -> StepGraph:
     who_ev = c._mask(g.ev_rank)
     who_rs = c._mask(g.rs_rank)
@@ -255,15 +302,14 @@ def _straggler(g: StepGraph, c: Change) -> StepGraph:
     # stream was busy: the work it did meanwhile is hidden there) says nothing about how long the work takes
     handoff = (g.ev_link == LINK_END) & (g.ev_gap < HANDOFF_NS)
     peers = coll & ~who_ev & ~handoff
-    med = group_median(g.ev_group[peers], g.ev_gap[peers], g.n_groups) if g.n_groups else np.zeros(0)
+    by_group, by_pos = _segment_orders(g)
+    med = _subset_medians(by_group, peers, g.ev_group, g.ev_gap, g.n_groups)[0] if g.n_groups else np.zeros(0)
     mine = np.flatnonzero(coll & who_ev)
     m = med[g.ev_group[mine]] if mine.size else np.zeros(0)
     # the rank's systematic excess per segment (its position in the rank-step), the median over steps of
     # (own − peers' median), is taken off every step's segment: its step-to-step noise stays, as it would
-    first = np.r_[0, np.flatnonzero(g.ev_rs[1:] != g.ev_rs[:-1]) + 1] if g.n_events else np.zeros(0, np.int64)
-    pos = np.arange(g.n_events) - np.repeat(first, np.diff(np.r_[first, g.n_events]))
-    key = g.ev_rank * (int(pos.max(initial=0)) + 1) + pos
-    gap[mine] = _less_excess(g.ev_gap[mine], m, key[mine], _spread(g.ev_gap[peers], key[peers]),
+    key = _position_key(g)
+    gap[mine] = _less_excess(g.ev_gap[mine], m, key[mine], _presorted_spread(by_pos, peers, key, g.ev_gap),
                              None if g.ev_cpu_wait is None else g.ev_cpu_wait[mine])
     steps, si = np.unique(g.rs_step, return_inverse=True)
     si = si.reshape(-1)
@@ -379,21 +425,54 @@ def _kind(c: Change) -> str:
 
 
 class Estimator:
-    """The measured graph and its chained replay, computed once for many changes."""
+    """The measured graph and its chained replay, computed once for many changes. A change's replay starts at the
+    first level whose inputs it changes (the levels before it are the measured replay's: :mod:`.schedule`), and a
+    change asked for again (the report's table and its findings often ask for the same one) is not replayed again."""
 
     def __init__(self, run: RunSummary, graph: StepGraph | None = None):
         self.run = run
         self.g = graph if graph is not None else step_graph(run)
-        self.base = replay(self.g, chain=True).step_ms(self.g)
+        self._sched = schedule(self.g) if (self.g.rs_prev >= 0).any() else None
+        if self._sched is not None:
+            self._values = replay_values(self.g, self._sched)
+            self.base = self._step_ms(*self._values)
+        else:
+            self.base = replay(self.g, chain=True).step_ms(self.g)
         self.steps, self.si = np.unique(self.g.rs_step, return_inverse=True)
         self.si = self.si.reshape(-1)
         st, t = per_step_time_ms(run)
         self.measured = t[np.searchsorted(st, self.steps)] if st.size else np.zeros(0)
         self.n = np.maximum(np.bincount(self.si, minlength=self.steps.size), 1)
+        self._gains: dict[tuple, np.ndarray] = {}
+        self.replays = 0  # the changes replayed (not answered from an earlier one)
+
+    def _step_ms(self, v: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Each rank-step's replayed duration (ms) from the values [A | Z | B] and the ends (Replay.step_ms)."""
+        return (end - v[2 * self.g.n_events:]) / NS_PER_MS
+
+    def _replayed_ms(self, changed: StepGraph) -> np.ndarray:
+        """Each rank-step's duration in the chained replay of `changed` (ms): the same figures as a full replay."""
+        if self._sched is None:
+            return replay(changed, chain=True).step_ms(self.g)
+        row = first_changed_row(self._sched, self.g, changed)
+        if row >= len(self._sched.bounds):  # nothing the replay reads changed
+            return self.base
+        return self._step_ms(*replay_values(changed, self._sched, base=self._values, from_row=row))
+
+    def _gain(self, c: Change) -> np.ndarray:
+        """Per step: the mean over ranks of the measured replay's step less the changed one's (ms), replayed once per
+        change."""
+        key = _key(c)
+        gain = self._gains.get(key)
+        if gain is None:
+            self.replays += 1
+            changed = self._replayed_ms(_lead_in(self.g, apply(self.run, self.g, c)))
+            gain = np.bincount(self.si, weights=self.base - changed, minlength=self.steps.size) / self.n
+            self._gains[key] = gain
+        return gain.copy()
 
     def estimate(self, c: Change) -> WhatIf:
-        changed = replay(_lead_in(self.g, apply(self.run, self.g, c)), chain=True).step_ms(self.g)
-        gain = np.bincount(self.si, weights=self.base - changed, minlength=self.steps.size) / self.n
+        gain = self._gain(c)
         if not self.measured.size:
             return WhatIf(_kind(c), c.describe(), None, None, 0.0, None, gain)
         measured = float(np.mean(self.measured))
@@ -402,13 +481,31 @@ class Estimator:
                       100.0 * g / measured if measured > 0 else None, gain)
 
 
+def estimator(run: RunSummary, graph: StepGraph | None = None) -> Estimator:
+    """An :class:`Estimator` of `run`; with `graph`, the one kept with it (built once: the report's what-if table and
+    its findings' gains then share the measured replay and every change's)."""
+    if graph is None:
+        return Estimator(run)
+    est = getattr(graph, "_estimator", None)
+    if est is None or est.run is not run:
+        est = Estimator(run, graph)
+        graph._estimator = est
+    return est
+
+
+def _key(c: Change) -> tuple:
+    """What identifies a change's replay: its kind and fields, its ranks as a set."""
+    ranks = None if c.ranks is None else tuple(sorted(set(c.ranks)))
+    return (type(c), ranks, *(getattr(c, f.name) for f in fields(c) if f.name != "ranks"))
+
+
 def estimate(run: RunSummary, change: Change, *, graph: StepGraph | None = None) -> WhatIf:
     """Predicted step time of `run` with `change` (see the module docstring)."""
-    return Estimator(run, graph).estimate(change)
+    return estimator(run, graph).estimate(change)
 
 
 def estimate_many(run: RunSummary, changes: Iterable[Change], *, graph: StepGraph | None = None) -> list[WhatIf]:
-    b = Estimator(run, graph)
+    b = estimator(run, graph)
     return [b.estimate(c) for c in changes]
 
 
@@ -420,7 +517,7 @@ def standard(run: RunSummary, *, stragglers: Stragglers | None = None, graph: St
              top_ops: int = 1) -> list[WhatIf]:
     """The report's what-if table: named stragglers at their peers' median, communication overlapped, the heaviest
     collective op 2x faster, idle and input waits removed, the heaviest op 2x faster — largest gain first."""
-    b = Estimator(run, graph)
+    b = estimator(run, graph)
     changes: list[Change] = []
     named = [int(d.rank) for d in (stragglers.ranks if stragglers is not None else []) if d.named]
     if named:

@@ -1,0 +1,144 @@
+"""The what-if's cheaper replays (analysis/graph/whatif.py's Estimator, schedule.py's replay from a row) give exactly
+the full replay's figures: a change's replay starts at the first level whose inputs it changes, a change asked for
+again is not replayed again, and a change that changes nothing the replay reads is the measured replay. Checked bit
+for bit against a full chained replay, on synthetic runs with changes on some ranks and some steps only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synth import make_run
+from whatif_jobs import simulated_run
+
+import distprof
+from distprof.analysis.cross.stragglers import find_stragglers
+from distprof.analysis.findings import findings
+from distprof.analysis.findings.gains import annotate_findings, change_for
+from distprof.analysis.graph import whatif
+from distprof.analysis.graph.critical_path import replay, step_graph
+from distprof.analysis.graph.schedule import first_changed_row, replay_values, schedule
+from distprof.analysis.graph.whatif import Estimator, _lead_in, apply, estimator
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """8 ranks, two windows of 4 steps, rank 2 late by 10 ms."""
+    return distprof.load(make_run(tmp_path_factory.mktemp("inc"), world_size=8, late_rank=2, late_ms=10,
+                                  schedule={"wait": 1, "warmup": 1, "active": 4, "repeat": 2},
+                                  run_id="inc").run_dir)
+
+
+def _full_gain(run, g, c) -> np.ndarray:
+    """The gain per step from two full chained replays (what the Estimator did before it replayed from a row)."""
+    base = replay(g, chain=True).step_ms(g)
+    changed = replay(_lead_in(g, apply(run, g, c)), chain=True).step_ms(g)
+    steps, si = np.unique(g.rs_step, return_inverse=True)
+    si = si.reshape(-1)
+    n = np.maximum(np.bincount(si, minlength=steps.size), 1)
+    return np.bincount(si, weights=base - changed, minlength=steps.size) / n
+
+
+CHANGES = [whatif.Straggler(ranks=(2,)), whatif.Straggler(ranks=(1, 6)), whatif.OverlapComm(),
+           whatif.OverlapComm(ranks=(5,)), whatif.FasterCollective("all_reduce", 2.0, ranks=(0, 7)),
+           whatif.NoIdle(ranks=(3,)), whatif.NoIdle(), whatif.NoInputWait(ranks=(4,)), whatif.NoCpuWait(ranks=(2,)),
+           whatif.FasterOp("aten::mm", 2.0, ranks=(6,)), whatif.FasterCollective("broadcast", 2.0)]
+
+
+def test_every_change_gives_the_full_replays_gain_bit_for_bit(run):
+    g = step_graph(run)
+    assert (g.rs_prev >= 0).any() and schedule(g) is not None and (g.rs_prev < 0).sum() == 16  # 8 ranks x 2 windows
+    est = Estimator(run, g)
+    for c in CHANGES:
+        w = est.estimate(c)
+        assert np.array_equal(w.per_step_gain_ms, _full_gain(run, g, c)), c
+    assert est.estimate(whatif.Straggler(ranks=(2,))).gain_ms_per_step > 8.0  # the late rank's delay is seen
+
+
+@pytest.mark.parametrize("make", ["synth", "simulated"])
+def test_a_replay_from_the_first_changed_row_is_the_full_replay(run, make):
+    """Segments, tails, transfers and window starts changed on some ranks from some step on: the replay that starts at
+    the first row reading a changed input equals the full one, value for value, and starts past row 0."""
+    r = run if make == "synth" else simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)})
+    g = step_graph(r)
+    s = schedule(g)
+    base = replay_values(g, s)
+    rng = np.random.default_rng(1)
+    steps = np.unique(g.rs_step)
+    later = 0
+    for _ in range(12):
+        ranks = rng.choice(np.unique(g.rs_rank), size=rng.integers(1, 3), replace=False)
+        s0 = rng.choice(steps)
+        ev = np.isin(g.ev_rank, ranks) & (g.ev_step >= s0)
+        rs = np.isin(g.rs_rank, ranks) & (g.rs_step >= s0)
+        what = rng.integers(0, 4)
+        other = g.with_segments(
+            gap=np.where(ev, g.ev_gap * rng.uniform(0.3, 1.2, g.n_events), g.ev_gap) if what == 0 else None,
+            tail=np.where(rs, g.rs_tail * rng.uniform(0.3, 1.2, rs.size), g.rs_tail) if what == 1 else None,
+            transfer=np.where(ev, g.ev_transfer * 0.5, g.ev_transfer) if what == 2 else None,
+            start=np.where(rs & (g.rs_prev < 0), g.rs_start - 1e6, g.rs_start) if what == 3 else None)
+        row = first_changed_row(s, g, other)
+        later += row > 0
+        full = replay_values(other, s)
+        part = replay_values(other, s, base=base, from_row=row)
+        assert np.array_equal(full[0], part[0]) and np.array_equal(full[1], part[1]), (ranks, s0, what, row)
+    assert later >= 4  # most of these changes start after the first row
+
+
+def test_a_change_that_changes_nothing_is_the_measured_replay(run):
+    """Idle removed on a rank without idle, a collective the run does not have: the replay is not run at all, and
+    the gain is exactly 0."""
+    g = step_graph(run)
+    est = Estimator(run, g)
+    assert first_changed_row(schedule(g), g, g.with_segments()) == len(schedule(g).bounds)
+    w = est.estimate(whatif.FasterCollective("broadcast", 2.0))
+    assert w.gain_ms_per_step == 0.0 and not w.per_step_gain_ms.any()
+
+
+def test_the_report_table_and_the_findings_share_their_replays(run):
+    """annotate_findings and the what-if table (as build_report calls them, on one graph) replay each distinct change
+    once — the straggler finding's change is the table's first row — and a finding's figures are those a replay of
+    its own gives."""
+    g = step_graph(run)
+    strag = find_stragglers(run, graph=g)
+    found = findings(run, stragglers=strag, root_cause=[])
+    annotate_findings(run, found, graph=g)
+    table = whatif.standard(run, stragglers=strag, graph=g)
+    est = estimator(run, g)
+    assert estimator(run, g) is est and est.run is run
+    asked = [change_for(f, run) for f in found if change_for(f, run) is not None]
+    assert any(f.id == "straggler_rank" and f.rank == 2 for f in found) and table[0].change == "straggler"
+    assert est.replays == len(est._gains) < len(table) + len(asked)
+    fresh = Estimator(run, g)
+    for f in found:
+        c = change_for(f, run)
+        if c is not None:
+            w = fresh.estimate(c)
+            assert (w.gain_ms_per_step, w.predicted_step_ms) == (f.estimated_gain_ms_per_step, f.predicted_step_ms)
+    # asked again, with the ranks in another order: the same figures, not a new replay
+    n = est.replays
+    a = est.estimate(whatif.Straggler(ranks=(6, 1)))
+    b = est.estimate(whatif.Straggler(ranks=(1, 6)))
+    assert est.replays == n + 1
+    assert np.array_equal(a.per_step_gain_ms, b.per_step_gain_ms) and a.per_step_gain_ms is not b.per_step_gain_ms
+
+
+def test_medians_from_a_presorted_order_are_group_medians():
+    """A straggler's peer medians and spread are taken from orders sorted once per graph: the same figures, bit for
+    bit, as sorting the subset (ties, NaN, zeros and −0.0 among the values; keys with no row)."""
+    from distprof.analysis.graph.whatif import _presorted_spread, _spread, _subset_medians, group_median
+
+    rng = np.random.default_rng(3)
+    n = 5_000
+    key = rng.integers(0, 300, n)
+    v = np.round(rng.exponential(1e5, n), -3)  # many ties
+    v[rng.random(n) < 0.05] = 0.0
+    v[rng.random(n) < 0.02] = -0.0
+    v[rng.random(n) < 0.01] = np.nan
+    order = np.lexsort((v, key))
+    for frac in (1.0, 0.5, 0.01, 0.0):
+        sel = rng.random(n) < frac
+        want = group_median(key[sel], v[sel], 300)
+        got = _subset_medians(order, sel, key, v, 300)[0]
+        assert want.tobytes() == got.tobytes()
+        spread = _presorted_spread(order, sel, key, v)
+        assert np.asarray(_spread(v[sel], key[sel])).tobytes() == np.asarray(spread).tobytes()
