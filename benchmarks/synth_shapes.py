@@ -244,19 +244,19 @@ def make_plan(spec) -> Plan:
                 layers=spec.layers // pp, fsdp=fsdp, ddp=not fsdp, per_host=max(spec.ranks // max(spec.hosts, 1), 1))
 
 
-def _members(p: Plan, kind: str, rank: int) -> list[int]:
-    """The ranks of `rank`'s group of `kind` (dp, tp, ep, pp)."""
-    s, j = divmod(rank, p.stage_size)
-    d, t = divmod(j, p.tp)
-    base = s * p.stage_size
-    if kind == "tp":
-        return [base + d * p.tp + x for x in range(p.tp)]
-    if kind == "dp":
-        return [base + x * p.tp + t for x in range(p.dp)]
-    if kind == "ep":
-        e = d // p.ep
-        return [base + (e * p.ep + x) * p.tp + t for x in range(p.ep)]
-    return [x * p.stage_size + j for x in range(p.pp)]  # pp
+def group_ids(p: Plan, kind: str) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Every rank's group of `kind` (dp, tp, ep, pp) as an index, and each group's ranks; groups are numbered by
+    their lowest rank."""
+    r = np.arange(p.ranks)
+    s, j = np.divmod(r, p.stage_size)
+    d, t = np.divmod(j, p.tp)
+    key = {"tp": s * p.dp + d, "dp": s * p.tp + t, "ep": (s * p.tp + t) * (p.dp // p.ep) + d // p.ep, "pp": j}[kind]
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    rank_of = np.empty(first.size, np.int64)
+    rank_of[np.argsort(first, kind="stable")] = np.arange(first.size)  # key -> number by lowest rank
+    gid = rank_of[inv.reshape(-1)]
+    o = np.argsort(gid, kind="stable")
+    return gid, np.split(r[o], np.flatnonzero(np.diff(gid[o])) + 1)
 
 
 def _kinds(p: Plan) -> list[str]:
@@ -277,33 +277,30 @@ def process_groups(p: Plan) -> tuple[list[dict], dict[tuple[str, int], str]]:
     out = [{"index": 0, "name": "0", "desc": "default_pg", "backend": "cuda:nccl", "ranks": list(range(p.ranks))}]
     name_of: dict[tuple[str, int], str] = {}
     for kind in _kinds(p):
-        seen: dict[tuple[int, ...], str] = {}
-        for r in range(p.ranks):
-            m = tuple(_members(p, kind, r))
-            if len(m) == p.ranks:
-                name_of[(kind, r)] = "0"
-                continue
-            if m not in seen:
-                seen[m] = f"{kind}{len(seen)}"
-                out.append({"index": len(out), "name": seen[m], "desc": _desc(p, kind), "backend": "cuda:nccl",
-                            "ranks": list(m)})
-            name_of[(kind, r)] = seen[m]
+        gid, members = group_ids(p, kind)
+        if len(members) == 1:
+            names = ["0"]
+        else:
+            names = [f"{kind}{g}" for g in range(len(members))]
+            out += [{"index": len(out) + g, "name": names[g], "desc": _desc(p, kind), "backend": "cuda:nccl",
+                     "ranks": m.tolist()} for g, m in enumerate(members)]
+        name_of.update(((kind, r), names[g]) for r, g in enumerate(gid.tolist()))
     return out, name_of
 
 
-def _xfer_ns(p: Plan, op: str, nbytes: int, members: list[int]) -> int:
-    n = len(members)
-    intra = len({r // p.per_host for r in members}) == 1
+def _xfer_ns(p: Plan, op: str, nbytes: int, members) -> int:
+    hosts = np.asarray(members) // p.per_host
+    n = hosts.size
+    intra = hosts.min() == hosts.max()
     factor = {"all_reduce": 2 * (n - 1) / n, "send": 1.0, "recv": 1.0}.get(op, (n - 1) / n)
     return int(LATENCY_NS + nbytes * factor / (BW_INTRA if intra else BW_INTER) * 1e9)
 
 
-def _group_index(p: Plan, stage: int, kind: str) -> tuple[np.ndarray, list[tuple[int, ...]]]:
-    """For the ranks of `stage` (in order): their group's number within the stage, and each group's members."""
-    ranks = range(stage * p.stage_size, (stage + 1) * p.stage_size)
-    keys: dict[tuple[int, ...], int] = {}
-    gid = np.array([keys.setdefault(tuple(_members(p, kind, r)), len(keys)) for r in ranks], np.int64)
-    return gid, list(keys)
+def _group_index(p: Plan, stage: int, kind: str) -> tuple[np.ndarray, list[np.ndarray]]:
+    """For the ranks of `stage` (in order): their group's number within the stage, and each group's ranks."""
+    gid, members = group_ids(p, kind)
+    mine, local = np.unique(gid[stage * p.stage_size:(stage + 1) * p.stage_size], return_inverse=True)
+    return local.reshape(-1).astype(np.int64), [members[g] for g in mine.tolist()]
 
 
 # ------------------------------------------------------------------------------------------------- the timeline
@@ -337,7 +334,7 @@ class _Sim:
     def __init__(self, p: Plan, spec, progs: list[list[Item]], t0_ns: int):
         self.p, self.spec, self.progs = p, spec, progs
         self.groups = {(s, kind): _group_index(p, s, kind) for s in range(p.pp) for kind in _kinds(p)}
-        self.xfer: dict[tuple[int, int], np.ndarray] = {}  # (stage, item) -> transfer ns per group
+        self.xfer: dict[tuple, np.ndarray] = {}  # (stage, group kind, op, bytes, peer) -> transfer ns per group
         n_steps = spec.steps * spec.windows
         n = p.stage_size
         self.out = [StageTimes(items=pr, start=np.zeros((n, n_steps), np.int64), end=np.zeros((n, n_steps), np.int64),
@@ -352,14 +349,14 @@ class _Sim:
             self.slow[s, j] = spec.slow_ms * MS / sum(1 for it in progs[s] if it.kind == "compute")
 
     def transfer(self, s: int, i: int, it: Item) -> np.ndarray:
-        key = (s, i)
+        kind = "pp" if it.kind in ("send", "recv") else it.group
+        key = (s, kind, it.op, it.nbytes, it.peer)
         if key not in self.xfer:
-            kind = "pp" if it.kind in ("send", "recv") else it.group
             if kind == "pp":
                 r0 = s * self.p.stage_size
                 self.xfer[key] = np.array([_xfer_ns(self.p, it.op, it.nbytes, [r0, r0 + it.peer * self.p.stage_size])])
             else:
-                self.xfer[key] = np.array([_xfer_ns(self.p, it.op, it.nbytes, list(m))
+                self.xfer[key] = np.array([_xfer_ns(self.p, it.op, it.nbytes, m)
                                            for m in self.groups[(s, kind)][1]], np.int64)
         return self.xfer[key]
 
