@@ -142,3 +142,27 @@ def test_medians_from_a_presorted_order_are_group_medians():
         assert want.tobytes() == got.tobytes()
         spread = _presorted_spread(order, sel, key, v)
         assert np.asarray(_spread(v[sel], key[sel])).tobytes() == np.asarray(spread).tobytes()
+
+
+@pytest.mark.parametrize("make", ["synth", "simulated"])
+def test_levels_from_the_position_bound_are_the_levels_from_zero(run, make):
+    """The schedule raises levels from a lower bound (an arrival's position in its rank-step + 1): the same levels
+    as raising them from 0, which took a step's depth of passes over every value."""
+    from distprof.analysis.graph.schedule import _deps, _levels, _settle
+
+    r = run if make == "synth" else simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)})
+    g = step_graph(r)
+    d = _deps(g)
+    cap = d.n + d.nu + 2 * d.nrs + 2
+    lv, lv_e = _settle(d, g, np.zeros(d.n + d.nu + d.nrs, np.int64), np.zeros(d.nrs, np.int64), chain=False,
+                       max_passes=cap)
+    assert (lv[:d.n] > 0).all()
+    got = _levels(g, d)
+    # the chained levels from the guess built on the local ones: the guess, then raised, from either start
+    span = int(max(lv.max(), lv_e.max())) + 1
+    pos = np.arange(d.nrs) - np.maximum.accumulate(np.where(g.rs_prev < 0, np.arange(d.nrs), 0))
+    lv[:d.n] += pos[g.ev_rs] * span
+    lv[d.n + d.nu:] = np.where(d.chained, pos * span, 0)
+    lv[d.n:d.n + d.nu] = np.maximum.reduceat(lv[d.mem_ev], d.mem_bounds)
+    want = _settle(d, g, lv, lv_e + pos * span, chain=True, max_passes=cap)
+    assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()

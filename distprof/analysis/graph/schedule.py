@@ -165,7 +165,14 @@ def _levels(g: StepGraph, d: _Deps) -> tuple[np.ndarray, np.ndarray] | None:
     """Levels of [A | U | B] and of the ends for the chained graph (None: a cycle)."""
     n, nu, nrs = d.n, d.nu, d.nrs
     cap = n + nu + 2 * nrs + 2
-    local = _settle(d, g, np.zeros(n + nu + nrs, np.int64), np.zeros(nrs, np.int64), chain=False, max_passes=cap)
+    # from a lower bound of each arrival's level (its position in the rank-step + 1: every arrival is one level after
+    # the previous event's arrival or end): the same levels as from 0, in a few passes where from 0 it took a step's
+    # depth of them (each over every value)
+    lv = np.zeros(n + nu + nrs, np.int64)
+    if n:
+        first = np.flatnonzero(np.r_[True, g.ev_rs[1:] != g.ev_rs[:-1]])
+        lv[:n] = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n])) + 1
+    local = _settle(d, g, lv, np.zeros(nrs, np.int64), chain=False, max_passes=cap)
     if local is None:
         return None
     lv, lv_e = local
