@@ -468,6 +468,15 @@ def vocabulary(names: int) -> dict[int, list[str]]:
     return {0: part(FWD_NAMES, n_fwd, "fwd"), 1: part(BWD_NAMES, n_bwd, "bwd"), 2: part(OPT_NAMES, n_opt, "opt")}
 
 
+#: A GEMM's or attention's share of a block's time against another op's: most of a large model's kernel time is in
+#: its matrix multiplies, each hundreds of microseconds; the elementwise ops between them are a few microseconds.
+HEAVY = 100.0
+
+
+def _is_heavy(op: str) -> bool:
+    return "gemm" in kernel_name(op) or "attention" in op.lower()
+
+
 def kernel_name(op: str) -> str:
     short = op.rsplit(" ", 1)[-1].split("::")[-1].strip("_") or "op"
     if short in ("linear", "addmm", "matmul", "mm", "bmm", "MmBackward0", "AddmmBackward0"):
@@ -542,7 +551,7 @@ class _Layout:
     op_ids: np.ndarray  # (compute items, ops per item) string ids
     k_ids: np.ndarray
     code: np.ndarray  # (compute items, ops per item) vocabulary code (flops for every third name)
-    weight: np.ndarray  # (compute items, ops per item): a GEMM's or attention's share of the time, x 25 another's
+    weight: np.ndarray  # (compute items, ops per item): a GEMM's or attention's share of the time, HEAVY x another's
     comp_tid: np.ndarray  # per compute item: the thread its ops run on (the backward's: the autograd engine's)
     coll_tid: np.ndarray  # per collective: the thread that issues it
     coll: np.ndarray  # collective items
@@ -578,8 +587,7 @@ def _layout(tr: Truth, rank: int, items: list[Item], n_op: int, strings) -> _Lay
     uniq = np.unique(code).tolist()
     op_lut = {u: strings.id(tr.vocab[u // 1000][u % 1000]) for u in uniq}
     k_lut = {u: strings.id(kernel_name(tr.vocab[u // 1000][u % 1000])) for u in uniq}
-    heavy = {u: np.float64(25.0 if "gemm" in kernel_name(tr.vocab[u // 1000][u % 1000]) or "attention" in
-                           tr.vocab[u // 1000][u % 1000] else 1.0) for u in uniq}
+    heavy = {u: np.float64(HEAVY if _is_heavy(tr.vocab[u // 1000][u % 1000]) else 1.0) for u in uniq}
     coll = np.flatnonzero(kinds == "coll")
     p2p = np.flatnonzero((kinds == "send") | (kinds == "recv"))
     groups = [tr.groups[tr.name_of[(items[i].group, rank)]] for i in coll.tolist()]
