@@ -14,15 +14,18 @@ start).
 **Levels.** Each value gets a level such that everything it reads has a lower level, or the same level and an earlier
 phase (a level computes, in order: arrivals, unit starts and ends, rank-step ends, chained starts). They are found by
 raising levels until every dependency holds (integer relaxation, numpy), starting from a guess built from the
-structure of a window: the levels of one step on its own, repeated for each position in the chain of steps — where
-ranks' steps line up (every instance's members at the same position) the guess already holds and one pass checks it.
+structure of a window: the levels of one step on its own (raised from a lower bound, an arrival's position in its
+rank-step + 1), repeated for each position in the chain of steps — where ranks' steps line up (every instance's
+members at the same position) the guess already holds and one pass checks it.
 A graph whose levels never settle has a cycle (collectives in a different order on different ranks, with no time
 between them): :func:`schedule` returns None and the caller relaxes instead.
 
 **Cost.** The schedule is computed once per graph and kept with it (a what-if graph with other segment lengths shares
 it). A replay then computes each value once: levels × a few numpy calls, however many events a level holds. Levels
 grow with the steps of a window times the sync events of a step (a rank's chain of dependencies runs through all of
-them).
+them). A what-if replays from the first level whose inputs it changes (:func:`first_changed_row`,
+:func:`replay_values` with the measured replay's values as its base): the levels before it are the measured
+replay's, bit for bit.
 """
 
 from __future__ import annotations
