@@ -157,7 +157,12 @@ def _launch_context(ev_ts, ev_tid, ev_dur, ev_corr, ev_kind, ev_dev, ev_role, ta
         inside = (k >= 0) & (reach[np.maximum(k, 0)] > at)
         for i, kk in zip(sel[inside].tolist(), k[inside].tolist()):  # few: launches inside communication ops
             a = int(ev_ts[lrows[i]])
-            chain = [int(mine[x]) for x in range(kk, -1, -1) if starts[x] <= a < ends[x]]  # latest start: innermost
+            chain = []  # latest start first: innermost; `reach` never falls, so once reach <= a no earlier op holds a
+            x = kk
+            while x >= 0 and reach[x] > a:
+                if starts[x] <= a < ends[x]:
+                    chain.append(int(mine[x]))
+                x -= 1
             if chain:
                 out[int(kernels[i])] = chain
     return out
