@@ -28,7 +28,8 @@ of one step — its optimizer, a callback, the next batch's fetch — delays its
 first step and the step after an unrecorded one start where they were measured to (``rs_prev``, ``rs_between``).
 The graph is acyclic in time. Unchained, repeated relaxation over all events at once (numpy, no per-event loop)
 reaches the fixed point in at most its depth passes — one for the measured segments, which it reproduces (up to clock
-error: an event that ends before its last member arrived has ``x`` clipped to 0). Chained, the depth is a whole
+error: an event that ends before its last member arrived has ``x`` clipped to 0); a pass after the first recomputes
+only the arrivals whose inputs the previous one moved, while they are few (the same values and passes). Chained, the depth is a whole
 window's, so the replay computes each value once, level by level (:mod:`.schedule`); a graph with a cycle
 (collectives in a different order on different ranks) is relaxed instead. A what-if (:mod:`.whatif`) changes the
 segments and replays.
@@ -396,6 +397,9 @@ def _relax(g: StepGraph, *, chain: bool, max_passes: int | None) -> Replay:
     limit = max_passes if max_passes is not None else n + 2 + (2 * g.rs_rank.size if chained.size else 0)
     prev = np.maximum(g.ev_prev, 0)
     converged, passes = False, 0
+    finite = all(np.isfinite(v).all() for v in (a, rs_start, g.ev_gap, g.ev_transfer))
+    if not chained.size and n and limit > 0 and finite:
+        a, converged, passes = _relax_frontier(g, limit)
     while passes < limit and not converged:
         passes += 1
         s, _ = _starts(g, a, who=False)
@@ -416,6 +420,81 @@ def _relax(g: StepGraph, *, chain: bool, max_passes: int | None) -> Replay:
     z = s + g.ev_transfer
     return Replay(arrival=a, start=s, end=z, last_arriver=who, rs_start=rs_start,
                   rs_end=_tail_ends(g, a, z, rs_start), converged=converged, passes=passes)
+
+
+#: A relaxation pass recomputes only the arrivals whose inputs moved when fewer than 1/FRONTIER_SHARE of them did.
+FRONTIER_SHARE = 16
+
+
+def _relax_frontier(g: StepGraph, limit: int) -> tuple[np.ndarray, bool, int]:
+    """The unchained relaxation (every step from its measured start): the same passes, and the same arrivals after
+    each, as relaxing every value at once, but a pass after the first recomputes only the arrivals whose inputs the
+    previous pass changed (the next event after an arrival or a start that moved) when they are few — a deep step
+    (hundreds of collectives) takes as many passes as before, each over the few values still moving. Finite values
+    only."""
+    n = g.n_events
+    a = g.ev_arrival.copy()
+    prev = np.maximum(g.ev_prev, 0)
+    start_of = g.rs_start[g.ev_rs]
+    link, gap, x = g.ev_link, g.ev_gap, g.ev_transfer
+    nxt = np.full(n, -1, np.int64)  # the event after each in its rank-step
+    has = g.ev_prev >= 0
+    nxt[g.ev_prev[has]] = np.flatnonzero(has)
+    send_to = np.full(n, -1, np.int64)  # a send's receive
+    rv = np.flatnonzero((g.ev_kind == KIND_RECV) & (g.ev_partner >= 0))
+    send_to[g.ev_partner[rv]] = rv
+    idx, bounds = _group_order(g)
+    gend = np.r_[bounds[1:], idx.size] if idx.size else np.zeros(0, np.int64)
+    moved, passes = np.arange(n), 0
+    while moved.size and passes < limit:
+        passes += 1
+        if passes == 1 or moved.size > n // FRONTIER_SHARE:  # the first pass, or many moving: a pass over all
+            s, _ = _starts(g, a, who=False)
+            a_new = np.where(link == LINK_START, start_of, np.where(link == LINK_END, s[prev] + x[prev], a[prev])) + \
+                gap
+            moved = np.flatnonzero(a_new != a)
+            a = a_new
+            continue
+        # the events whose start S may have moved: every member of a moved member's instance, a moved send's receive
+        grp = np.unique(g.ev_group[moved][g.ev_group[moved] >= 0])
+        s_moved = np.unique(np.r_[moved, idx[_spans(bounds[grp], gend[grp])], send_to[moved][send_to[moved] >= 0]])
+        dep = np.r_[nxt[s_moved][link[np.maximum(nxt[s_moved], 0)] == LINK_END],
+                    nxt[moved][link[np.maximum(nxt[moved], 0)] == LINK_ARRIVAL]]
+        dep = np.unique(dep[dep >= 0])
+        p = prev[dep]
+        sp = _starts_at(g, a, p, idx, bounds, gend)
+        val = np.where(link[dep] == LINK_START, start_of[dep], np.where(link[dep] == LINK_END, sp + x[p], a[p])) + \
+            gap[dep]
+        moved = dep[val != a[dep]]
+        a[dep] = val
+    return a, moved.size == 0, passes
+
+
+def _spans(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The indices lo..hi−1 of each span, concatenated."""
+    cnt = hi - lo
+    total = int(cnt.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    return np.repeat(lo - np.r_[0, np.cumsum(cnt)[:-1]], cnt) + np.arange(total)
+
+
+def _starts_at(g: StepGraph, a: np.ndarray, ev: np.ndarray, idx: np.ndarray, bounds: np.ndarray,
+               gend: np.ndarray) -> np.ndarray:
+    """S of the events `ev` from the arrivals `a` (as :func:`_starts` computes it for every event)."""
+    s = a[ev].copy()
+    gi = g.ev_group[ev]
+    coll = gi >= 0
+    if coll.any():
+        grp, inv = np.unique(gi[coll], return_inverse=True)
+        lo, hi = bounds[grp], gend[grp]
+        mem = _spans(lo, hi)
+        latest = np.maximum.reduceat(a[idx[mem]], np.r_[0, np.cumsum(hi - lo)[:-1]])
+        s[coll] = latest[inv.reshape(-1)]
+    rv = (g.ev_kind[ev] == KIND_RECV) & (g.ev_partner[ev] >= 0)
+    if rv.any():
+        s[rv] = np.maximum(a[ev[rv]], a[g.ev_partner[ev[rv]]])
+    return s
 
 
 @dataclass
