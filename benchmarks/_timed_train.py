@@ -10,7 +10,7 @@ core, which wall time includes.
 ``--torch``: the loop runs under a bare ``torch.profiler.profile`` (CPU, record_shapes, profile_memory, with_flops:
 distprof's defaults) with that schedule and ``prof.step()`` after each iteration; each window's trace is exported
 with ``export_chrome_trace`` and loaded back with orjson (what a user of the bare profiler does to look at it) inside
-on_trace_ready, timed apart (wall and CPU), so torch's own stop = the closing ``prof.step()`` minus the export.
+on_trace_ready, timed apart (wall and CPU), so torch's own stop = the closing ``prof.step()`` minus the whole callback.
 
 Under ``distprof.launch``: every call of distprof's torch profiler's ``step()`` is timed (wall and CPU) until
 ``--toggle-from`` (a window's closing call is distprof's whole hold: torch's stop and distprof's on_trace_ready);
@@ -20,8 +20,8 @@ so that steps with and without it run minutes apart at most — in the same proc
 
 OUT.rank{r}.json: {"wall": [s per iteration], "cpu_ns": [per iteration], "arm": ["on"/"off"/"" per iteration],
 "calls": [{"i", "step_num", "wall_s", "cpu_ns"} per timed profiler step], "export": [{window, export_s, load_s,
-cpu_ns, events, json_bytes, gzip_bytes}], "written": [distprof's shards], "writer_cpu_ns", "side_cpu_ns": {thread
-name: CPU ns over the toggled steps}, "toggled_steps"}.
+cpu_ns, ready_s, ready_cpu_ns, events, json_bytes, gzip_bytes}], "written": [distprof's shards], "writer_cpu_ns",
+"side_cpu_ns": {thread name: CPU ns over the toggled steps}, "toggled_steps"}.
 """
 
 import argparse
@@ -115,9 +115,11 @@ class Bare:
         t2, c2 = time.perf_counter(), self.cpu.ns()
         events = sum(1 for e in trace.get("traceEvents", ())
                      if e.get("ph") == "X" or (e.get("ph") == "i" and e.get("name") == "[memory]"))
+        gz = len(gzip.compress(raw, 6)) if not self.exports else None  # window 0's size, not a user's cost
+        # the whole callback: torch's own stop = the closing prof.step() less it
         self.exports.append({"window": len(self.exports), "export_s": t1 - t0, "load_s": t2 - t1, "cpu_ns": c2 - c0,
-                             "events": events, "json_bytes": len(raw),
-                             "gzip_bytes": len(gzip.compress(raw, 6)) if not self.exports else None})
+                             "ready_s": time.perf_counter() - t0, "ready_cpu_ns": self.cpu.ns() - c0,
+                             "events": events, "json_bytes": len(raw), "gzip_bytes": gz})
 
 
 class Toggle:

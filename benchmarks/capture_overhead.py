@@ -153,7 +153,7 @@ def holds(rank: dict, distprof: bool) -> dict[int, tuple[float, float]]:
         calls = [c for c in rank["calls"] if c["step_num"] - 1 in closing]
         return {w: (c["cpu_ns"], c["wall_s"]) for w, c in enumerate(calls)}
     by_i = {c["i"]: c for c in rank["calls"]}
-    return {e["window"]: (by_i[i]["cpu_ns"] - e["cpu_ns"], by_i[i]["wall_s"] - e["export_s"] - e["load_s"])
+    return {e["window"]: (by_i[i]["cpu_ns"] - e["ready_cpu_ns"], by_i[i]["wall_s"] - e["ready_s"])
             for i, e in zip(closing, rank["export"])}
 
 
