@@ -17,8 +17,9 @@ The same 2-rank DDP job (gloo, CPU, OMP_NUM_THREADS=1) runs in four arms, interl
       taken off the training thread and put back in turn (ABBA), in the same process;
   (d) distprof.launch --watch --schedule none; the same blocks, the watch recorder removed with the rest.
 
-Goals (issue 25), each a ratio with a 95 % bootstrap confidence interval (resampling blocks: windows, block pairs or
-rank-runs, pairs kept together where the arms are paired):
+Goals (issue 25), each a ratio with a 95 % bootstrap confidence interval: the step goals the median of the pairs'
+ratios, resampling whole rank-runs of pairs (pairs of one process share its state); writing and size a ratio of
+sums, resampling rank-runs:
 
   in a window        c / b, CPU per recorded step, pairs: the same window of the same rank and round   <= 1.03
   outside windows    c on / off blocks after the windows (in-run)                                        <= 1.005
@@ -184,14 +185,22 @@ def ratio_ci(x, y, *, paired: bool, n_boot: int = 4000, seed: int = 0) -> Ratio:
     return Ratio(float(xn.sum() / xd.sum() / (yn.sum() / yd.sum())), float(lo), float(hi), int(xn.size))
 
 
-def paired_median_ci(x, y, *, n_boot: int = 4000, seed: int = 0) -> Ratio:
-    """The median of the pairs' ratios x[k] / y[k], with a 95 % percentile bootstrap interval from resampling pairs.
-    A median, not a ratio of sums: on a loaded machine a few pairs run 20-30 % apart (another process thrashed the
-    caches of one block), and a mean would follow them."""
+def paired_median_ci(x, y, groups=None, *, n_boot: int = 4000, seed: int = 0) -> Ratio:
+    """The median of the pairs' ratios x[k] / y[k], with a 95 % percentile bootstrap interval. A median, not a ratio
+    of sums: on a loaded machine a few pairs run 20-30 % apart (another process thrashed the caches of one block),
+    and a mean would follow them. `groups` (one label per pair: its rank-run): pairs of one process share its state,
+    so whole groups are resampled (a cluster bootstrap), else single pairs."""
     r = np.asarray(x, float) / np.asarray(y, float)
     if not r.size:
         return Ratio(float("nan"), float("nan"), float("nan"), 0)
-    boot = np.median(r[np.random.default_rng(seed).integers(0, r.size, (n_boot, r.size))], axis=1)
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        boot = np.median(r[rng.integers(0, r.size, (n_boot, r.size))], axis=1)
+    else:
+        labels = sorted(set(groups))
+        members = [np.flatnonzero(np.asarray([g == lab for g in groups])) for lab in labels]
+        picks = rng.integers(0, len(labels), (n_boot, len(labels)))
+        boot = np.array([np.median(r[np.concatenate([members[j] for j in row])]) for row in picks])
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return Ratio(float(np.median(r)), float(lo), float(hi), int(r.size))
 
@@ -235,26 +244,31 @@ def goal_window(got) -> Goal:
     c, b = paired_keys(keyed(got["c"], window_blocks), keyed(got["b"], window_blocks))
     cc, bc = [v[0] for v in c], [v[0] for v in b]
     by_w = {w: statistics.median(x / y for k, x, y in zip(keys, cc, bc) if k[2] == w) for w in {k[2] for k in keys}}
-    return Goal("in a window: distprof / bare torch.profiler", paired_median_ci(cc, bc),
-                paired_median_ci([v[1] for v in c], [v[1] for v in b]), 1.03,
+    g = [k[:2] for k in keys]
+    return Goal("in a window: distprof / bare torch.profiler", paired_median_ci(cc, bc, g),
+                paired_median_ci([v[1] for v in c], [v[1] for v in b], g), 1.03,
                 f"{np.median(cc) / 1e6:.2f} vs {np.median(bc) / 1e6:.2f} ms CPU per recorded step, "
                 f"{len(c)} window pairs; by window " + " ".join(f"{by_w[w]:.3f}" for w in sorted(by_w)))
 
 
 def goal_toggle(runs: list[list[dict]], block: int, name: str) -> Goal:
-    pairs = [p for ranks in runs for rank in ranks for p in toggle_pairs(rank, block) if len(p) == 2]
-    on, off = [p["on"][0] for p in pairs], [p["off"][0] for p in pairs]
-    return Goal(name, paired_median_ci(on, off),
-                paired_median_ci([p["on"][1] for p in pairs], [p["off"][1] for p in pairs]), 1.005,
+    pairs = [(r, k, p) for r, ranks in enumerate(runs) for k, rank in enumerate(ranks)
+             for p in toggle_pairs(rank, block) if len(p) == 2]
+    g = [(r, k) for r, k, _ in pairs]
+    on, off = [p["on"][0] for _, _, p in pairs], [p["off"][0] for _, _, p in pairs]
+    return Goal(name, paired_median_ci(on, off, g),
+                paired_median_ci([p["on"][1] for _, _, p in pairs], [p["off"][1] for _, _, p in pairs], g), 1.005,
                 f"{np.median(on) / 1e6:.3f} vs {np.median(off) / 1e6:.3f} ms CPU per step, {len(pairs)} block pairs "
-                f"of {block}")
+                f"of {block} in {len(set(g))} rank-runs")
 
 
 def goal_hold(got) -> Goal:
-    c, b = paired_keys(keyed(got["c"], lambda r: holds(r, True)), keyed(got["b"], lambda r: holds(r, False)))
+    xs, ys = keyed(got["c"], lambda r: holds(r, True)), keyed(got["b"], lambda r: holds(r, False))
+    c, b = paired_keys(xs, ys)
+    g = [k[:2] for k in sorted(set(xs) & set(ys))]
     cc, bc = [v[0] for v in c], [v[0] for v in b]
-    return Goal("window-closing hold: distprof / torch's stop", paired_median_ci(cc, bc),
-                paired_median_ci([v[1] for v in c], [v[1] for v in b]), 1.2,
+    return Goal("window-closing hold: distprof / torch's stop", paired_median_ci(cc, bc, g),
+                paired_median_ci([v[1] for v in c], [v[1] for v in b], g), 1.2,
                 f"{np.median(cc) / 1e6:.1f} vs {np.median(bc) / 1e6:.1f} ms CPU, "
                 f"{np.median([v[1] for v in c]) * 1e3:.1f} vs {np.median([v[1] for v in b]) * 1e3:.1f} ms wall, "
                 f"{len(c)} window pairs")
