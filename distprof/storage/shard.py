@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -18,8 +19,9 @@ import numpy as np
 from ..errors import BadShardError
 from . import schema
 from .h5file import H5_ERRORS, check_expansion, h5_message, open_h5, read_column
+from .summary_group import StoredSummary, read_summary
 
-__all__ = ["Shard"]
+__all__ = ["Shard", "ImageShard"]
 
 
 @dataclass
@@ -60,6 +62,12 @@ class Shard:
         mh = self.attrs.get("memory_history")
         name = mh.get("snapshot") if isinstance(mh, dict) else None
         return self.path.with_name(str(name)) if name else None
+
+    def stored_summary(self) -> StoredSummary | None:
+        """The per-rank summary written with the shard (``summary_group``); None when it has none.
+        SummaryUnreadable when it cannot be used."""
+        with self._open() as f:
+            return read_summary(f, self.path)
 
     def has(self, table: str) -> bool:
         with self._open() as f:
@@ -111,6 +119,16 @@ class Shard:
             raise BadShardError(self.path, f"cannot read /{name} ({h5_message(e)}); the shard is damaged") \
                 from None
         return out
+
+
+@dataclass
+class ImageShard(Shard):
+    """A shard still in memory (``writer.shard_image``'s bytes, not yet stored at `path`): read as a file is."""
+
+    image: bytes = field(default=b"", repr=False)
+
+    def _open(self) -> h5py.File:
+        return h5py.File(io.BytesIO(self.image), "r")
 
 
 def _names(f: h5py.File, path: Path) -> np.ndarray:

@@ -41,11 +41,12 @@ import numpy as np
 from ..errors import BadShardError
 from . import safefs, schema
 from .h5file import H5_ERRORS, check_expansion, h5_message, open_h5
-from .shard import Shard
+from .shard import ImageShard, Shard
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_shard", "check_attrs", "check_values", "MAX_WORLD_SIZE", "MAX_WINDOW", "MAX_NS", "job_id"]
+__all__ = ["check_shard", "check_image", "check_attrs", "check_values", "MAX_WORLD_SIZE", "MAX_WINDOW", "MAX_NS",
+           "job_id"]
 
 #: Largest world size a shard may claim (readers size per-rank tables by it).
 MAX_WORLD_SIZE = 1 << 20
@@ -538,3 +539,15 @@ def check_shard(path: os.PathLike | str):
         except H5_ERRORS as e:  # damaged metadata or chunks: h5py raises whatever HDF5's error stack maps to
             raise BadShardError(path, f"damaged HDF5 data ({h5_message(e)}); {_FIX}") from None
     return Shard(path=path, attrs=attrs)
+
+
+def check_image(image: bytes, path: os.PathLike | str) -> ImageShard:
+    """:func:`check_shard` of a shard still in memory (its bytes, to be stored at `path`)."""
+    path = Path(path)
+    shard = ImageShard(path=path, attrs={}, image=image)
+    with shard._open() as f:
+        attrs = read_attrs(path, f)
+        check_attrs(path, attrs)
+        _check_layout(path, f)
+    shard.attrs = attrs
+    return shard

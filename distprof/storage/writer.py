@@ -14,6 +14,7 @@ with nothing left behind.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import h5py
 import numpy as np
 
 from . import safefs, schema
+from .summary_group import COMPRESS_MIN, SUMMARY_GROUP, SUMMARY_KINDS, StoredSummary, Summarizer
 
 log = logging.getLogger(__name__)
 
@@ -125,18 +127,45 @@ def shard_image(tables: Mapping[str, Mapping[str, np.ndarray]], strings: list[st
         return f.id.get_file_image()
 
 
+def add_summary(image: bytes, summary: StoredSummary, codec: str = "zstd") -> bytes:
+    """A shard's bytes (``writer.shard_image``) with `summary` added as /summary (all in memory)."""
+    filt = _filter_kwargs(codec)
+    bio = io.BytesIO(image)
+    with h5py.File(bio, "r+", libver=LIBVER) as f:
+        g = f.create_group(SUMMARY_GROUP)
+        g.attrs["version"] = int(summary.version)
+        g.attrs["producer"] = str(summary.producer)
+        g.attrs["cpu_s"] = float(summary.cpu_s)
+        g.attrs["meta"] = summary.meta
+        for key, arr in summary.arrays.items():
+            a = np.ascontiguousarray(arr)
+            if a.ndim != 1 or a.dtype.kind not in SUMMARY_KINDS or "/" in key:
+                raise ValueError(f"summary array {key!r}: {a.dtype} of shape {a.shape} cannot be stored")
+            if a.size >= COMPRESS_MIN:
+                g.create_dataset(key, data=a, chunks=(min(a.size, 1 << 16),), **filt)
+            else:
+                g.create_dataset(key, data=a)
+    return bio.getvalue()
+
+
 def write_shard(
     path: str | os.PathLike,
     tables: Mapping[str, Mapping[str, np.ndarray]],
     strings: list[str],
     attrs: Mapping[str, Any],
     codec: str = "zstd",
+    summarize: Summarizer | None = None,
 ) -> int:
     """Write a complete shard to `path` (in memory, then :func:`write_durably`). Returns its size in bytes.
+    `summarize`: computes the summary stored with it (``summary_group``) from the shard's bytes; None: none.
 
     Raises ShardWriteError when the file system cannot take it (nothing written), ValueError/TypeError for tables
     or attributes that do not fit the schema."""
-    return write_durably(path, shard_image(tables, strings, attrs, codec))
+    image = shard_image(tables, strings, attrs, codec)
+    summary = summarize(image, Path(path)) if summarize is not None else None
+    if summary is not None:
+        image = add_summary(image, summary, codec)
+    return write_durably(path, image)
 
 
 def free_bytes(directory: str | os.PathLike) -> tuple[int, int]:
