@@ -87,15 +87,16 @@ def add_steps_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", metavar="A:B", type=str, help="only global steps A..B (inclusive)")
 
 
-def summarize_run(run_dir: str, *, steps=None, progress=None, strict: bool = False):
+def summarize_run(run_dir: str, *, steps=None, progress=None, strict: bool = False, stored: bool = True):
     """The RunSummary of `run_dir` for a subcommand: split over MPI processes when started by ``mpiexec`` / ``srun``
-    (mpi4py), else serial. Returns None on every MPI process but rank 0 (which alone writes output)."""
+    (mpi4py), else serial. Returns None on every MPI process but rank 0 (which alone writes output). `stored`: take
+    the per-rank summaries capture stored in the shards where they fit (False: summarise every rank's events)."""
     from ..analysis.summarize.engine import mpi_world, summarize
 
     comm = mpi_world()
     if comm is None and _other_srun_task():
         return None
-    return summarize(run_dir, steps=steps, progress=progress, comm=comm, strict=strict)
+    return summarize(run_dir, steps=steps, progress=progress, comm=comm, strict=strict, stored=stored)
 
 
 def _other_srun_task(what: str = "report") -> bool:

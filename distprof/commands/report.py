@@ -26,6 +26,9 @@ def register(sub) -> None:
                    help="device peak TFLOP/s for MFU (overrides the built-in table; needed on CPU)")
     r.add_argument("--top", metavar="N", type=int, default=3, help="root-cause analysis for up to N stragglers")
     add_strict_arg(r)
+    r.add_argument("--from-events", action="store_true",
+                   help="summarise every rank from its events, ignoring the summaries capture stored in the shards "
+                        "(the same report, slower; for checking them)")
     r.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     r.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the summary")
     r.set_defaults(func=run)
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     report = watch_only_report(args.run_dir)  # a --watch run that recorded no window: its series alone
     if report is None:
         run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
-                             strict=args.strict)
+                             strict=args.strict, stored=not args.from_events)
         if run_ is None:  # an MPI process other than rank 0: its share is summarised, rank 0 reports
             return 0
         report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top, watch_dir=args.run_dir)

@@ -25,7 +25,8 @@ from ...storage.selection import SkippedShard, strict_error
 from ...storage.validate import check_values
 from .catalog import RunCatalog, remap_pg
 
-__all__ = ["RankData", "read_rank", "TABLES", "REQUIRED", "columns_wanted", "merge_strings", "filter_steps"]
+__all__ = ["RankData", "read_rank", "read_shards", "TABLES", "REQUIRED", "columns_wanted", "merge_strings",
+           "filter_steps"]
 
 Table = dict[str, np.ndarray]
 
@@ -117,6 +118,15 @@ def read_rank(cat: RunCatalog, rank: int, *, columns: Mapping[str, Iterable[str]
     shards = cat.shards_of(rank)
     if not shards:
         raise KeyError(f"rank {rank} has no shard in {cat.run_dir}")
+    return read_shards(rank, shards, columns=columns, skipped=skipped, strict=cat.strict, pg_luts=cat.pg_luts)
+
+
+def read_shards(rank: int, shards: list, *, columns: Mapping[str, Iterable[str] | None] | None = None,
+                skipped: list[SkippedShard] | None = None, strict: bool = False,
+                pg_luts: Mapping[Any, np.ndarray] | None = None) -> RankData:
+    """:func:`read_rank` of the given shards of `rank` (``storage.shard.Shard``: a run's, or one still in memory),
+    their process-group indices mapped by `pg_luts` (shard path -> the run's global indices; none: kept)."""
+    pg_luts = pg_luts or {}
     want = columns_wanted(columns)
     kept: list = []
     per_shard: list[dict[str, Table]] = []
@@ -130,7 +140,7 @@ def read_rank(cat: RunCatalog, rank: int, *, columns: Mapping[str, Iterable[str]
                                    names=True)
             check_values(s.path, s.attrs, {"clock/samples": {}, "cpu/samples": {}, **tabs}, len(names))
         except BadShardError as e:
-            if cat.strict:
+            if strict:
                 raise strict_error(e) from None
             if skipped is None:
                 raise
@@ -148,7 +158,7 @@ def read_rank(cat: RunCatalog, rank: int, *, columns: Mapping[str, Iterable[str]
     if not kept:
         raise RankUnreadable(shards[0].path, f"every shard of rank {rank} failed its checks")
     names, remaps = merge_strings(names_list)
-    tables = _concat(kept, per_shard, remaps, [cat.pg_luts.get(s.path) for s in kept])
+    tables = _concat(kept, per_shard, remaps, [pg_luts.get(s.path) for s in kept])
     cpu_samples = {c: np.concatenate([t[c] for t in cpu]) for c in cpu[0]} if cpu else None
     return RankData(rank=rank, names=names, attrs=kept[0].attrs, windows=[s.window for s in kept],
                     samples=samples, cpu_samples=cpu_samples, **tables)

@@ -3,9 +3,11 @@
     run = summarize("distprof/<run-id>", steps=(10, 19))       # serial
     mpiexec -n 4 distprof report RUN_DIR                        # the same, the ranks split over 4 MPI processes
 
-Serial: scan the shards' attributes (``catalog.scan_run``), then for each rank read its shards
-(``rankdata.read_rank``), summarise it (``summary.summarize_rank``) and drop its events; join the summaries
-(``align.reduce.reduce_run``). Peak memory: the largest rank's events plus the summaries.
+Serial: scan the shards' attributes (``catalog.scan_run``), then for each rank take the summary stored in its shard
+where the capture (or ``distprof import``) wrote one and the report may use it (``rank.stored``: one window, no
+``--steps``, default rules, the same distprof), else read its shards (``rankdata.read_rank``), summarise them
+(``summary.summarize_rank``) and drop the events; join the summaries (``align.reduce.reduce_run``). Peak memory:
+the largest rank's events plus the summaries.
 
 MPI (``comm`` given, or :func:`mpi_world` under ``mpiexec``/``srun``): MPI rank 0 scans and broadcasts the catalog;
 the ranks are dealt out by their event counts (largest first, each to the least-loaded process), each process
@@ -28,6 +30,7 @@ from ...parallel import deal
 from ...progress import progress_enabled
 from ...storage.reader import find_shards
 from ...storage.selection import SkippedShard
+from ...storage.summary_group import SummaryUnreadable
 from ...storage.validate import check_shard
 from ..align.clock import ClockModel
 from ..align.reduce import reduce_run
@@ -40,12 +43,14 @@ from ..load.catalog import (
 )
 from ..load.rankdata import TABLES, RankData, RankUnreadable, read_rank
 from ..names import rank_ranges
+from ..rank.stored import load_stored, usable
 from ..rank.summary import summarize_rank
 from ..types import FindingRules, MergedRun, RankSummary, RunSummary
 
 log = logging.getLogger(__name__)
 
-__all__ = ["summarize", "summarize_catalog", "summarize_merged", "mpi_world", "assign_ranks", "MPI_ENV_VARS"]
+__all__ = ["summarize", "summarize_catalog", "stored_summary", "summarize_merged", "mpi_world", "assign_ranks",
+           "MPI_ENV_VARS"]
 
 #: Environment variables that say a process was started by an MPI launcher (MPICH/Hydra, Open MPI, Slurm's srun).
 MPI_ENV_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
@@ -81,12 +86,47 @@ def assign_ranks(cat: RunCatalog, n_procs: int) -> list[list[int]]:
     return [[ranks[i] for i in share] for share in deal([_rank_cost(cat, r) for r in ranks], n_procs)]
 
 
-def _summarize_ranks(cat: RunCatalog, ranks: list[int], *, show: bool, rules: FindingRules | None
-                     ) -> tuple[list[RankSummary], list[SkippedShard]]:
-    """Each rank read (bad shards left out and returned) and summarised."""
+def stored_summary(cat: RunCatalog, rank: int, rules: FindingRules | None) -> RankSummary | None:
+    """The summary stored in the rank's shard when the report may take it instead of its events
+    (``rank.stored.usable``); None otherwise (an older shard, several windows, ``--steps``, other rules, or one that
+    cannot be used: a warning says why)."""
+    shards = cat.shards_of(rank)
+    if len(shards) != 1 or cat.steps is not None or (rules is not None and rules != FindingRules()):
+        return None
+    shard = shards[0]
+    try:
+        stored = shard.stored_summary()
+    except SummaryUnreadable as e:  # the message names the file
+        log.warning("distprof: %s; summarising the shard's events instead", e)
+        return None
+    except BadShardError:
+        return None  # reading its events says what is wrong with it
+    if stored is None:
+        return None
+    why = usable(stored, n_shards=1, steps=cat.steps, rules=rules)
+    if why:
+        log.debug("%s: stored summary not used (%s)", shard.path, why)
+        return None
+    try:
+        return load_stored(stored, cat.pg_luts.get(shard.path))
+    except Exception as e:  # noqa: BLE001 -- a stored summary is an optimisation: the events are the truth
+        what = str(e) if isinstance(e, SummaryUnreadable) else f"{type(e).__name__}: {e}"
+        log.warning("distprof: %s: /summary cannot be used (%s); summarising the shard's events instead",
+                    shard.path, what)
+    return None
+
+
+def _summarize_ranks(cat: RunCatalog, ranks: list[int], *, show: bool, rules: FindingRules | None,
+                     stored: bool = True) -> tuple[list[RankSummary], list[SkippedShard]]:
+    """Each rank summarised: from the summary stored in its shard where it can be (`stored`), else from its events
+    read (bad shards left out and returned)."""
     out: list[RankSummary] = []
     skipped: list[SkippedShard] = []
     for r in bar(ranks, show, "summarising ranks", unit="rank"):
+        s = stored_summary(cat, r, rules) if stored else None
+        if s is not None:
+            out.append(s)
+            continue
         try:
             rd = read_rank(cat, r, skipped=skipped)
         except RankUnreadable:
@@ -104,21 +144,24 @@ def _reduce(cat: RunCatalog, summaries: list[RankSummary], skipped: list[Skipped
 
 
 def summarize_catalog(cat: RunCatalog, *, progress: bool | None = None,
-                      rules: FindingRules | None = None) -> RunSummary:
-    """Serial map + reduce over a scanned run."""
+                      rules: FindingRules | None = None, stored: bool = True) -> RunSummary:
+    """Serial map + reduce over a scanned run (`stored`: take the summaries stored in the shards where they can be)."""
     show = progress_enabled(progress, len(cat.shards), PROGRESS_MIN_SHARDS)
-    summaries, skipped = _summarize_ranks(cat, cat.ranks_read, show=show, rules=rules)
+    summaries, skipped = _summarize_ranks(cat, cat.ranks_read, show=show, rules=rules, stored=stored)
     return _reduce(cat, summaries, skipped, rules=rules)
 
 
 def summarize(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None, progress: bool | None = None,
-              rules: FindingRules | None = None, comm: Any = None, strict: bool = False) -> RunSummary | None:
+              rules: FindingRules | None = None, comm: Any = None, strict: bool = False,
+              stored: bool = True) -> RunSummary | None:
     """Summarise a run directory (see the module docstring). With `comm` (an mpi4py communicator of more than one
-    process), the work is split over its processes and only its rank 0 gets the RunSummary (others get None)."""
+    process), the work is split over its processes and only its rank 0 gets the RunSummary (others get None).
+    `stored`: take each rank's summary stored in its shard where it can be (``stored_summary``); False: always
+    summarise the events."""
     if comm is None or comm.Get_size() <= 1:
         return summarize_catalog(scan_run(run_dir, steps=steps, progress=progress, strict=strict), progress=progress,
-                                 rules=rules)
-    return _summarize_mpi(comm, run_dir, steps=steps, progress=progress, rules=rules, strict=strict)
+                                 rules=rules, stored=stored)
+    return _summarize_mpi(comm, run_dir, steps=steps, progress=progress, rules=rules, strict=strict, stored=stored)
 
 
 def summarize_merged(run: MergedRun, *, rules: FindingRules | None = None) -> RunSummary:
@@ -237,7 +280,7 @@ def _gather_summaries(comm, result: tuple[str, Any]) -> list[tuple[str, Any]] | 
     return out
 
 
-def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False) -> RunSummary | None:
+def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False, stored=True) -> RunSummary | None:
     me, size = comm.Get_rank(), comm.Get_size()
     cat: RunCatalog | None = None
     failure: Exception | None = None
@@ -256,7 +299,7 @@ def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False) -> Ru
     show = me == 0 and progress_enabled(progress, len(cat.shards), PROGRESS_MIN_SHARDS)
     result: tuple[str, Any]
     try:
-        result = ("ok", _summarize_ranks(cat, share, show=show, rules=rules))
+        result = ("ok", _summarize_ranks(cat, share, show=show, rules=rules, stored=stored))
     except Exception as e:  # noqa: BLE001 -- sent to MPI rank 0, which reports it once
         where = f"MPI process {me} (ranks {rank_ranges(share)} of the run)" if share else f"MPI process {me}"
         msg = f"{e}" if isinstance(e, DistprofError) else f"{type(e).__name__}: {e}"
