@@ -37,10 +37,11 @@ def profile(**options: Any):
     """
     from .capture.profiler import RankProfiler
     from .config import config_from_mapping
+    from .source_summary import summarize_shard
 
     options.setdefault("step_on", "manual")
     cfg = config_from_mapping(options)
-    return RankProfiler(cfg)
+    return RankProfiler(cfg, summarizer=summarize_shard)
 
 
 def step() -> None:

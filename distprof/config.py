@@ -131,6 +131,7 @@ class ProfileConfig:
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     cpu_sample_ms: float = 1.0  # how often a side thread samples the training thread's CPU waits while recording; 0 off
     watch: WatchConfig = field(default_factory=WatchConfig)
+    summaries: bool = True  # the rank's summary computed on the writer thread and stored in its (only) shard
 
     def __post_init__(self) -> None:
         for name, cls in _SECTIONS.items():
@@ -228,7 +229,7 @@ _PARSERS = {
     **{k: parse_int for k in ("wait", "warmup", "active", "repeat", "skip_first")},
     "schedule": _parse_str,
     **{k: parse_bool for k in ("flops", "memory", "shapes", "stack", "strict", "memory_history", "trigger",
-                                     "watch")},
+                                     "watch", "summaries")},
     **{k: _parse_str for k in ("out", "run_id", "step_on", "codec")},
     "sync_rounds": parse_int,
     "sync_timeout_s": parse_float,

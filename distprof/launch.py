@@ -72,6 +72,10 @@ def _add_output_args(p: argparse.ArgumentParser, d: ProfileConfig) -> None:
     g.add_argument("--codec", choices=("zstd", "gzip"), default=None,
                    help=f"shard compression: zstd (smallest, fastest; needs hdf5plugin to read) or gzip (readable "
                         f"by any HDF5 tool) [{d.codec}]")
+    g.add_argument("--summaries", dest="summaries", action=argparse.BooleanOptionalAction, default=None,
+                   help="store the rank's summary in its shard, computed on the writer thread, when the schedule "
+                        "records one window (the report then reads the summaries, not every event) "
+                        f"[{'on' if d.summaries else 'off'}]")
 
 
 def _add_schedule_args(p: argparse.ArgumentParser, d: ProfileConfig, s: ScheduleConfig) -> None:
@@ -168,8 +172,9 @@ def run(config: ProfileConfig, script: str, script_args: list[str], *, module: b
     capture.signals). How the script ended is told to the profiler first: one that failed gets no hint about
     steps, and its run directory (if one was made) is marked failed in the status file."""
     from .capture.profiler import RankProfiler
+    from .source_summary import summarize_shard
 
-    prof = RankProfiler(config)
+    prof = RankProfiler(config, summarizer=summarize_shard)
     prof.on_closed = _print_closing_line
     sys.argv = [script, *script_args]  # runpy sets argv[0] to the module's file, as python -m does
     if module:

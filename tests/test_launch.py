@@ -401,14 +401,15 @@ def test_config_sections_keep_the_flat_shard_format():
     assert list(ProfileConfig().to_dict()) == [
         "out", "run_id", "schedule", "flops", "memory", "shapes", "stack", "step_on", "strict", "codec", "sync_rounds",
         "sync_timeout_s", "memory_history", "memory_history_entries", "trigger", "trigger_poll_s", "trigger_margin",
-        "cpu_sample_ms", "watch", "watch_interval_s", "watch_threshold", "watch_steps", "watch_cooldown_s"]
+        "cpu_sample_ms", "watch", "watch_interval_s", "watch_threshold", "watch_steps", "watch_cooldown_s", "summaries"]
     cfg = config_from_mapping({"watch": True, "watch_threshold": 0.5, "trigger_margin": 9, "active": 7}, environ={})
     assert cfg.watch == WatchConfig(enabled=True, threshold=0.5) and cfg.trigger == TriggerConfig(margin=9)
     d = cfg.to_dict()
     assert (d["watch"], d["watch_threshold"], d["trigger"], d["trigger_margin"]) == (True, 0.5, True, 9)
     assert d["schedule"] == {"wait": 3, "warmup": 2, "active": 7, "repeat": 1, "skip_first": 0, "kind": "steps"}
     assert ProfileConfig.from_dict(d) == cfg
-    old = {k: v for k, v in ProfileConfig().to_dict().items() if not k.startswith("watch") and k != "cpu_sample_ms"}
+    old = {k: v for k, v in ProfileConfig().to_dict().items()
+           if not k.startswith("watch") and k not in ("cpu_sample_ms", "summaries")}
     assert ProfileConfig.from_dict(old) == ProfileConfig()
     assert ProfileConfig(schedule=ScheduleConfig(kind="none")).trigger.enabled
     with pytest.raises(ConfigError, match="nothing would be recorded"):

@@ -29,6 +29,7 @@ from .status import LostWindow
 from .stepper import OptimizerStepper
 from .trigger import Trigger
 from .watch import Watch
+from ..storage.summary_group import Summarizer
 from .windows import ShardWriter, WindowJob
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,9 @@ class RankProfiler:
     where every rank is (``setup.py``), clock ping-pongs run on a side thread (``clock.py``), and shards are written
     by a background thread."""
 
-    def __init__(self, config: ProfileConfig) -> None:
+    def __init__(self, config: ProfileConfig, *, summarizer: Summarizer | None = None) -> None:
         self.config = config
+        self._summarizer = summarizer if config.summaries else None
         self.step_num = 0
         self.errors: list[dict[str, str]] = []
         self._prof = None
@@ -182,7 +184,8 @@ class RankProfiler:
             with_stack=cfg.stack,
         )
         self._writer = ShardWriter(cfg, self._setup, self._clock, main_tid=self._main_tid,
-                                   errors=lambda: list(self.errors), on_error=self._fail, on_lost=self._window_lost)
+                                   errors=lambda: list(self.errors), on_error=self._fail, on_lost=self._window_lost,
+                                   summarizer=self._summarizer)
         self._signals.install()
         if cfg.step_on == "optimizer":
             self._stepper = OptimizerStepper(self._advance, self._cpu_mark_optimizer)

@@ -25,7 +25,9 @@ import numpy as np
 from ..config import ProfileConfig
 from ..events.p2p import P2PCalls
 from ..storage import schema
-from ..storage.writer import ShardWriteError, free_bytes, no_space, reserve_bytes, shard_image, write_durably
+from ..storage.summary_group import Summarizer
+from ..storage.writer import (ShardWriteError, add_summary, free_bytes, no_space, reserve_bytes, shard_image,
+                              write_durably)
 from . import clock, groups, schedstat
 from .dist_info import RankInfo
 from .extract import Extracted, extract
@@ -74,8 +76,10 @@ class ShardWriter:
 
     def __init__(self, config: ProfileConfig, setup: RunSetup, clock_sync: clock.ClockSync, *, main_tid: int,
                  errors: Callable[[], list[dict[str, str]]], on_error: Callable[..., None],
-                 on_lost: Callable[[LostWindow], None]) -> None:
+                 on_lost: Callable[[LostWindow], None], summarizer: Summarizer | None = None) -> None:
         self.config = config
+        self._summarizer = summarizer
+        self._summary_failed = False
         self.written: list[dict[str, Any]] = []
         self.lost: list[LostWindow] = []
         self._setup = setup
@@ -192,17 +196,40 @@ class ShardWriter:
         path = run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=job.window)
         t2 = time.perf_counter()
         image = shard_image(tables, strings, attrs, codec=self.config.codec)
-        self._last_size = len(image)
         n_events = ex.stats["n_events"]
         del tables, ex
+        t_sum = time.perf_counter()
+        image = self._with_summary(image, path)
+        self._last_size = len(image)
         t3 = time.perf_counter()
         size = write_durably(path, image)
-        timings["build_s"] = round(t3 - t2, 6)
+        timings["build_s"] = round(t_sum - t2, 6)
+        timings["summary_s"] = round(t3 - t_sum, 6)
         timings["disk_s"] = round(time.perf_counter() - t3, 6)
         durable = time.perf_counter() - job.t_queued
         self.written.append({"window": job.window, "path": str(path), "bytes": size, "steps": steps,
                              "complete": job.complete, **timings, "durable_after_s": round(durable, 6)})
         log.info("distprof: rank %d wrote %s (%d events, %.1f KB)", info.rank, path, n_events, size / 1e3)
+
+    def _with_summary(self, image: bytes, path: Path) -> bytes:
+        """The shard's bytes with its per-rank summary added (``summary_group``), computed here on the writer
+        thread by the summarizer the entry point gave (the report's map); the bytes unchanged when there is none or
+        it fails (the report then summarises the events: a warning, once per rank).
+
+        The report uses a stored summary only for a rank with a single shard, so only the first shard this rank
+        writes gets one, and only when the schedule records one window (``repeat=1``, or windows on request only):
+        CPU in the training process is not spent on a summary nobody reads."""
+        sched = self.config.schedule
+        if self._summarizer is None or self.written or (sched.kind == "steps" and sched.repeat != 1):
+            return image
+        try:
+            return add_summary(image, self._summarizer(image, path), codec=self.config.codec)
+        except Exception as e:  # noqa: BLE001 -- the shard is written without it; never raised into training
+            if not self._summary_failed:
+                self._summary_failed = True
+                log.warning("distprof: %s: its per-rank summary was not stored (%s: %s); the report will summarise "
+                            "its events instead", path.name, type(e).__name__, e)
+            return image
 
     def _run_dir_for(self, job: WindowJob) -> Path:
         """The run directory to write the window into; ClaimError / ShardWriteError when there is none or no room."""

@@ -37,6 +37,8 @@ from ..events.tables import build_tables
 from ..parallel import deal
 from ..progress import progress_enabled
 from ..storage import schema
+from ..analysis.rank.stored import summarize_image
+from ..storage.summary_group import StoredSummary
 from ..storage.writer import write_shard
 from ..storage.validate import MAX_WORLD_SIZE
 from .kineto import KinetoTrace, read_header, read_kineto, shown
@@ -256,8 +258,19 @@ def _shard_for(tr: KinetoTrace, rank: int, world_size: int, run_id: str, ref_ran
     if props is not None:
         attrs["device_properties"] = props
     path = out / schema.SHARD_TEMPLATE.format(rank=rank, window=0)
-    write_shard(path, tabs, tr.strings.list(), attrs, codec=codec)
+    write_shard(path, tabs, tr.strings.list(), attrs, codec=codec, summarize=_summary)
     return path
+
+
+def _summary(image: bytes, path: Path) -> StoredSummary | None:
+    """The per-rank summary stored with an imported shard (as capture stores it); None, with a warning, when it
+    cannot be computed: the shard is written without it and the report summarises its events."""
+    try:
+        return summarize_image(image, path)
+    except Exception as e:  # noqa: BLE001 -- the shard itself is still good
+        log.warning("distprof import: %s: its per-rank summary was not stored (%s: %s); the report will summarise "
+                    "its events instead", path.name, type(e).__name__, e)
+        return None
 
 
 @dataclass(frozen=True)
