@@ -21,7 +21,8 @@ def main() -> None:
     args = synth.parse_args()
     spec = synth.spec_from(args)
     t0 = time.perf_counter()
-    n = synth.generate(spec, Path(args.out), ranks=range(me, spec.ranks, size), progress=me == 0)
+    n = synth.generate(spec, Path(args.out), ranks=range(me, spec.ranks, size), progress=me == 0,
+                       summaries=args.summaries)
     total = comm.reduce(n, root=0)
     if me == 0:
         print(f"synth: {spec.ranks} ranks, {total:,} events in {time.perf_counter() - t0:.1f} s on {size} processes "

@@ -251,7 +251,7 @@ def _pingpongs(rng, host: int, phase_times, off, drift, rounds: int = 16) -> dic
             "t_recv_ns": recorded(a[:, 3], host, off, drift)}
 
 
-def write_rank(spec: Spec, out: Path, rank: int, truth, pgs, off, drift, columns=None) -> int:
+def write_rank(spec: Spec, out: Path, rank: int, truth, pgs, off, drift, columns=None, summarize=None) -> int:
     """Write every window's shard of one rank; returns the events written. `columns` (an LLM shape's) replaces
     :func:`_rank_columns` and returns a sixth item: build_tables keywords (streams, point-to-point calls)."""
     host = host_of(spec, rank)
@@ -308,13 +308,19 @@ def write_rank(spec: Spec, out: Path, rank: int, truth, pgs, off, drift, columns
             "timings": {"n_events": int(len(tables["events"]["ts_ns"]))},
             "clock_role": role, "clock_leader": leader, "clock_reference": 0,
         }
-        write_shard(out / schema.SHARD_TEMPLATE.format(rank=rank, window=w), tables, strings.list(), attrs)
+        write_shard(out / schema.SHARD_TEMPLATE.format(rank=rank, window=w), tables, strings.list(), attrs,
+                    summarize=summarize)
         n_total += len(tables["events"]["ts_ns"])
     return n_total
 
 
-def generate(spec: Spec, out: Path, *, ranks: range | None = None, progress: bool = False) -> int:
-    """Write the run into `out` (created); `ranks` restricts which ranks' shards this call writes."""
+def generate(spec: Spec, out: Path, *, ranks: range | None = None, progress: bool = False,
+             summaries: bool = False) -> int:
+    """Write the run into `out` (created); `ranks` restricts which ranks' shards this call writes. `summaries`:
+    store each shard's per-rank summary in it, as a capture does (``--summaries``)."""
+    summarize = None
+    if summaries:
+        from distprof.source_summary import summarize_shard as summarize
     out.mkdir(parents=True, exist_ok=True)
     columns = None
     if spec.shape == "default":
@@ -326,7 +332,7 @@ def generate(spec: Spec, out: Path, *, ranks: range | None = None, progress: boo
     n = 0
     t0 = time.perf_counter()
     for i, r in enumerate(ranks or range(spec.ranks)):
-        n += write_rank(spec, out, r, truth, pgs, off, drift, columns)
+        n += write_rank(spec, out, r, truth, pgs, off, drift, columns, summarize)
         if progress and (i + 1) % 64 == 0:
             el = time.perf_counter() - t0
             print(f"  {i + 1} ranks, {n:,} events, {n / el / 1e6:.2f} M events/s", file=sys.stderr)
@@ -369,6 +375,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-id", default="synth")
+    p.add_argument("--summaries", action="store_true",
+                   help="store each rank's summary in its shard, as a capture does (used with --windows 1)")
     p.add_argument("-o", "--out", required=True, help="run directory to write (the report reads it)")
     return p.parse_args(argv)
 
@@ -391,7 +399,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     spec = spec_from(args)
     t0 = time.perf_counter()
-    n = generate(spec, Path(args.out), progress=True)
+    n = generate(spec, Path(args.out), progress=True, summaries=args.summaries)
     el = time.perf_counter() - t0
     print(f"synth: {spec.ranks} ranks x {spec.windows} windows, {n:,} events ({n / spec.ranks:,.0f} per rank) "
           f"in {el:.1f} s -> {args.out}")
