@@ -50,14 +50,19 @@ def env() -> dict[str, str]:
     return e
 
 
-def generate(ranks: int, events: int, data: Path, gen_procs: int, shape: str = "default") -> Path:
+def generate(ranks: int, events: int, data: Path, gen_procs: int, shape: str = "default",
+             summaries: bool = False) -> Path:
     out = data / (f"r{ranks}-e{events}" if shape == "default" else f"r{ranks}-e{events}-{shape}")
+    if summaries:  # one window per rank, its summary stored as a capture stores it
+        out = out.with_name(out.name + "-s")
     if (out / ".done").exists():
         return out
     shutil.rmtree(out, ignore_errors=True)
     mesh = ["--tp", "8" if ranks >= 16 else "1"] if shape == "default" else ["--shape", shape]  # a shape has its mesh
     args = [str(HERE / "synth.py"), "--ranks", str(ranks), "--events", str(events), "--hosts", str(max(ranks // 8, 1)),
             *mesh, "--slow-rank", str(ranks * 2 // 3), "--slow-ms", "10", "--run-id", f"scale{ranks}", "-o", str(out)]
+    if summaries:
+        args[1:1] = ["--windows", "1", "--summaries"]
     t0 = time.perf_counter()
     if gen_procs > 1:
         cmd = ["mpiexec", "-n", str(gen_procs), sys.executable, str(HERE / "_synth_mpi.py"), *args[1:]]
@@ -69,12 +74,14 @@ def generate(ranks: int, events: int, data: Path, gen_procs: int, shape: str = "
     return out
 
 
-def measure(run_dir: Path, procs: int, out_json: Path) -> tuple[float, int]:
+def measure(run_dir: Path, procs: int, out_json: Path, *, from_events: bool = False) -> tuple[float, int]:
     """Wall seconds and the largest per-process peak RSS (bytes) of one `distprof report --json`."""
     with tempfile.TemporaryDirectory() as td:
         e = env()
         e["DP_RSS_DIR"] = td
         cmd = [sys.executable, "-c", _CHILD, "report", str(run_dir), "--json", str(out_json), "--no-progress"]
+        if from_events:
+            cmd.append("--from-events")
         if procs > 1:
             cmd = ["mpiexec", "-n", str(procs), *cmd]
         t0 = time.perf_counter()
@@ -104,6 +111,10 @@ def main() -> None:
     ap.add_argument("--shape", default="default", choices=("default", "fsdp", "tp", "pp", "ep", "llm"),
                     help="synth.py --shape: default (TP/DP groups, 8 all-reduces per step), or an LLM shape with "
                          "per-layer collectives (docs/scaling.md, Synthetic shapes)")
+    ap.add_argument("--summaries", action="store_true",
+                    help="runs of one window per rank with their summaries stored (as a capture writes them); the "
+                         "report reads the summaries")
+    ap.add_argument("--from-events", action="store_true", help="with --summaries: the report ignores them")
     args = ap.parse_args()
     data = Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
@@ -111,13 +122,14 @@ def main() -> None:
     procs = [int(x) for x in args.procs.split(",")]
     rows = []
     suffix = "" if args.shape == "default" else f"-{args.shape}"  # a shape's files beside the default run's
+    suffix += ("-s" if args.summaries else "") + ("-ev" if args.from_events else "")
     for n in rank_counts:
-        run_dir = generate(n, args.events, data, args.gen_procs, args.shape)
+        run_dir = generate(n, args.events, data, args.gen_procs, args.shape, args.summaries)
         ev = n_events(run_dir)
         reports = {}
         for p in procs:
             out = data / f"report-r{n}-p{p}{suffix}.json"
-            wall, rss = measure(run_dir, p, out)
+            wall, rss = measure(run_dir, p, out, from_events=args.from_events)
             reports[p] = json.loads(out.read_text())
             rows.append({"ranks": n, "procs": p, "events": ev, "seconds": wall, "us_per_event": wall / ev * 1e6,
                          "peak_rss_mb": rss / 1e6})

@@ -132,28 +132,44 @@ def _meta_key(meta: dict, table: str, column: str) -> str:
     raise KeyError(column)
 
 
+def _set_array(g: h5py.Group, key: str, values) -> None:
+    """Rewrite one array of a stored summary in place: its bytes in /summary/blob, at its index entry."""
+    entry = next(e for e in json.loads(g.attrs["index"]) if e[0] == key)
+    blob = g["blob"][()]
+    a = np.asarray(values, dtype=entry[1])
+    assert a.size == entry[3]
+    blob[entry[2]:entry[2] + a.nbytes] = a.view(np.uint8)
+    del g["blob"]
+    g.create_dataset("blob", data=blob)
+
+
 def _forge(path: Path, how: str) -> None:
     with h5py.File(path, "r+") as f:
         g = f[SUMMARY_GROUP]
         meta = json.loads(g.attrs["meta"])
+        index = json.loads(g.attrs["index"])
         if how == "not json":
             g.attrs["meta"] = "{not json"
         elif how == "wrong class":
             g.attrs["meta"] = json.dumps({"$c": "Popen", "f": {"args": ["sh"]}})
         elif how == "event row out of range":
-            key = _meta_key(meta, "steps", "step")
-            key = _meta_key(meta, "collectives", "ev_row") if meta["f"]["collectives"]["$d"] else key
-            a = g[key][()]
-            del g[key]
-            g.create_dataset(key, data=np.full_like(a, 2**40) if a.dtype.itemsize == 8 else a[:0])
-        elif how == "string array":
-            key = _meta_key(meta, "steps", "step")
-            del g[key]
-            g.create_dataset(key, data=np.array([b"x"] * 3))
+            table = "collectives" if meta["f"]["collectives"]["$d"] else "steps"
+            key = _meta_key(meta, table, "ev_row" if table == "collectives" else "step")
+            count = next(e[3] for e in index if e[0] == key)
+            _set_array(g, key, np.full(count, 2**40))
+        elif how == "index outside the blob":
+            entry = next(e for e in index if e[3] > 0)
+            entry[2] = int(g["blob"].shape[0]) - 1  # its first byte the blob's last
+            g.attrs["index"] = json.dumps(index)
+        elif how == "index dtype":
+            index[0][1] = "|O8"
+            g.attrs["index"] = json.dumps(index)
+        elif how == "string blob":
+            del g["blob"]
+            g.create_dataset("blob", data=np.array([b"x"] * 3))
         elif how == "soft link":
-            key = _meta_key(meta, "steps", "step")
-            del g[key]
-            g[key] = h5py.SoftLink("/events/ts_ns")
+            del g["blob"]
+            g["blob"] = h5py.SoftLink("/events/ts_ns")
         elif how == "external link":
             del f[SUMMARY_GROUP]
             f[SUMMARY_GROUP] = h5py.ExternalLink("/etc/passwd", "/summary")
@@ -168,8 +184,8 @@ def _forge(path: Path, how: str) -> None:
             raise AssertionError(how)
 
 
-FORGERIES = ("not json", "wrong class", "event row out of range", "string array", "soft link", "external link",
-             "version", "field type", "deep")
+FORGERIES = ("not json", "wrong class", "event row out of range", "index outside the blob", "index dtype",
+             "string blob", "soft link", "external link", "version", "field type", "deep")
 
 
 @pytest.mark.parametrize("how", FORGERIES)
@@ -197,14 +213,17 @@ def test_a_shard_without_a_summary_still_reports(imported, tmp_path, count_event
 
 
 def test_the_summary_reader_bounds_what_it_takes(imported, tmp_path):
-    """An array that claims far more rows than the file stores is refused before it is read."""
+    """A blob that claims far more bytes than the file stores is refused before it is read; so is one over the
+    summary's size limit, whatever the file stores."""
     p = tmp_path / "s.h5"
-    shutil.copy(sorted(find_shards(imported))[0], p)
-    with h5py.File(p, "r+") as f:
-        f[SUMMARY_GROUP].create_dataset("huge", shape=(2**33,), dtype="f8", chunks=(2**20,), compression="gzip")
-        f[SUMMARY_GROUP]["huge"][:2**20] = 0.0
-    with pytest.raises(SummaryUnreadable, match="huge"):
-        read_shard(p).stored_summary()
+    for n, said in ((2**30, "decompression bomb"), (2**32, "more than 2 GiB")):
+        shutil.copy(sorted(find_shards(imported))[0], p)
+        with h5py.File(p, "r+") as f:
+            del f[SUMMARY_GROUP]["blob"]
+            ds = f[SUMMARY_GROUP].create_dataset("blob", shape=(n,), dtype="u1", chunks=(2**20,), compression="gzip")
+            ds[:2**20] = 0
+        with pytest.raises(SummaryUnreadable, match=said):
+            read_shard(p).stored_summary()
 
 
 def test_a_stored_summary_of_another_version_is_not_used(imported, tmp_path, count_event_maps):

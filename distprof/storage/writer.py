@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from . import safefs, schema
-from .summary_group import COMPRESS_MIN, SUMMARY_GROUP, SUMMARY_KINDS, StoredSummary, Summarizer
+from .summary_group import BLOB, COMPRESS_MIN, SUMMARY_GROUP, StoredSummary, Summarizer, pack
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,9 @@ def shard_image(tables: Mapping[str, Mapping[str, np.ndarray]], strings: list[st
 
 
 def add_summary(image: bytes, summary: StoredSummary, codec: str = "zstd") -> bytes:
-    """A shard's bytes (``writer.shard_image``) with `summary` added as /summary (all in memory)."""
-    filt = _filter_kwargs(codec)
+    """A shard's bytes (``writer.shard_image``) with `summary` added as /summary (all in memory; the arrays packed
+    into one byte column, ``summary_group.pack``)."""
+    blob, index = pack(summary.arrays)
     bio = io.BytesIO(image)
     with h5py.File(bio, "r+", libver=LIBVER) as f:
         g = f.create_group(SUMMARY_GROUP)
@@ -137,14 +138,11 @@ def add_summary(image: bytes, summary: StoredSummary, codec: str = "zstd") -> by
         g.attrs["producer"] = str(summary.producer)
         g.attrs["cpu_s"] = float(summary.cpu_s)
         g.attrs["meta"] = summary.meta
-        for key, arr in summary.arrays.items():
-            a = np.ascontiguousarray(arr)
-            if a.ndim != 1 or a.dtype.kind not in SUMMARY_KINDS or "/" in key:
-                raise ValueError(f"summary array {key!r}: {a.dtype} of shape {a.shape} cannot be stored")
-            if a.size >= COMPRESS_MIN:
-                g.create_dataset(key, data=a, chunks=(min(a.size, 1 << 16),), **filt)
-            else:
-                g.create_dataset(key, data=a)
+        g.attrs["index"] = index
+        if blob.size >= COMPRESS_MIN:
+            g.create_dataset(BLOB, data=blob, chunks=(min(blob.size, 1 << 20),), **_filter_kwargs(codec))
+        else:
+            g.create_dataset(BLOB, data=blob)
     return bio.getvalue()
 
 
