@@ -113,7 +113,9 @@ class _Decoder:
     def __call__(self, v: Any, depth: int = 0) -> Any:
         if depth > 32:
             raise SummaryUnreadable("nested too deep")
-        if v is None or isinstance(v, (bool, str, int, float)):
+        if type(v) is str:  # op names: one string for every rank's copy, as rankdata interns the events' names
+            return sys.intern(v)
+        if v is None or isinstance(v, (bool, int, float)):
             return v
         if isinstance(v, list):
             return [self(x, depth + 1) for x in v]
