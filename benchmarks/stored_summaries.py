@@ -37,6 +37,7 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+import shard_write  # noqa: E402
 import synth  # noqa: E402
 
 
@@ -50,17 +51,9 @@ def generate(ranks: int, events: int, out: Path) -> Path:
 
 
 def _tables(shard_path: Path):
-    from distprof.storage import read_shard, schema
-
-    s = read_shard(shard_path)
-    tables = {}
-    for name in schema.TABLES:
-        try:
-            tables[name] = s.table(name)
-        except Exception:  # noqa: BLE001 -- a table this shard lacks
-            continue
-    attrs = {k: v for k, v in s.attrs.items() if k not in ("format", "schema_version", "codec")}
-    return tables, list(s.names), attrs, len(tables["events"]["ts_ns"])
+    """The shard's tables, strings and attributes as its writer had them (shard_write.py's loader), and its events."""
+    tables, strings, attrs = shard_write._load(str(shard_path))
+    return tables, strings, attrs, len(tables["events"]["ts_ns"])
 
 
 def source_cost(run: Path, sample: int, repeat: int) -> dict:
