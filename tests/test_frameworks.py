@@ -83,8 +83,8 @@ class Run:
         return [s["rank"] for s in self.report["stragglers"] if s["named"]]
 
     def why(self) -> str:
-        keys = ("rank", "named", "mean_lateness_ms", "own_excess_median_ms", "late_step_fraction",
-                "excess_step_fraction", "cost_ms_per_step")
+        keys = ("rank", "named", "lateness_ms", "extra_work_ms", "late_step_fraction", "blame_ms_per_step",
+                "cost_ms_per_step")
         rows = [{k: s.get(k) for k in keys}
                 for s in self.report["stragglers"]]
         return f"stragglers {rows}; steps {self.report['run'].get('n_steps')}"
