@@ -281,3 +281,30 @@ def test_a_capture_stores_one_summary_per_rank_and_the_report_is_the_same(tmp_pa
     assert outs[0] == outs[1]
     status = json.loads((runs["one"] / "rank00000.status.json").read_text())
     assert status["windows"][0]["summary_s"] > 0
+
+
+def _plant_external_column(path: Path) -> None:
+    """/events/ts_ns becomes an external link (a layout the scan refuses: never followed)."""
+    with h5py.File(path, "r+") as f:
+        del f["events"]["ts_ns"]
+        f["events"]["ts_ns"] = h5py.ExternalLink("/etc/passwd", "/x")
+
+
+def test_a_shard_read_by_its_summary_has_its_layout_checked_when_its_events_are_read(imported, tmp_path):
+    """The scan leaves the layout of a shard that stores its summary to the first read of its tables: the report
+    from summaries never opens the planted link; the report from events, and a summary that cannot be used, skip
+    the shard naming the fault, as a scan would."""
+    run = tmp_path / "run"
+    shutil.copytree(imported, run)
+    victim = sorted(find_shards(run))[1]
+    _plant_external_column(victim)
+    by_summary = summarize(run, progress=False)
+    assert sorted(by_summary.ranks) == [0, 1] and not by_summary.skipped_shards
+    for kw in ({"stored": False}, {"steps": (0, 10**6)}):
+        run_ = summarize(run, progress=False, **kw)
+        assert sorted(run_.ranks) == [0] and [s.path.name for s in run_.skipped_shards] == [victim.name]
+        assert "link" in run_.skipped_shards[0].reason
+    with h5py.File(victim, "r+") as f:
+        f[SUMMARY_GROUP].attrs["producer"] = "0.0.1"  # not this distprof's: the events are read
+    run_ = summarize(run, progress=False)
+    assert sorted(run_.ranks) == [0] and [s.path.name for s in run_.skipped_shards] == [victim.name]

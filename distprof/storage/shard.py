@@ -2,7 +2,8 @@
 
     shard.attrs["rank"], shard.names[shard.table("events", ["name_id"])["name_id"]]
 
-``reader.read_shard`` and ``validate.check_shard`` open shards and check them; this module only reads.
+``reader.read_shard`` and ``validate.check_shard`` open shards and check them; this module reads (and checks the
+layout of a shard whose scan left it, before its first table: ``layout_checked``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from ..errors import BadShardError
 from . import schema
 from .h5file import H5_ERRORS, check_expansion, h5_message, open_h5, read_column
+from .layout import FIX, check_layout
 from .summary_group import StoredSummary, read_summary
 
 __all__ = ["Shard", "ImageShard"]
@@ -31,6 +33,9 @@ class Shard:
     path: Path
     attrs: dict[str, Any]
     _names: np.ndarray | None = field(default=None, repr=False)
+    #: False while the layout is unchecked (``validate.check_shard(defer_layout=True)`` on a shard that stores its
+    #: summary): it is checked before the first table is read.
+    layout_checked: bool = True
 
     @property
     def rank(self) -> int:
@@ -48,7 +53,7 @@ class Shard:
     def read_names(self) -> np.ndarray:
         """The string table, read now and not kept (a run's catalog holds every Shard: it must stay small).
         Invalid UTF-8 reads as U+FFFD."""
-        with self._open() as f:
+        with self._open_tables() as f:
             try:
                 return _names(f, self.path)
             except H5_ERRORS as e:
@@ -56,6 +61,22 @@ class Shard:
 
     def _open(self) -> h5py.File:
         return open_h5(self.path)
+
+    def _open_tables(self) -> h5py.File:
+        """The file opened to read tables: its layout checked first when the scan left it (BadShardError)."""
+        f = self._open()
+        if self.layout_checked:
+            return f
+        try:
+            check_layout(self.path, f)
+        except BadShardError:
+            f.close()
+            raise
+        except H5_ERRORS as e:
+            f.close()
+            raise BadShardError(self.path, f"damaged HDF5 data ({h5_message(e)}); {FIX}") from None
+        self.layout_checked = True
+        return f
 
     def memory_snapshot_path(self) -> Path | None:
         """The raw CUDA allocator snapshot beside this shard (``--memory-history``), or None when there is none."""
@@ -70,7 +91,7 @@ class Shard:
             return read_summary(f, self.path)
 
     def has(self, table: str) -> bool:
-        with self._open() as f:
+        with self._open_tables() as f:
             try:
                 return table in f
             except H5_ERRORS as e:
@@ -78,13 +99,13 @@ class Shard:
 
     def table(self, name: str, columns: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """Columns of table `name` (all known columns when `columns` is None), in the schema's dtypes."""
-        with self._open() as f:
+        with self._open_tables() as f:
             return self._table(f, name, columns)
 
     def tables(self, wanted: Mapping[str, Iterable[str] | None], *,
                names: bool = False) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray | None]:
         """Several tables (table -> columns, None = all) and, with `names`, the string table — the file opened once."""
-        with self._open() as f:
+        with self._open_tables() as f:
             out = {t: self._table(f, t, cols) for t, cols in wanted.items()}
             if not names:
                 return out, None

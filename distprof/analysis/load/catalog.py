@@ -11,6 +11,7 @@ windows overlap them → name missing windows → merge the process-group lists 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -25,6 +26,7 @@ from ...errors import IncompleteRunError
 from ...progress import progress_enabled
 from ...storage.reader import Shard, find_shards, read_status
 from ...storage.selection import SkippedShard, select_shards
+from ...storage.validate import check_shard
 from ..names import rank_ranges
 from ..types import RankClockInfo
 
@@ -100,7 +102,7 @@ def bar(items: Sequence, show: bool, desc: str, unit: str = "shard"):
 
 def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None,
              progress: bool | None = None, strict: bool = False,
-             check: Callable[[os.PathLike | str], Shard] | None = None) -> RunCatalog:
+             check: Callable[[os.PathLike | str], Shard] | None = None, defer_layout: bool = False) -> RunCatalog:
     """Open and check every shard of `run_dir` (attributes and layout, ``storage.selection``) and keep one run's.
 
     A bad shard, one of another run (run_id / job / world_size / schedule differ from the majority's) or a second copy
@@ -108,6 +110,8 @@ def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None
     named in ``warnings``. `strict`: each of those is an error instead (BadShardError / IncompleteRunError). Raises
     IncompleteRunError when there is nothing to load. `check`: what checks one shard (default
     ``storage.validate.check_shard``; the MPI engine passes the answers its processes found in parallel).
+    `defer_layout`: a shard that stores its summary has its layout checked when its tables are first read, not now
+    (the report may never read them).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -122,8 +126,11 @@ def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None
         steps = (lo, hi)
 
     show = progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
-    sel = select_shards(bar(paths, show and check is None, "checking shards"), strict=strict,
-                        **({"check": check} if check is not None else {}))  # ShardFormatError: nothing usable
+    own = check is None
+    if own:
+        check = functools.partial(check_shard, defer_layout=defer_layout)
+    sel = select_shards(bar(paths, show and own, "checking shards"), strict=strict,
+                        check=check)  # ShardFormatError: nothing usable
     shards, world_size = sel.shards, sel.world_size
     warnings: list[str] = list(sel.warnings)
 

@@ -159,7 +159,8 @@ def summarize(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = Non
     `stored`: take each rank's summary stored in its shard where it can be (``stored_summary``); False: always
     summarise the events."""
     if comm is None or comm.Get_size() <= 1:
-        return summarize_catalog(scan_run(run_dir, steps=steps, progress=progress, strict=strict), progress=progress,
+        return summarize_catalog(scan_run(run_dir, steps=steps, progress=progress, strict=strict,
+                                          defer_layout=stored and steps is None), progress=progress,
                                  rules=rules, stored=stored)
     return _summarize_mpi(comm, run_dir, steps=steps, progress=progress, rules=rules, strict=strict, stored=stored)
 
@@ -205,18 +206,18 @@ def summarize_merged(run: MergedRun, *, rules: FindingRules | None = None) -> Ru
     return out
 
 
-def _check_one(path) -> tuple:
+def _check_one(path, defer_layout: bool = False) -> tuple:
     """A shard checked, as something every MPI process can send: ("ok", Shard) | ("bad", path, reason) |
     ("error", message)."""
     try:
-        return ("ok", check_shard(path))
+        return ("ok", check_shard(path, defer_layout=defer_layout))
     except BadShardError as e:
         return ("bad", str(e.path), e.reason)
     except Exception as e:  # noqa: BLE001 -- sent to MPI rank 0, which raises it once
         return ("error", f"{path}: {type(e).__name__}: {e}")
 
 
-def _check_shards_mpi(comm, run_dir, *, progress) -> Callable[[Any], Any] | None:
+def _check_shards_mpi(comm, run_dir, *, progress, defer_layout: bool = False) -> Callable[[Any], Any] | None:
     """Every shard of `run_dir` checked (attributes and layout), the shards dealt out to the MPI processes in turn
     and the answers gathered on MPI rank 0; returns there the `check` that ``scan_run`` asks (None elsewhere, or
     when there is no shard to check: scan_run then says what is wrong)."""
@@ -229,7 +230,7 @@ def _check_shards_mpi(comm, run_dir, *, progress) -> Callable[[Any], Any] | None
         return None
     mine = paths[me::size]
     show = me == 0 and progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
-    answers = comm.gather([_check_one(p) for p in bar(mine, show, "checking shards")], root=0)
+    answers = comm.gather([_check_one(p, defer_layout) for p in bar(mine, show, "checking shards")], root=0)
     if me != 0:
         return None
     by_path = {}
@@ -240,7 +241,7 @@ def _check_shards_mpi(comm, run_dir, *, progress) -> Callable[[Any], Any] | None
     def check(path):
         a = by_path.get(str(path))
         if a is None:
-            return check_shard(path)
+            return check_shard(path, defer_layout=defer_layout)
         if a[0] == "ok":
             return a[1]
         if a[0] == "bad":
@@ -284,7 +285,7 @@ def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False, store
     me, size = comm.Get_rank(), comm.Get_size()
     cat: RunCatalog | None = None
     failure: Exception | None = None
-    checked = _check_shards_mpi(comm, run_dir, progress=progress)
+    checked = _check_shards_mpi(comm, run_dir, progress=progress, defer_layout=stored and steps is None)
     if me == 0:
         try:
             cat = scan_run(run_dir, steps=steps, progress=progress, strict=strict, check=checked)
