@@ -246,14 +246,39 @@ def _check_process_groups(path, pgs: list | None, ws: int) -> None:
                                       f"distinct integer 0..{MAX_PG_INDEX - 1}); {_FIX}")
         seen.add(idx)
         ranks = g.get("ranks")
-        if ranks is None:
-            continue
-        if not isinstance(ranks, list) or len(ranks) > ws or not all(_is_int(r) and 0 <= r < ws for r in ranks):
-            raise BadShardError(path, f"attribute 'process_groups': entry {i} 'ranks' is not a list of ranks "
-                                      f"0..{ws - 1}; {_FIX}")
+        if ranks is not None:
+            g["ranks"] = _checked_ranks(path, i, ranks, ws)
         for key in ("name", "desc", "backend"):
             if isinstance(g.get(key), (dict, list)):
                 raise BadShardError(path, f"attribute 'process_groups': entry {i} {key!r} is {_show(g[key])}; {_FIX}")
+
+
+#: Rank lists already checked, by (ranks, world size): every shard of a run lists the same groups (the world group's
+#: list is world_size long), so each distinct list is checked once and one copy is kept for all shards (16,384
+#: shards each holding their own 16,384-rank list were 9 GB; checking each one, 27 s).
+_RANKS: dict[tuple[tuple, int], list[int]] = {}
+_RANKS_KEPT = 256
+
+
+def _checked_ranks(path, i: int, ranks: Any, ws: int) -> list[int]:
+    """`ranks` checked (a list of ranks 0..ws-1), as the one shared copy of an equal list checked before."""
+    key = None
+    if isinstance(ranks, list) and len(ranks) <= ws:
+        try:
+            key = (tuple(ranks), ws)
+            shared = _RANKS.get(key)
+        except TypeError:  # an unhashable element: not a rank, refused below
+            key = shared = None
+        if shared is not None:
+            return shared
+    if not isinstance(ranks, list) or len(ranks) > ws or not all(_is_int(r) and 0 <= r < ws for r in ranks):
+        raise BadShardError(path, f"attribute 'process_groups': entry {i} 'ranks' is not a list of ranks "
+                                  f"0..{ws - 1}; {_FIX}")
+    if key is not None:
+        if len(_RANKS) >= _RANKS_KEPT:
+            _RANKS.clear()
+        _RANKS[key] = ranks
+    return ranks
 
 
 def pg_indices(attrs: Mapping[str, Any]) -> set[int]:
@@ -398,12 +423,30 @@ def read_attrs(path: Path, f: h5py.File) -> dict[str, Any]:
                 nbytes = int(np.prod(aid.shape or (1,), dtype=np.int64)) * aid.dtype.itemsize
                 if nbytes > max(MAX_ARRAY_ATTR_BYTES, attr_limit(k)):
                     raise _too_long(path, k, nbytes)
-            out[k] = decode_attr(path, k, f.attrs[k])
+            out[k] = decode_attr(path, k, _attr_value(aid))
         return out
     except BadShardError:
         raise
     except H5_ERRORS as e:
         raise BadShardError(path, f"cannot read its attributes ({h5_message(e)}); {_FIX}") from None
+
+
+def _attr_value(aid: h5py.h5a.AttrID) -> Any:
+    """An attribute's value from its open id, as ``h5py.File.attrs[name]`` gives it (which would open it again and
+    build an AttributeManager per read: a third of a 16,384-shard scan)."""
+    shape, dtype = aid.shape, aid.dtype
+    if shape is None:
+        return h5py.Empty(dtype)
+    htype = h5py.h5t.py_create(dtype)
+    if dtype.subdtype is not None:  # a top-level array type: numpy's shape and dtype for it
+        dtype, sub = dtype.subdtype
+        shape = shape + sub
+    arr = np.zeros(shape, dtype=dtype, order="C")
+    aid.read(arr, mtype=htype)
+    info = h5py.check_string_dtype(dtype)
+    if info and info.length is None:  # variable-length strings: bytes to str
+        arr = np.array([b.decode("utf-8", "surrogateescape") for b in arr.flat], dtype=dtype).reshape(arr.shape)
+    return arr[()] if arr.ndim == 0 else arr
 
 
 def check_shard(path: os.PathLike | str, *, defer_layout: bool = False):
