@@ -642,12 +642,18 @@ def residuals(model: ClockModel, c: Collectives, *, names: np.ndarray | None = N
     m, ins = a.members, a.instances
     out: dict[str, tuple[float, float]] = {}
     ranks_u = np.unique(m["rank"])
-    host_of = np.array([model.rank_host.get(int(r), "") for r in ranks_u], dtype=object)
+    hosts = list(model.hosts)
+    code = {h: i for i, h in enumerate(hosts)}
+    host_of = np.array([code.get(model.rank_host.get(int(r), ""), -1) for r in ranks_u], dtype=np.int64)
     mh = host_of[np.searchsorted(ranks_u, m["rank"])]
-    for h, hc in model.hosts.items():  # per host
-        sel = (mh == h) & use[m["inst"]]
-        if not sel.any():
+    keep = np.flatnonzero(use[m["inst"]] & (mh >= 0))
+    keep = keep[np.argsort(mh[keep], kind="stable")]  # the members grouped by host, once (not a pass per host)
+    bounds = np.searchsorted(mh[keep], np.arange(len(hosts) + 1))
+    for k, h in enumerate(hosts):  # per host
+        sel = keep[bounds[k]:bounds[k + 1]]
+        if not sel.size:
             continue
+        hc = model.hosts[h]
         inst = m["inst"][sel]
         s, e = m["start_ns"][sel], m["end_ns"][sel]
         order = np.argsort(inst, kind="stable")

@@ -208,6 +208,8 @@ def _fits(v: Any, hint: Any) -> bool:
     if hint is np.ndarray:
         return isinstance(v, np.ndarray)
     if origin is list:
+        if args and args[0] is str:  # op_kinds: hundreds of names per rank
+            return isinstance(v, list) and all(type(x) is str for x in v)
         return isinstance(v, list) and (not args or all(_fits(x, args[0]) for x in v))
     if origin is tuple:
         if not isinstance(v, tuple):

@@ -68,7 +68,10 @@ def host_table(run: RunSummary, t: Table, skey: np.ndarray, w: Waits, thr: float
     n_inst_h = np.maximum(np.bincount(ih.group, minlength=nh), 1)
     late_frac = np.bincount(ih.group, weights=ih.max(t["is_last"].astype(float)), minlength=nh) / n_inst_h
     blame = _host_blame(w, host_of, hosts)
-    out = [StragglerHost(host=str(hosts[h]), ranks=sorted(r for r, hn in host_of.items() if hn == hosts[h]),
+    ranks_of: dict = {}
+    for r, hn in host_of.items():  # each host's ranks in one pass (a pass per host was hosts x ranks)
+        ranks_of.setdefault(hn, []).append(r)
+    out = [StragglerHost(host=str(hosts[h]), ranks=sorted(ranks_of.get(hosts[h], [])),
                          blame_ms=float(blame[h]), lateness_ms=float(median[h]), late_fraction=float(late_frac[h]),
                          late_step_fraction=float(late_steps[h]), named=bool(nh >= 2 and passes[h]))
            for h in range(nh)]
