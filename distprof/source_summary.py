@@ -15,8 +15,9 @@ from .storage.summary_group import StoredSummary
 __all__ = ["summarize_shard"]
 
 
-def summarize_shard(image: bytes, path: Path) -> StoredSummary:
-    """The summary of the shard whose bytes are `image`, to be stored at `path`."""
+def summarize_shard(image: bytes, path: Path) -> StoredSummary | None:
+    """The summary of the shard whose bytes are `image`, to be stored at `path` (None: the report summarises this
+    shard itself, see ``summarize_image``)."""
     from .analysis.rank.stored import summarize_image
 
     return summarize_image(image, path)

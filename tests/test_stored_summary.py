@@ -308,3 +308,20 @@ def test_a_shard_read_by_its_summary_has_its_layout_checked_when_its_events_are_
         f[SUMMARY_GROUP].attrs["producer"] = "0.0.1"  # not this distprof's: the events are read
     run_ = summarize(run, progress=False)
     assert sorted(run_.ranks) == [0] and [s.path.name for s in run_.skipped_shards] == [victim.name]
+
+
+def test_a_shard_whose_map_has_something_to_say_stores_no_summary(tmp_path, caplog):
+    """What the per-rank map logs is the report's to print: such a shard stores no summary (the import prints none
+    of it), and the report, summarising its events, says it as before."""
+    from distprof.importers.run import import_traces
+
+    trace = tmp_path / "rank-0.json"
+    trace.write_text(json.dumps({"traceEvents": []}))
+    with caplog.at_level(logging.INFO):
+        import_traces([trace], tmp_path / "run", progress=False)
+    assert not [r for r in caplog.records if r.name.startswith("distprof.analysis")]
+    assert all(read_shard(p).stored_summary() is None for p in find_shards(tmp_path / "run"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        summarize(tmp_path / "run", progress=False)
+    assert any("no main thread" in r.getMessage() for r in caplog.records)

@@ -227,7 +227,8 @@ class ShardWriter:
         if self._summarizer is None or self.written or (sched.kind == "steps" and sched.repeat != 1):
             return image
         try:
-            return add_summary(image, self._summarizer(image, path), codec=self.config.codec)
+            summary = self._summarizer(image, path)  # None: the report summarises this shard itself
+            return image if summary is None else add_summary(image, summary, codec=self.config.codec)
         except Exception as e:  # noqa: BLE001 -- the shard is written without it; never raised into training
             if not self._summary_failed:
                 self._summary_failed = True

@@ -66,8 +66,8 @@ class StoredSummary:
 
 
 #: What computes a shard's summary from its bytes and the path they go to (the entry point hands capture's writer
-#: analysis's map: ``distprof.source_summary``).
-Summarizer = Callable[[bytes, Path], StoredSummary]
+#: analysis's map: ``distprof.source_summary``); None: none is stored with this shard.
+Summarizer = Callable[[bytes, Path], "StoredSummary | None"]
 
 
 def pack(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import sys
+import threading
 import time
 import types
 import typing
@@ -292,14 +294,45 @@ def decode(stored: StoredSummary) -> RankSummary:
 
 
 # --------------------------------------------------------------------------------------------------- produce / use
-def summarize_image(image: bytes, path: str | Path) -> StoredSummary:
+def summarize_image(image: bytes, path: str | Path) -> StoredSummary | None:
     """The summary of a shard still in memory (its bytes, to be stored at `path`): the report's map of that shard,
-    with the CPU time it took."""
+    with the CPU time it took. None when the map had something to say (a log record of INFO or above): those lines
+    are the report's to print, where and when it prints them, so such a shard is summarised by the report itself."""
     t0 = time.thread_time()
-    shard = check_image(image, path)
-    rd = read_shards(shard.rank, [shard])
-    summary = summarize_rank(rd)
+    with _Quiet() as said:
+        shard = check_image(image, path)
+        rd = read_shards(shard.rank, [shard])
+        summary = summarize_rank(rd)
+    if said.records:
+        return None
     return encode(summary, cpu_s=time.thread_time() - t0)
+
+
+class _Quiet(logging.Handler):
+    """While open, what this thread logs through ``distprof.analysis`` is kept here (INFO and above) instead of
+    printed; other threads' records pass on to ``distprof``'s handlers as usual."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.records: list[logging.LogRecord] = []
+        self._tid = threading.get_ident()
+        self._logger = logging.getLogger("distprof.analysis")
+
+    def __enter__(self) -> "_Quiet":
+        self._propagate = self._logger.propagate
+        self._logger.addHandler(self)
+        self._logger.propagate = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.propagate = self._propagate
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread != self._tid:
+            logging.getLogger("distprof").handle(record)
+        elif record.levelno >= logging.INFO:
+            self.records.append(record)
 
 
 def usable(stored: StoredSummary, *, n_shards: int, steps: tuple[int, int] | None,
