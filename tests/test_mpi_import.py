@@ -66,12 +66,13 @@ def _import(args, *, mpi: str | None, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _contents(path: Path) -> dict:
-    """Every dataset (values, dtype) and attribute of a shard, by HDF5 path; the `timings` attribute left out."""
+    """Every dataset (values, dtype) and attribute of a shard, by HDF5 path; the timings left out (the `timings`
+    attribute, the stored summary's `cpu_s`)."""
     out: dict = {}
 
     def attrs(name: str, obj) -> None:
         for k, v in obj.attrs.items():
-            if k != "timings":
+            if k != "timings" and (name, k) != ("summary", "cpu_s"):
                 out[f"{name}@{k}"] = v.tolist() if isinstance(v, np.ndarray) else v
 
     with h5py.File(path, "r") as f:
