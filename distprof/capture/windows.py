@@ -79,7 +79,6 @@ class ShardWriter:
                  on_lost: Callable[[LostWindow], None], summarizer: Summarizer | None = None) -> None:
         self.config = config
         self._summarizer = summarizer
-        self._summary_failed = False
         self.written: list[dict[str, Any]] = []
         self.lost: list[LostWindow] = []
         self._setup = setup
@@ -218,7 +217,7 @@ class ShardWriter:
     def _with_summary(self, image: bytes, path: Path) -> bytes:
         """The shard's bytes with its per-rank summary added (``summary_group``), computed here on the writer
         thread by the summarizer the entry point gave (the report's map); the bytes unchanged when there is none or
-        it fails (the report then summarises the events: a warning, once per rank).
+        it fails (the report then summarises the events; a warning says why).
 
         The report uses a stored summary only for a rank with a single shard, so only the first shard this rank
         writes gets one, and only when the schedule records one window (``repeat=1``, or windows on request only):
@@ -230,10 +229,8 @@ class ShardWriter:
             summary = self._summarizer(image, path)  # None: the report summarises this shard itself
             return image if summary is None else add_summary(image, summary, codec=self.config.codec)
         except Exception as e:  # noqa: BLE001 -- the shard is written without it; never raised into training
-            if not self._summary_failed:
-                self._summary_failed = True
-                log.warning("distprof: %s: its per-rank summary was not stored (%s: %s); the report will summarise "
-                            "its events instead", path.name, type(e).__name__, e)
+            log.warning("distprof: %s: its per-rank summary was not stored (%s: %s); the report will summarise its "
+                        "events instead", path.name, type(e).__name__, e)
             return image
 
     def _run_dir_for(self, job: WindowJob) -> Path:

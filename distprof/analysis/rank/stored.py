@@ -8,12 +8,12 @@
 :func:`summarize_image` runs the report's own map (``rankdata.read_shards`` and ``summary.summarize_rank``, no steps
 selection, default rules) on the shard's bytes as they will be stored, so the stored summary is the one the report
 would compute from that shard. The report uses it only where that holds: one shard for the rank, no ``--steps``,
-the default rules, this format version and this distprof version (``usable``). Process-group indices are stored as
-the shard has them and mapped to the run's when read, as the events' are.
+the default rules (``summarize.engine.stored_summary``), this format and distprof version (``usable``).
+Process-group indices are stored as the shard has them and mapped to the run's when read, as the events' are.
 
 The encoding is exact: every array keeps its dtype, every number its type (numpy scalars included), NaN stays NaN,
 tuples stay tuples; objects are the summary's own dataclasses only (a whitelist). Strings travel in the JSON
-document, numeric arrays as the group's datasets (``storage.summary_group``). Decoding checks every field against
+document, numeric arrays in the group's byte column (``storage.summary_group``). Decoding checks every field against
 its type hints, the tables' columns and lengths and the indices between them; a fault is a SummaryUnreadable.
 """
 
@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 
 from ..._version import __version__
-from ...storage.summary_group import StoredSummary, SummaryUnreadable
+from ...storage.summary_group import SUMMARY_KINDS, StoredSummary, SummaryUnreadable
 from ...storage.validate import check_image
 from ..load.rankdata import read_shards
-from ..types import FindingRules, RankSummary
+from ..types import RankSummary
 from .breakdown import BREAKDOWN_COLUMNS
 from .device import DeviceIdle
 from .gpu_time import GpuTime
@@ -53,8 +53,6 @@ SUMMARY_VERSION = 1
 _CLASSES: dict[str, type] = {c.__name__: c for c in (RankSummary, RankMeasures, OpSizes, InputWait, Churn,
                                                       HistoryChurn, DeviceIdle, GpuTime)}
 _HINT_NS = {**_CLASSES, "Table": dict[str, np.ndarray], "np": np}
-#: Array dtypes stored as datasets.
-_NUMERIC = "biuf"
 #: Columns each table of a summary must have (more may follow).
 _CPU_WAIT = ("cpu_wait_at_start_ns", "cpu_wait_at_end_ns")
 _COLUMNS = {
@@ -89,7 +87,7 @@ class _Encoder:
         raise TypeError(f"a rank summary holds a {type(v).__name__}, which a stored summary cannot hold")
 
     def _array(self, a: np.ndarray) -> Any:
-        if a.dtype.kind in _NUMERIC and a.ndim == 1:
+        if a.dtype.kind in SUMMARY_KINDS and a.ndim == 1:
             key = f"a{len(self.arrays)}"
             self.arrays[key] = a
             return {"$a": key, "dtype": a.dtype.str}
@@ -160,7 +158,7 @@ def _scalar(dtype: Any, value: Any) -> np.generic:
         dt = np.dtype(dtype) if isinstance(dtype, str) else None
     except TypeError:
         dt = None
-    if dt is None or dt.kind not in _NUMERIC or not isinstance(value, (bool, int, float)):
+    if dt is None or dt.kind not in SUMMARY_KINDS or not isinstance(value, (bool, int, float)):
         raise SummaryUnreadable(f"a scalar {_show(dtype)} {_show(value)}")
     try:
         return dt.type(value)
@@ -335,15 +333,9 @@ class _Quiet(logging.Handler):
             self.records.append(record)
 
 
-def usable(stored: StoredSummary, *, n_shards: int, steps: tuple[int, int] | None,
-           rules: FindingRules | None) -> str | None:
-    """Why the report cannot take `stored` for its rank (None: it can)."""
-    if n_shards != 1:
-        return f"the rank has {n_shards} shards in the selection (stored summaries are per shard)"
-    if steps is not None:
-        return "a --steps selection"
-    if rules is not None and rules != FindingRules():
-        return "rules other than the defaults"
+def usable(stored: StoredSummary) -> str | None:
+    """Why the report cannot take `stored` (None: it can); that the rank has this one shard, no ``--steps`` and the
+    default rules is the caller's to know (``summarize.engine.stored_summary``) before the shard is opened."""
     if stored.version != SUMMARY_VERSION or stored.producer != __version__:
         return f"written by distprof {stored.producer} (format {stored.version})"
     return None

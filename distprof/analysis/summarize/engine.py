@@ -103,7 +103,7 @@ def stored_summary(cat: RunCatalog, rank: int, rules: FindingRules | None) -> Ra
         return None  # reading its events says what is wrong with it
     if stored is None:
         return None
-    why = usable(stored, n_shards=1, steps=cat.steps, rules=rules)
+    why = usable(stored)
     if why:
         log.debug("%s: stored summary not used (%s)", shard.path, why)
         return None
