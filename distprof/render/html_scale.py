@@ -21,7 +21,7 @@ from ..analysis.report.model import Report
 from .html_text import _num, _pl
 
 __all__ = ["MANY_RANKS", "many", "step_heatmap", "breakdown", "blame", "overlap", "imbalance", "HEATMAP_ROWS",
-           "TOP_BLAME", "LABELLED", "lateness_heatmap_trace", "two_views"]
+           "TOP_BLAME", "LABELLED", "BOX_SAMPLES", "BOX_OUTLIERS", "lateness_heatmap_trace", "two_views"]
 
 #: Above this many ranks, per-rank figures become distributions.
 MANY_RANKS = 64
@@ -31,6 +31,10 @@ HEATMAP_ROWS = 128
 TOP_BLAME = 24
 #: Outliers labelled per distribution.
 LABELLED = 3
+#: Above this many values a box carries its statistics, not every rank's value ...
+BOX_SAMPLES = 2048
+#: ... and draws at most this many points beyond its fences.
+BOX_OUTLIERS = 256
 
 _COMPUTE, _EXPOSED, _IDLE, _OTHER, _OVERL = "#4c78a8", "#e45756", "#bab0ac", "#eeca3b", "#72b7b2"
 _NAMED, _PLAIN = "#d62728", "#6b8fb8"
@@ -61,7 +65,9 @@ def _axis(title: str | None = None, **extra: Any) -> dict[str, Any]:
 
 def _box(name: str, values: Sequence[float | None], ranks: Sequence[int], color: str, **extra: Any) -> list[dict]:
     """A box of the ranks' values (hover names the rank of each point shown) and the `LABELLED` most extreme ranks,
-    labelled. Ranks without a value are left out."""
+    labelled. Ranks without a value are left out. Above `BOX_SAMPLES` values the box carries its statistics
+    (quartiles, Tukey's fences) instead of every rank's value, and only the `BOX_OUTLIERS` farthest points beyond the
+    fences are drawn: the page's size stays bounded at any number of ranks."""
     pairs = [(float(v), int(r)) for v, r in zip(values, ranks) if _num(v) is not None]
     if not pairs:
         return []
@@ -70,16 +76,42 @@ def _box(name: str, values: Sequence[float | None], ranks: Sequence[int], color:
     med = float(np.median(v))
     far = np.argsort(-np.abs(v - med), kind="stable")[:LABELLED]
     far = [int(i) for i in far if abs(v[i] - med) > 1e-12]
-    box = {"type": "box", "name": name, "y": [round(float(x), 4) for x in v], "text": [f"rank {x}" for x in r],
-           "boxpoints": "suspectedoutliers", "marker": {"color": color}, "line": {"color": color},
-           "hovertemplate": "%{text}: %{y:.3f}<extra>" + _pl(name) + "</extra>", **extra}
-    out = [box]
+    hover = "%{text}: %{y:.3f}<extra>" + _pl(name) + "</extra>"
+    if len(v) <= BOX_SAMPLES:
+        out = [{"type": "box", "name": name, "y": [round(float(x), 4) for x in v], "text": [f"rank {x}" for x in r],
+                "boxpoints": "suspectedoutliers", "marker": {"color": color}, "line": {"color": color},
+                "hovertemplate": hover, **extra}]
+    else:
+        out = _box_stats(name, v, r, color, hover, extra)
     if far:
         out.append({"type": "scatter", "mode": "markers+text", "x": [name] * len(far),
                     "y": [round(float(v[i]), 4) for i in far], "text": [f"rank {r[i]}" for i in far],
                     "textposition": "middle right", "showlegend": False, "cliponaxis": False,
                     "marker": {"color": "#222222", "size": 7, "symbol": "diamond"},
                     "hovertemplate": "%{text}: %{y:.3f}<extra>outlier</extra>", **extra})
+    return out
+
+
+def _box_stats(name: str, v: np.ndarray, r: list[int], color: str, hover: str, extra: dict[str, Any]) -> list[dict]:
+    """A box drawn from its statistics (plotly's precomputed q1/median/q3/fences) and a scatter of the farthest
+    points beyond the fences (at most `BOX_OUTLIERS`)."""
+    q1, med, q3 = (float(x) for x in np.percentile(v, [25, 50, 75]))
+    iqr = q3 - q1
+    inside = v[(v >= q1 - 1.5 * iqr) & (v <= q3 + 1.5 * iqr)]
+    lo, hi = float(inside.min()), float(inside.max())
+    box = {"type": "box", "name": name, "x": [name], "q1": [round(q1, 4)], "median": [round(med, 4)],
+           "q3": [round(q3, 4)], "lowerfence": [round(lo, 4)], "upperfence": [round(hi, 4)],
+           "mean": [round(float(v.mean()), 4)], "boxpoints": False, "marker": {"color": color},
+           "line": {"color": color}, "hoverinfo": "y", **extra}
+    out_idx = np.flatnonzero((v < lo) | (v > hi))
+    if len(out_idx) > BOX_OUTLIERS:
+        out_idx = out_idx[np.argsort(-np.abs(v[out_idx] - med), kind="stable")[:BOX_OUTLIERS]]
+    out = [box]
+    if len(out_idx):
+        out.append({"type": "scatter", "mode": "markers", "x": [name] * len(out_idx),
+                    "y": [round(float(v[i]), 4) for i in out_idx], "text": [f"rank {r[i]}" for i in out_idx],
+                    "showlegend": False, "marker": {"color": color, "size": 4, "opacity": 0.6},
+                    "hovertemplate": hover, **extra})
     return out
 
 
