@@ -154,7 +154,7 @@ def test_a_watch_series_alone_prints_the_series_and_the_warning(tmp_path, capsys
 
 
 WATCH_ONLY = """\
-distprof report: run w - 4/4 ranks on 0 host(s), no steps, , 
+distprof report: run w - 4/4 ranks on 0 host(s), no steps
 Findings: none (no rule fired; thresholds in docs/report-format.md)
 Whole run (--watch): 4 rank(s), steps 0-199 - own work = step time minus time blocked in communication
   rank 0: 200 steps, median step 25.0 ms, own 20.0 ms, blocked 5.0 ms, data 1.0 ms, optimizer 2.0 ms
@@ -238,8 +238,24 @@ def test_summary_is_bounded_at_1024_ranks():
     assert len(lines) <= 90, len(lines)
     assert "rank 700" in text and "STRAGGLER" in text
     assert "128 host(s)" in text and "over 1024 ranks" in text
-    assert max(len(ln) for ln in lines) <= 130
+    assert max(len(ln) for ln in lines) <= 116  # wrapped: a line is a line on the screen too
     assert len(rep.overlap) == 1024 and len(rep.stragglers) == 1024
+    assert "Per rank, over 1024 ranks" in text and "Root cause, rank 700" not in text  # in its finding, once
+
+
+def test_a_finding_over_many_ranks_names_them_briefly():
+    """A rule that fires on most of 16,384 ranks: the title says how many, and which only when that is short (the
+    16k run's title spelt out 2,000 ranges)."""
+    from distprof.analysis.findings.rules import _some_ranks
+
+    assert _some_ranks([0, 1, 2, 5], 8) == "4 of 8 ranks (0-2,5)"
+    assert _some_ranks([r for r in range(16384) if r != 10922], 16384) == "16383 of 16384 ranks (0-10921,10923-16383)"
+    left = (778, 6631, 10503, 10922, 16347, 16365)
+    most = [r for r in range(16384) if r not in left]
+    assert _some_ranks(most, 16384) == "16378 of 16384 ranks (all but 778,6631,10503,10922,16347,16365)"
+    every_other = list(range(0, 16384, 2))
+    assert _some_ranks(every_other, 16384) == "8192 of 16384 ranks"
+    assert _some_ranks(list(range(3, 16384, 2)), 100) == "8191 of 100 ranks"  # ids beyond 0..n-1: no complement
 
 
 def test_srun_tasks_without_mpi_world_leave_the_work_to_task_0(synth_dir, tmp_path, monkeypatch, caplog):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from ..analysis.names import display_name, rank_ranges
 from ..analysis.report.model import STEP_UNITS
 from .console_tables import (MAX_OUTLIERS, MAX_RANK_ROWS, annotation_lines, gpu_time_lines, imbalance_lines,
-                             mfu_lines, overlap_lines)
+                             many_ranks, mfu_lines, overlap_lines, spread_lines)
 from .console_text import Style, fmt, name, table, terminal_safe, terminal_text, wrap
 from .console_watch import watch_lines
 from .console_whatif import critical_path_lines, gain_text, whatif_lines
@@ -50,6 +50,7 @@ _MAX_COMM_ROWS = 8
 _MAX_ROOT_CAUSE_OPS = 5
 _MAX_CHANGES = 10
 _MAX_CHAIN = 16  # ranks of a pipeline's stage order named
+_ALWAYS_PARTS = ("compute_pct", "exposed_comm_pct", "idle_pct")
 _SEVERITY_TAG = {"high": "HIGH", "medium": "MED ", "low": "LOW "}
 def render_console(report: Report, *, color: bool = False, top: int = 3) -> str:
     """The terminal summary as one string (ends with a newline); every string from the report terminal-safe.
@@ -70,14 +71,17 @@ def render_console(report: Report, *, color: bool = False, top: int = 3) -> str:
     out += critical_path_lines(r.critical_path, st.bold) + whatif_lines(r.whatif, st.bold)
     out += _collectives(r.collectives or [], st)
     out += _pipelines(r.pipelines or [], st)
-    out += _root_cause(r.root_cause or [])
-    out += overlap_lines(r.overlap or [])
-    out += gpu_time_lines(r.gpu_time or [])
+    out += _root_cause(r.root_cause or [], _explained(r.findings))
+    many = many_ranks(r.overlap or [], r.gpu_time or [], r.mfu or [])
+    if many:
+        out += spread_lines(r.overlap or [], r.gpu_time or [], r.mfu or [], st)
+    else:
+        out += overlap_lines(r.overlap or []) + gpu_time_lines(r.gpu_time or [])
     out += imbalance_lines(r.imbalance)
     out += annotation_lines(r.annotations or [], st)
-    if r.mfu:
+    if r.mfu and not many:
         out += mfu_lines(r.mfu, st)
-    elif r.mfu_note:
+    elif not r.mfu and r.mfu_note:
         out.append(st.dim(f"MFU: {r.mfu_note}"))
     out += _warnings(r.warnings, st)
     return "\n".join(out) + "\n"
@@ -88,9 +92,11 @@ def _run_lines(run: RunInfo, st: Style) -> list[str]:
     steps_txt = f"steps {run.first_step}-{run.last_step} ({run.n_steps} steps)" if run.n_steps else "no steps"
     if run.step_unit:
         steps_txt += f" of {STEP_UNITS.get(run.step_unit, run.step_unit)}"
-    out = [st.bold(f"distprof report: run {name(run.id, 80)}")
-           + f" - {len(run.ranks_present)}/{run.world_size} ranks on {run.n_hosts} host(s), {steps_txt}, "
-           f"{'/'.join(name(b, 32) for b in run.backend)}, {'/'.join(name(d) for d in run.devices)}"]
+    head = f"distprof report: run {name(run.id, 80)}"
+    parts = [f"{len(run.ranks_present)}/{run.world_size} ranks on {run.n_hosts} host(s)", steps_txt,
+             "/".join(name(b, 32) for b in run.backend), "/".join(name(d) for d in run.devices)]
+    out = wrap(f"{head} - " + ", ".join(x for x in parts if x), "", "  ")
+    out[0] = st.bold(head) + out[0][len(head):]
     if run.ranks_missing:
         out.append(st.red(f"  missing ranks: {rank_ranges(run.ranks_missing)}"))
     return out
@@ -110,7 +116,10 @@ def _findings(fs: list[Finding], st: Style) -> list[str]:
     for i, f in enumerate(fs[:_MAX_FINDINGS], 1):
         tag = _SEVERITY_TAG.get(f.severity, f.severity.upper())
         color = st.red if f.severity == "high" else st.yellow if f.severity == "medium" else (lambda x: x)
-        out.append(f"  {i}. " + color(f"[{tag.strip()}]") + " " + st.bold(f.title))
+        head = f"  {i}. [{tag.strip()}] "
+        title = wrap(f.title, head, "       ")
+        out.append(head[:5] + color(head[5:].rstrip()) + " " + st.bold(title[0][len(head):]))
+        out += [st.bold(x) for x in title[1:]]
         out += wrap(f.evidence, "     ", "     ")
         out += [st.dim(x) for x in wrap("Fix: " + f.advice, "     ", "       ")]
         gain = gain_text(f)
@@ -127,10 +136,11 @@ def _summary(s: StepSummary | None, st: Style) -> list[str]:
         return []
     out = [st.bold(f"Step time: mean {fmt(s.step_ms_mean)} ms, max {fmt(s.step_ms_max)} ms"
                    f" ({s.n_steps} steps x {s.n_rank_steps // max(s.n_steps or 1, 1)} ranks)")]
-    rows = [[label, fmt(s.ms_of(getattr(s, k)), "{:.2f}"), fmt(getattr(s, k), "{:.1f}%")] for k, label in s.PARTS]
-    rows.append(["communication (all)", fmt(s.ms_of(s.comm_pct), "{:.2f}"), fmt(s.comm_pct, "{:.1f}%")])
+    rows = [[label, fmt(s.ms_of(getattr(s, k)), "{:.2f}"), fmt(getattr(s, k), "{:.1f}%")] for k, label in s.PARTS
+            if k in _ALWAYS_PARTS or getattr(s, k) is None or getattr(s, k) >= 0.05]  # memcpy, other: when they are
     out += table(["part of step", "ms/step", "share"], rows)
-    out.append(f"  {fmt(s.overlap_pct, '{:.1f}%')} of communication overlapped by compute")
+    out.append(f"  communication (all) {fmt(s.ms_of(s.comm_pct), '{:.2f}')} ms/step ({fmt(s.comm_pct, '{:.1f}%')} of "
+               f"step), {fmt(s.overlap_pct, '{:.1f}%')} of it overlapped by compute")
     return out
 
 
@@ -140,6 +150,9 @@ def _clock(clock: dict[str, ClockRow], st: Style) -> list[str]:
     if not clock:
         return []
     out = [st.bold("Clock alignment")]
+    refs = [h for h, c in clock.items() if c.method == "reference"]
+    if len(clock) > _MAX_HOST_ROWS and len(refs) == 1:
+        out[0] += f" (reference {name(refs[0])})"
     if len(clock) <= _MAX_HOST_ROWS:
         return out + [f"  {name(h)}: offset {c.offset_ns / 1e6:+.3f} ms, drift {fmt(c.drift_ppm, '{:.2f}')} ppm, "
                       f"residual {fmt(c.residual_us, '{:.0f}')} us ({c.method})" for h, c in clock.items()]
@@ -148,6 +161,8 @@ def _clock(clock: dict[str, ClockRow], st: Style) -> list[str]:
         by_method.setdefault(str(c.method), []).append(h)
     for method, hosts in sorted(by_method.items(), key=lambda kv: -len(kv[1])):
         if method == "reference":
+            if len(hosts) == 1:
+                continue  # named in the title
             out.append(f"  reference: {', '.join(name(h) for h in hosts[:MAX_OUTLIERS])}"
                        + (f" and {len(hosts) - MAX_OUTLIERS} more" if len(hosts) > MAX_OUTLIERS else ""))
             continue
@@ -190,16 +205,18 @@ def _no_straggler(ranks: list[StragglerRank], floor: str, st: Style) -> list[str
 def _straggler_table(ranks: list[StragglerRank], st: Style) -> list[str]:
     """One row per rank: its lateness and extra work, how long each other rank waits for it and it for them."""
     others = max(len(ranks) - 1, 1)
+    shown = ranks if len(ranks) <= MAX_RANK_ROWS else (  # many ranks: the named, then the next few (report order)
+        [d for d in ranks if d.named][:MAX_RANK_ROWS] + [d for d in ranks if not d.named][:MAX_OUTLIERS])
     rows = [[str(d.rank), name(d.host), fmt(d.lateness_ms, "{:.2f}"), fmt(100 * (d.late_step_fraction or 0),
                                                                                 "{:.0f}%"),
              fmt(d.extra_work_ms, "{:.2f}"), fmt(d.blame_ms_per_step / others, "{:.2f}"),
              fmt(d.wait_ms_per_step, "{:.2f}"), fmt(100 * d.late_fraction, "{:.0f}%"), "STRAGGLER" if d.named else ""]
-            for d in ranks[:MAX_RANK_ROWS]]
+            for d in shown]
     lines = table(["rank", "host", "late ms", "late steps", "extra work ms", "each other waits ms", "it waits ms",
                    "last", ""], rows)
     out = [st.red(x) if x.rstrip().endswith("STRAGGLER") else x for x in lines]
-    if len(ranks) > MAX_RANK_ROWS:
-        out.append(st.dim(f"  ... {len(ranks) - MAX_RANK_ROWS} more ranks in report.json"))
+    if len(ranks) > len(shown):
+        out.append(st.dim(f"  ... {len(ranks) - len(shown)} more ranks in report.json"))
     return out
 
 
@@ -224,12 +241,32 @@ def _straggler_notes(info: StragglerInfo, st: Style) -> list[str]:
         txt = ", ".join(f"step {c.step}: {c.from_rank} -> {c.to_rank}" for c in info.changes[:_MAX_CHANGES])
         more = f" (+{len(info.changes) - _MAX_CHANGES} more)" if len(info.changes) > _MAX_CHANGES else ""
         out.append(f"  straggler changes: {txt}{more}".replace("None", "none"))
-    return out + [st.dim(x) for x in wrap(f"rule: {info.rule.text}", "  ", "    ")]
+    return out + [st.dim(x) for x in wrap(_rule_line(info), "  ", "    ")]
 
 
-def _root_cause(rcs: list[RootCause]) -> list[str]:
+def _rule_line(info: StragglerInfo) -> str:
+    """The naming rule in figures: how often a rank must reach the floor, and what the floor came from (in words:
+    report.json's straggler_info.rule.text and docs/report-format.md)."""
+    r = info.rule
+    return (f"rule: named when late by the floor in >= {r.min_late_fraction:.0%} of its steps; floor "
+            f"{r.threshold_ms:.2f} ms, the largest of {r.min_lateness_ms:g} ms, {r.from_clock_residual_ms:.2f} "
+            f"({r.residual_factor:g} x clock residual), {r.from_step_time_ms:.2f} ({r.step_fraction:g} x step) and "
+            f"{r.from_noise_ms:.2f} ({r.noise_factor:g} x step noise, at most {r.max_noise_fraction:g} x step)")
+
+
+def _explained(fs: list[Finding]) -> set[int]:
+    """The ranks whose straggler finding (among those printed) already lists the ops they differ in."""
+    return {int(f.rank) for f in fs[:_MAX_FINDINGS] if f.id == "straggler_rank" and f.rank is not None
+            and "differs most in:" in f.evidence}
+
+
+def _root_cause(rcs: list[RootCause], explained: set[int]) -> list[str]:
+    """The ops each of the top ranks spends longer in than its peers (a rank whose straggler finding printed them
+    is left out: each fact once)."""
     out: list[str] = []
     for rc in rcs:
+        if int(rc.rank) in explained:
+            continue
         out.append(f"Root cause, rank {rc.rank} ({name(rc.host)}, {rc.n_steps} steps vs. the other ranks' median):")
         if not rc.ops:
             out.append("  no op took longer than on the other ranks")

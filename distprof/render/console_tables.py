@@ -1,8 +1,8 @@
 """The terminal report's tables of one row per rank: communication overlap, GPU time, MFU, the imbalance across
 ranks and the user annotations.
 
-Bounded whatever the rank count: up to ``MAX_RANK_ROWS`` ranks each get a row; beyond, the distribution (min,
-median, p90, max, with the extreme ranks named) and the ``MAX_OUTLIERS`` ranks at its worst end. Every per-rank
+Bounded whatever the rank count: up to ``MAX_RANK_ROWS`` ranks each get a row; beyond, one line of the distribution
+(min, median, p90, max, with the extreme ranks named). Every per-rank
 figure stays in report.json. The sections given here are already terminal-safe (:func:`.console_text.terminal_safe`).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..analysis.names import display_name
-from .console_text import Style, fmt, name, table
+from .console_text import Style, fmt, name, table, wrap
 
 if TYPE_CHECKING:
     from ..analysis.cross.annotations import Annotation
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from ..analysis.cross.overlap import OverlapRow
     from ..analysis.rank.gpu_time import GpuTime
 
-__all__ = ["MAX_OUTLIERS", "MAX_RANK_ROWS", "annotation_lines", "gpu_time_lines", "imbalance_lines", "mfu_lines",
-           "overlap_lines", "per_rank"]
+__all__ = ["MAX_OUTLIERS", "MAX_RANK_ROWS", "annotation_lines", "gpu_time_lines", "imbalance_lines", "many_ranks",
+           "mfu_lines", "overlap_lines", "per_rank", "spread_lines"]
 
 #: Ranks listed one row each; beyond, a distribution and the outliers.
 MAX_RANK_ROWS = 8
@@ -47,19 +47,11 @@ def _quantiles(items: Sequence[Any], key: Callable[[Any], Any], spec: str) -> st
             f"{spec.format(at(0.9))}, max {spec.format(vals[-1][0])} (rank {vals[-1][1]})")
 
 
-def per_rank(title: str, header: list[str], items: Sequence[Any], row: Callable[[Any], list[str]], *,
-             key: Callable[[Any], Any], label: str, spec: str, worst: str = "high") -> list[str]:
-    """A titled table of one row per rank; with more than ``MAX_RANK_ROWS`` ranks, the distribution of `key` (named
-    `label`, formatted with `spec`) and the ``MAX_OUTLIERS`` ranks at its `worst` end ("high" or "low") instead."""
+def per_rank(title: str, header: list[str], items: Sequence[Any], row: Callable[[Any], list[str]]) -> list[str]:
+    """A titled table of one row per rank (used up to ``MAX_RANK_ROWS`` ranks; beyond, :func:`spread_lines`)."""
     if not items:
         return []
-    if len(items) <= MAX_RANK_ROWS:
-        return [title] + table(header, [row(x) for x in items])
-    have = [x for x in items if key(x) is not None]
-    out_rows = sorted(have, key=key, reverse=worst == "high")[:MAX_OUTLIERS]
-    return ([title, f"  {label} over {len(items)} ranks: {_quantiles(items, key, spec)}",
-             f"  the {len(out_rows)} {'highest' if worst == 'high' else 'lowest'} (all ranks in report.json):"]
-            + table(header, [row(x) for x in out_rows], indent="    "))
+    return [title] + table(header, [row(x) for x in items])
 
 
 def overlap_lines(rows: list[OverlapRow]) -> list[str]:
@@ -67,8 +59,7 @@ def overlap_lines(rows: list[OverlapRow]) -> list[str]:
         "Communication overlap per rank",
         ["rank", "mode", "comm ms/step", "exposed ms/step", "overlap", "exposed of step"], rows,
         lambda o: [str(o.rank), o.mode, fmt(o.comm_ms_per_step, "{:.2f}"), fmt(o.exposed_comm_ms_per_step, "{:.2f}"),
-                   fmt(o.overlap_pct, "{:.1f}%"), fmt(o.exposed_pct, "{:.1f}%")],
-        key=lambda o: o.exposed_pct, label="exposed communication, % of step", spec="{:.1f}%")
+                   fmt(o.overlap_pct, "{:.1f}%"), fmt(o.exposed_pct, "{:.1f}%")])
 
 
 def gpu_time_lines(rows: list[GpuTime]) -> list[str]:
@@ -76,16 +67,35 @@ def gpu_time_lines(rows: list[GpuTime]) -> list[str]:
         "GPU time per rank (HTA's temporal breakdown and comm/comp overlap, all recorded steps)",
         ["rank", "span ms", "idle", "compute", "non-compute", "comm overlap"], rows,
         lambda g: [str(g.rank), fmt(g.span_us / 1e3, "{:.1f}"), fmt(g.idle_pct, "{:.2f}%"),
-                   fmt(g.compute_pct, "{:.2f}%"), fmt(g.non_compute_pct, "{:.2f}%"), fmt(g.overlap_pct, "{:.2f}%")],
-        key=lambda g: g.idle_pct, label="GPU idle, % of span", spec="{:.2f}%")
+                   fmt(g.compute_pct, "{:.2f}%"), fmt(g.non_compute_pct, "{:.2f}%"), fmt(g.overlap_pct, "{:.2f}%")])
 
 
 def mfu_lines(rows: list[MfuRow], st: Style) -> list[str]:
     return per_rank(
         st.bold("MFU"), ["rank", "device", "TFLOP/s", "peak", "MFU", "peak from"], rows,
         lambda m: [str(m.rank), name(m.device), fmt(m.achieved_tflops, "{:.2f}"), fmt(m.peak_tflops, "{:.0f}"),
-                   fmt(None if m.mfu is None else 100 * m.mfu, "{:.1f}%"), m.peak_source],
-        key=lambda m: m.mfu, label="MFU", spec="{:.1%}", worst="low")
+                   fmt(None if m.mfu is None else 100 * m.mfu, "{:.1f}%"), m.peak_source])
+
+
+def many_ranks(*sections: Sequence[Any]) -> bool:
+    """Whether the per-rank sections have too many ranks for a row each."""
+    return max((len(x) for x in sections), default=0) > MAX_RANK_ROWS
+
+
+def spread_lines(overlap: list[OverlapRow], gpu_time: list[GpuTime], mfu: list[MfuRow], st: Style) -> list[str]:
+    """With many ranks, one block in place of the per-rank tables: per measure, its distribution over the ranks
+    (min, median, p90, max, the extreme ranks named)."""
+    parts = [(rows, key, label, spec) for rows, key, label, spec in (
+        (overlap, lambda o: o.exposed_pct, "exposed communication, % of step", "{:.1f}%"),
+        (gpu_time, lambda g: g.idle_pct, "GPU idle, % of span (HTA)", "{:.2f}%"),
+        (mfu, lambda m: m.mfu, "MFU", "{:.1%}")) if rows]
+    if not parts:
+        return []
+    n = max(len(p[0]) for p in parts)
+    out = [st.bold(f"Per rank, over {n} ranks") + " (each rank's row in report.json)"]
+    for rows, key, label, spec in parts:
+        out += wrap(f"{label}: {_quantiles(rows, key, spec)}", "  ", "    ")
+    return out
 
 
 def imbalance_lines(imb: Imbalance | None) -> list[str]:

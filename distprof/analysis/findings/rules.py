@@ -51,8 +51,7 @@ def group(rule_id: str, hits: list[Hit], n_ranks: int, rules: FindingRules, text
         metrics = {k: float(np.mean([h.metrics[k] for h in hits])) for k in keys}
         metrics.update({"n_ranks": float(len(hits)), "worst_rank": float(hits[0].rank),
                         "impact_pct": float(np.mean([h.impact_pct for h in hits]))})
-        where = (f"all {n_ranks} ranks" if len(hits) == n_ranks
-                 else f"{len(hits)} of {n_ranks} ranks ({rank_ranges([h.rank for h in hits], sep=',')})")
+        where = f"all {n_ranks} ranks" if len(hits) == n_ranks else _some_ranks([h.rank for h in hits], n_ranks)
         sevs = [sev(h) for h in hits]
         severity = min(sevs, key=lambda s: (-sevs.count(s), SEVERITY_ORDER[s]))  # the most common, worst on ties
         if hits[0].severity is None:
@@ -73,3 +72,21 @@ def group(rule_id: str, hits: list[Hit], n_ranks: int, rules: FindingRules, text
 
 def on_rank(where, worst) -> str:
     return "" if where.startswith("rank ") else f" (rank {worst.rank})"
+
+
+#: The longest list of ranks a finding's title spells out.
+_MAX_RANKS_TEXT = 60
+
+
+def _some_ranks(ranks: list[int], n_ranks: int) -> str:
+    """'k of n ranks (0-3,7)'; when that list is long, the ranks left out instead ('all but 5,9'), else the count
+    alone (the ranks are in the per-rank sections of report.json)."""
+    listed = rank_ranges(ranks, sep=",")
+    if len(listed) <= _MAX_RANKS_TEXT:
+        return f"{len(ranks)} of {n_ranks} ranks ({listed})"
+    hit = {int(r) for r in ranks}
+    others = sorted(set(range(n_ranks)) - hit)
+    but = rank_ranges(others, sep=",")
+    if others and max(hit) < n_ranks and len(but) <= _MAX_RANKS_TEXT:  # ranks 0..n-1: the rest are the others
+        return f"{len(ranks)} of {n_ranks} ranks (all but {but})"
+    return f"{len(ranks)} of {n_ranks} ranks"

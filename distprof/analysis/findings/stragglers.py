@@ -125,13 +125,12 @@ def _rank_evidence(d: StragglerRank, ops: list[RootCauseOp], n_ranks: int, wait_
              f"; its own work before them is {d.extra_work_ms:.1f} ms per step more than its peers' (their waits for "
              f"a CPU taken out)")
     return (f"rank {r} arrives at the step's collectives {d.lateness_ms:.1f} ms after the median of the other "
-            f"ranks (mean over its {d.n_steps} steps of the {median_step_ms:.1f} ms median step; late by the floor in "
-            f"{100 * d.late_step_fraction:.0f} % of them){extra}; "
+            f"ranks (median over its {d.n_steps} steps of the {median_step_ms:.1f} ms median step; late by the floor "
+            f"in {100 * d.late_step_fraction:.0f} % of them){extra}; "
             + (f"the other rank waits {wait_each:.1f} ms per step for it" if n_ranks == 2 else
                f"each of the other {n_ranks - 1} ranks waits {wait_each:.1f} ms per step for it on average")
-            + " (its time in collectives until this rank arrived, overlapping waits once)"
             + (f"; it differs most in: {cause}" if cause else "")
-            + f". Rule: the stragglers naming rule (floor {thr or 0:.2f} ms, see straggler_info).")
+            + f". Rule: the stragglers naming rule, floor {thr or 0:.2f} ms (straggler_info.rule).")
 
 
 def _rank_advice(r: int, top: RootCauseOp | None) -> str:
