@@ -393,3 +393,23 @@ def test_union_of_intervals():
     hi = np.array([10, 20, 40, 50, 110]) * 1_000_000
     (k,), ms = union_ms((key,), lo, hi)
     assert k.tolist() == [0, 1] and ms.tolist() == [30.0, 60.0]
+
+
+def test_chance_is_not_taken_off_a_real_delay():
+    """Two ranks, one step of 12 collectives: rank 1 is 3.5 ms late at the first (a delay before forward), rank 0
+    0.6 ms late at another by chance. Rank 1's lateness is the delay, 3.5 ms — taking rank 0's chance off it too gave
+    2.9 (FSDP2 runs read 0.88 x their delay). A lateness near chance still loses it: that is what cancels noise."""
+    from distprof.analysis.cross.stragglers.lateness import Cells, step_lateness
+
+    def lateness(lag_1: list[float]) -> dict[int, float]:
+        lat = np.array([[-x, x] for x in lag_1]).ravel()  # rows (collective, rank): at 2 ranks rank 0 = −rank 1
+        cells = Cells(np.zeros(lat.size, np.int64), np.tile([0, 1], len(lag_1)), 2)
+        sl = step_lateness(cells, lat)
+        return {int(g): float(v) for g, v in zip(cells.group, sl.lateness)}
+
+    delayed = lateness([3.5, 0.1, -0.2, 0.0, 0.1, -0.6] + [0.05] * 6)
+    assert delayed[1] == pytest.approx(3.5) and delayed[0] == pytest.approx(0.0)  # its 0.6 is within chance
+    noisy = lateness([1.0, -0.8, 0.1, 0.0, 0.2, -0.3] + [0.05] * 6)  # both late by chance: 1.0 and 0.8
+    assert noisy[1] == pytest.approx(0.2)
+    fading = lateness([1.8, -0.6] + [0.0] * 10)  # 3 x chance: half of it taken off
+    assert fading[1] == pytest.approx(1.8 - 0.3)

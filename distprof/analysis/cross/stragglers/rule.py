@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...groupstats import group_median
+from .lateness import CHANCE_FULL, CHANCE_NONE
 from .peers import MAD_TO_SIGMA
 
 if TYPE_CHECKING:
@@ -50,7 +51,9 @@ class StragglerRule:
         return (
             f"A rank's lateness in a step is its largest arrival at the step's collectives minus the median of the "
             f"other members' arrivals there, less the median of the other ranks' lateness in that step where positive "
-            f"(chance lateness every rank has cancels; a late rank's lateness never drops below 0 by it). A rank is "
+            f"(chance lateness every rank has cancels; a late rank's lateness never drops below 0 by it): in full "
+            f"while the rank's own is at most {CHANCE_FULL:g} x it, fading to nothing at {CHANCE_NONE:g} x (chance "
+            f"does not add to a real delay). A rank is "
             f"named a straggler when its lateness reaches the floor in at least {self.min_late_fraction:.0%} of its "
             f"recorded steps (every step when it has fewer than {EVERY_STEP_BELOW}); the floor is the largest of "
             f"{self.min_lateness_ms:g} ms, {self.residual_factor:g} x the largest clock residual, "
