@@ -47,6 +47,29 @@ def test_phase_offsets_hand_computed():
         phase_offsets(s, estimator="mean")
 
 
+def test_a_sample_whose_round_trip_spans_a_clock_step_does_not_hide_it():
+    """The pinging host's clock jumps +5 s during one sample's round trip (seen in CI: that sample's round trip is
+    5 s and its offset half-way, within its bound of both sides, so comparing consecutive samples saw no step; the
+    phase mixed both sides: offset −2.5 s, best round trip −5 s, which then made every estimate of the host 2.5 s
+    uncertain and hid the step from the fit). The phase keeps one side; its round trip is never negative."""
+    step = 5_000_000_000
+    n = 8
+    send = BASE + np.arange(n, dtype=np.int64) * 100_000
+    remote = send + 40_000  # peer's clock; true offset 0 before the step
+    recv = send + 80_000
+    send[5:] += step  # samples 5.. are sent after the jump of the leader's clock ...
+    recv[4:] += step  # ... and sample 4's reply arrives after it: its round trip spans the step
+    s = {"phase": np.ones(n, np.uint8), "peer": np.zeros(n, np.int32), "t_send_ns": send, "t_remote_ns": remote,
+         "t_recv_ns": recv}
+    end = phase_offsets(s)  # phase 1, a window's end: the samples before the step
+    assert bool(end["stepped"][0]) and end["n"][0] == 5
+    assert end["offset_ns"][0] == pytest.approx(0.0, abs=1.0) and end["rtt_eff_ns"][0] == 80_000
+    s["phase"] = np.zeros(n, np.uint8)  # phase 0, a window's start: the samples after it
+    start = phase_offsets(s)
+    assert bool(start["stepped"][0]) and start["n"][0] == 3
+    assert start["offset_ns"][0] == pytest.approx(-step, abs=1.0) and start["rtt_eff_ns"][0] == 80_000
+
+
 def test_phase_offsets_contended_phase():
     """Most pings delayed one way (a busy reference): min-delay stays right, the lowest-RTT median does not."""
     n = 16

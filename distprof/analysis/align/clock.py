@@ -123,15 +123,25 @@ def _one_side_of_a_step(idx: np.ndarray, rtt: np.ndarray, ping: np.ndarray, pong
     the step (phase 0, the window's start: after it; phase 1, its end: before it), and whether it did.
 
     Each sample's offset is within half its round trip of the truth, so two samples of one clock differ by at most
-    half their round trips added; consecutive samples further apart than that and STEP_MIN_NS straddle a step."""
+    half their round trips added; a sample further than that and STEP_MIN_NS from the tightest sample (least round
+    trip) since the last step is the first after a new one. Comparing with the tightest sample, not the previous one:
+    a sample whose round trip spans the step has a round trip as long as the step and an offset half-way, within
+    its bound of both sides, and bridged consecutive comparisons (a 5 s step went unseen, and its phase's estimate
+    mixed both sides)."""
     if len(idx) < 2:  # in the order they were taken (a clock stepped back makes local times ambiguous)
         return idx, False
     off = (ping[idx] - pong[idx]).astype(np.float64) / 2.0
-    gap = np.abs(np.diff(off)) - (rtt[idx][1:] + rtt[idx][:-1]) / 2.0
-    jumps = np.flatnonzero(gap > STEP_MIN_NS)
-    if not len(jumps):
+    half = rtt[idx].astype(np.float64) / 2.0
+    jumps, ref = [], 0
+    for j in range(1, len(idx)):
+        if abs(off[j] - off[ref]) - (half[j] + half[ref]) > STEP_MIN_NS:
+            jumps.append(j)
+            ref = j
+        elif half[j] < half[ref]:
+            ref = j
+    if not jumps:
         return idx, False
-    return (idx[jumps[-1] + 1:] if phase == 0 else idx[:jumps[0] + 1]), True
+    return (idx[jumps[-1]:] if phase == 0 else idx[:jumps[0]]), True
 
 
 def _phase_table(d: dict[str, list]) -> Table:
@@ -149,9 +159,11 @@ def uncertainties(estimates: Mapping[int, Table], min_ns: float = MIN_UNCERTAINT
     effs = [np.asarray(e["rtt_eff_ns"], dtype=np.float64) for e in estimates.values() if len(e["phase"])]
     if not effs:
         return {}
-    floor = float(np.concatenate(effs).min())
-    return {w: np.maximum(min_ns, (np.asarray(e["rtt_eff_ns"], dtype=np.float64) - floor) / 2.0)
-            for w, e in estimates.items()}
+    every = np.concatenate(effs)
+    floor = float(every[every >= 0].min()) if (every >= 0).any() else 0.0  # a round trip is never negative: an
+    # estimate whose best ping and pong add up to less mixed two sides of a clock step, and must not set the floor
+    return {w: np.where(eff < 0, np.abs(eff), np.maximum(min_ns, (eff - floor) / 2.0))
+            for w, e in estimates.items() for eff in [np.asarray(e["rtt_eff_ns"], dtype=np.float64)]}
 
 
 @dataclass(frozen=True)
