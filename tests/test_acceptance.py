@@ -54,21 +54,19 @@ def test_straggler_with_skewed_simulated_clocks(tmp_path):
 
 
 def test_no_delay_names_nobody_or_says_the_host_held_it_back(tmp_path):
-    # 4 CPU-bound ranks share 2 cores here, so the OS scheduler can hold one rank back for a whole window (one rank
-    # really arriving late at every collective is a straggler in what was recorded: the rule takes arrivals as they
-    # are). A run that names a rank without any injected delay must then say the host's cores were oversubscribed
-    # (cpu_contention); and of two independent runs, a rule that names someone without cause fails both.
-    details = []
+    # 4 CPU-bound ranks share 2 cores here, so the OS scheduler can hold one rank back for a whole window: that rank
+    # really arrives late at every collective, a straggler in what was recorded (the rule takes arrivals as they are;
+    # contention is reported, not tuned away). Kept runs of this job named a rank in 3 of 8 (2026-12-04, identical
+    # under the lateness before and after its chance change), so "one of two runs names nobody" failed about one CI
+    # run in seven. What must hold in every run: a rank named without any injected delay comes with the host's
+    # oversubscribed cores said (cpu_contention).
     for attempt in ("quiet", "quiet2"):
         (tmp_path / attempt).mkdir()
         rep = _run(tmp_path / attempt, attempt, [])
         named = [s.rank for s in rep.stragglers if s.named]
-        if not named:
-            return
-        assert any(f.id == "cpu_contention" for f in rep.findings), rep.verdict
-        details.append(([(s.rank, round(s.lateness_ms, 2)) for s in rep.stragglers],
-                        rep.straggler_info.rule.threshold_ms))
-    raise AssertionError(f"a rank was named in two runs without any injected delay: {details}")
+        if named:
+            assert any(f.id == "cpu_contention" for f in rep.findings), (
+                attempt, [(s.rank, round(s.lateness_ms, 2)) for s in rep.stragglers], rep.verdict)
 
 
 def test_uneven_batch_shows_in_flops_and_compute(tmp_path):
