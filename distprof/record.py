@@ -30,7 +30,7 @@ import types
 import typing
 from functools import lru_cache
 from pathlib import PurePath
-from typing import Any, TypeVar
+from typing import Any, Iterator, TypeVar
 
 import numpy as np
 
@@ -108,16 +108,20 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON object (plain Python values only)."""
-        out: dict[str, Any] = {}
+        out = {key: jsonable(v) for key, v in self.json_fields()}
+        out.update(self._json_extra())
+        return out
+
+    def json_fields(self) -> Iterator[tuple[str, Any]]:
+        """(key, value) of each field its JSON object holds, in order, the values as they are (not yet converted):
+        a writer that converts and writes one at a time never holds the whole document (render/json_renderer.py)."""
         for s in _specs(type(self)):
             if not s.json:
                 continue
             v = getattr(self, s.name)
             if v is None and s.omit_none:
                 continue
-            out[s.key] = jsonable(v)
-        out.update(self._json_extra())
-        return out
+            yield s.key, v
 
     def _json_extra(self) -> dict[str, Any]:
         """Derived keys written after the fields (a subclass's computed properties); not read back."""

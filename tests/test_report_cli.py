@@ -73,6 +73,25 @@ def test_render_json_is_the_reports_json_and_reads_back_the_same(tmp_path):
     assert not [p.name for p in tmp_path.iterdir() if p.name != "r.json"]  # no temporary file left
 
 
+@pytest.mark.parametrize("rows_per_part", [1, 5, 12, 10_000])
+def test_report_json_written_in_parts_is_the_same_text(tmp_path, monkeypatch, rows_per_part):
+    """report.json is written a top-level key at a time and its step table a few rows at a time (at 16k ranks the
+    whole document's objects were ≈ 600 MB for 74 MB of text); the text is json.dumps's of the whole, byte for byte,
+    however the rows split (12 rows: one part, a part a row, parts that do not divide them, one short part)."""
+    from distprof.render import json_renderer
+
+    rep = build_report(summarize_merged(ddp_run(4, n_steps=3, late_rank=1, late_ms=20)), peak_tflops=2.0)
+    whole = json.dumps(rep.to_json(), indent=1, allow_nan=False, ensure_ascii=False) + "\n"
+    monkeypatch.setattr(json_renderer, "ROWS_PER_PART", rows_per_part)
+    parts = list(json_renderer.iter_json(rep))
+    assert "".join(parts) == whole
+    assert len(parts) >= len(rep.to_json()) + -(-len(rep.steps) // rows_per_part)  # never the whole at once
+    assert write_json(rep, tmp_path / "r.json").read_text() == whole
+    empty = Report.from_json(json.loads(whole))
+    empty.steps = type(rep.steps)()  # no rows: "[]", as json.dumps writes an empty list
+    assert render_json(empty) == json.dumps(empty.to_json(), indent=1, allow_nan=False, ensure_ascii=False) + "\n"
+
+
 def test_no_straggler_no_root_cause():
     rep = build_report(summarize_merged(ddp_run(4, n_steps=2)))
     assert rep.straggler_info.named == [] and rep.root_cause == []
