@@ -164,9 +164,12 @@ def _op_totals(rd: RankData, ix: RankIndex, steps: np.ndarray, top: int,
     c = np.bincount(flat, minlength=cells).astype(np.float64)
     grid_n, grid_s = np.divmod(np.arange(cells), max(steps.size, 1))
     nz = c > 0
-    # int32 step and calls: these rows are most of a rank's summary (top ops x steps), kept for every rank
-    table = {"name": grid_n[nz].astype(np.int32), "step": steps[grid_s[nz]].astype(np.int32),
-             "dur_ms": d[nz], "self_ms": d_self[nz], "calls": c[nz].astype(np.int32)}
+    # 18-byte rows: these are most of a rank's summary (top ops x steps), kept for every rank until the report is
+    # built (at 16k ranks, 28-byte rows held 590 MB). float32 ms is within 0.1 µs of the truth below 1 s per step,
+    # and every sum over them is taken in float64
+    table = {"name": grid_n[nz].astype(np.uint16 if keep.size <= 1 << 16 else np.int32),
+             "step": steps[grid_s[nz]].astype(np.int32), "dur_ms": d[nz].astype(np.float32),
+             "self_ms": d_self[nz].astype(np.float32), "calls": c[nz].astype(np.int32)}
     kinds = [KINDS[x] if x < len(KINDS) else str(x) for x in kind_of[keep]]
     return table, np.asarray(rd.names, dtype=object)[u[keep]], kinds
 
