@@ -12,8 +12,11 @@ RSS of every process (ru_maxrss, read by a thin wrapper around distprof's main) 
 µs per event, the largest per-process peak RSS, and each figure's ratio to the smallest rank count of the same P;
 the reports of the serial and MPI runs are compared (they must be equal).
 
-Goals (issue "Scale"): 1,024 x 100k answered in <= 60 s with 2 MPI processes and <= 1 GB peak RSS per process;
-serial peak RSS at 1,024 ranks <= 1.25 x at 64; time per event flat (1,024 vs 64 within 1.3x).
+After the table it prints each goal the measured rows can judge, met or not and by how much (issue 25; earlier
+goals in docs/scaling.md): 1,024 ranks at >= 150k events per rank, serial <= 30 s and <= 500 MB, `mpiexec -n 2`
+<= 0.6 x serial; the 1,024-rank peak <= 1.5 x the 64-rank peak; 16,384 ranks <= 120 s under `mpiexec -n 2` and
+<= 2 GB per process. With two or more rank counts per process count it fits time and peak RSS as a + b x ranks
+and projects them to 100,000 ranks.
 """
 
 from __future__ import annotations
@@ -147,7 +150,62 @@ def main() -> None:
             print(f"{r['ranks']:>6} {p:>5} {r['events']:>12,} {r['seconds']:>8.1f} {r['us_per_event']:>9.3f} "
                   f"{r['peak_rss_mb']:>12.0f} {r['seconds'] / first['seconds']:>7.2f} "
                   f"{r['us_per_event'] / first['us_per_event']:>8.2f} {r['peak_rss_mb'] / first['peak_rss_mb']:>6.2f}")
+    print()
+    for line in goal_lines(rows) + projection_lines(rows):
+        print(line)
     (data / f"scale{suffix}.json").write_text(json.dumps(rows, indent=1))
+
+
+def _verdict(name: str, value: float, goal: float, unit: str) -> str:
+    met = value <= goal
+    return (f"goal {name}: {value:,.2f} {unit} against <= {goal:,.2f} {unit}: "
+            f"{'met' if met else 'NOT met'} ({value / goal:.2f} x the goal)")
+
+
+def goal_lines(rows: list[dict]) -> list[str]:
+    """Each goal of the scaling issue that `rows` can judge."""
+    at = {(r["ranks"], r["procs"]): r for r in rows}
+    out = []
+    for n, p in sorted(at):
+        r = at[(n, p)]
+        if n == 1024 and r["events"] >= 150_000 * n * 0.9 and p == 1:
+            out.append(_verdict("1,024 x 150k serial time", r["seconds"], 30.0, "s"))
+            out.append(_verdict("1,024 x 150k serial peak RSS", r["peak_rss_mb"], 500.0, "MB"))
+            if (n, 2) in at:
+                out.append(_verdict("1,024 x 150k mpiexec -n 2 / serial", at[(n, 2)]["seconds"] / r["seconds"], 0.6,
+                                    "x"))
+        if n == 1024 and (64, p) in at:
+            out.append(_verdict(f"peak RSS 1,024 / 64 ranks ({p} proc)", r["peak_rss_mb"] / at[(64, p)]["peak_rss_mb"],
+                                1.5, "x"))
+        if n == 16384 and p == 2:
+            out.append(_verdict("16,384 ranks mpiexec -n 2 time", r["seconds"], 120.0, "s"))
+            out.append(_verdict("16,384 ranks peak RSS per process", r["peak_rss_mb"], 2000.0, "MB"))
+    return out
+
+
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Least squares a + b x."""
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((v - mx) ** 2 for v in x)
+    b = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def projection_lines(rows: list[dict], ranks: int = 100_000) -> list[str]:
+    """Time and peak RSS at `ranks`, from a + b x ranks fitted per process count (two or more rank counts)."""
+    out = []
+    for p in sorted({r["procs"] for r in rows}):
+        mine = [r for r in rows if r["procs"] == p]
+        if len({r["ranks"] for r in mine}) < 2:
+            continue
+        x = [float(r["ranks"]) for r in mine]
+        ta, tb = fit_line(x, [r["seconds"] for r in mine])
+        ma, mb = fit_line(x, [r["peak_rss_mb"] for r in mine])
+        out.append(f"projection to {ranks:,} ranks, {p} proc(s): {ta + tb * ranks:,.0f} s "
+                   f"({tb * 1e3:.1f} ms per rank), {ma + mb * ranks:,.0f} MB peak ({mb * 1e3:.0f} KB per rank), "
+                   f"at the measured events per rank and on this machine")
+    return out
 
 
 if __name__ == "__main__":

@@ -5,7 +5,33 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["group_median", "rank_step_values"]
+__all__ = ["group_median", "rank_step_values", "unique_rows"]
+
+
+def unique_rows(cols: tuple[np.ndarray, ...] | list[np.ndarray]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """The distinct rows of integer columns, sorted as ``np.unique(np.stack(cols, 1), axis=0)`` sorts them, and each
+    row's index among them. The columns are packed into one int64 key where their ranges allow (one 1-D sort:
+    ``axis=0`` sorts rows as opaque records, 0.45 s of a 128-rank report's 3.6 s), else left to ``axis=0``."""
+    cols = [np.asarray(c).astype(np.int64, copy=False).reshape(-1) for c in cols]
+    if cols[0].size == 0:
+        return tuple(np.zeros(0, np.int64) for _ in cols), np.zeros(0, np.int64)
+    lows = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - lo + 1 for c, lo in zip(cols, lows)]
+    total = 1
+    for sp in spans:
+        total *= sp
+    if total >= 1 << 62:
+        uk, inv = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+        return tuple(uk[:, j] for j in range(uk.shape[1])), inv.reshape(-1)
+    key = np.zeros(cols[0].size, np.int64)
+    for c, lo, sp in zip(cols, lows, spans):  # the first column most significant: the rows' lexicographic order
+        key = key * sp + (c - lo)
+    uk, inv = np.unique(key, return_inverse=True)
+    out = []
+    for lo, sp in zip(reversed(lows), reversed(spans)):
+        uk, digit = np.divmod(uk, sp)
+        out.append(digit + lo)
+    return tuple(reversed(out)), inv.reshape(-1)
 
 
 def group_median(g: np.ndarray, v: np.ndarray, n_groups: int) -> np.ndarray:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...groupstats import unique_rows
+
 if TYPE_CHECKING:
     from .instances import Table
 
@@ -52,8 +54,7 @@ def union_ms(keys: tuple[np.ndarray, ...], lo: np.ndarray, hi: np.ndarray) -> tu
     one array per key column, and their lengths)."""
     if lo.size == 0:
         return tuple(np.zeros(0, np.int64) for _ in keys), np.zeros(0)
-    uk, kidx = np.unique(np.stack(keys, axis=1), axis=0, return_inverse=True)
-    kidx = kidx.reshape(-1)
+    uk, kidx = unique_rows(keys)
     t0 = int(lo.min())
     span = int(hi.max()) - t0 + 1
     o = np.lexsort((lo, kidx))
@@ -62,4 +63,4 @@ def union_ms(keys: tuple[np.ndarray, ...], lo: np.ndarray, hi: np.ndarray) -> tu
     prev = np.r_[-1, np.maximum.accumulate(shifted)[:-1]] - k * span
     prev[np.r_[True, k[1:] != k[:-1]]] = -1
     covered = np.maximum(z - np.maximum(a, prev), 0)
-    return tuple(uk[:, j] for j in range(uk.shape[1])), np.bincount(k, weights=covered, minlength=len(uk)) / NS_PER_MS
+    return uk, np.bincount(k, weights=covered, minlength=len(uk[0])) / NS_PER_MS
