@@ -4,6 +4,7 @@ self-contained report.html."""
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import sys
 
@@ -34,8 +35,20 @@ def register(sub) -> None:
     r.set_defaults(func=run)
 
 
+def _analysed(args: argparse.Namespace, steps: tuple[int, int] | None):
+    """The run's Report (None on an MPI process other than rank 0). The summaries it was built from are released
+    on return, before any renderer runs: at 16k ranks they are a gigabyte the renderers never read."""
+    from ..analysis.report.build import build_report
+
+    run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
+                         strict=args.strict, stored=not args.from_events)
+    if run_ is None:
+        return None
+    return build_report(run_, peak_tflops=args.peak_tflops, top=args.top, watch_dir=args.run_dir)
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.report.build import build_report, watch_only_report
+    from ..analysis.report.build import watch_only_report
     from ..render import render_console, render_json, write_html, write_json
     from ..render.html import check_html_path
 
@@ -48,11 +61,11 @@ def run(args: argparse.Namespace) -> int:
         check_html_path(args.html)  # fail before the (long) merge, not after
     report = watch_only_report(args.run_dir)  # a --watch run that recorded no window: its series alone
     if report is None:
-        run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
-                             strict=args.strict, stored=not args.from_events)
-        if run_ is None:  # an MPI process other than rank 0: its share is summarised, rank 0 reports
+        report = _analysed(args, steps)
+        if report is None:  # an MPI process other than rank 0: its share is summarised, rank 0 reports
             return 0
-        report = build_report(run_, peak_tflops=args.peak_tflops, top=args.top, watch_dir=args.run_dir)
+        gc.collect()  # the summaries hold reference cycles: freed now, not at some later collection (1,024 ranks:
+        # 77 MB still held after the return, 5 MB after this)
     html_path = write_html(report, args.html) if args.html else None  # every renderer takes the Report alone
     if args.json == "-":
         sys.stdout.write(render_json(report))
