@@ -106,7 +106,10 @@ def test_blame_counts_a_waiting_ranks_overlapping_waits_once(ddp_slow):
     comm = float(np.mean(rep.steps["comm_ms"][rep.steps["rank"] == 0]))
     assert rows[1].blame_ms_per_step <= comm + 0.5, (rows[1], comm)
     assert rows[0].wait_ms_per_step <= comm + 0.5
-    assert rows[1].blame_ms_per_step < 1.5 * DELAY_MS, rows[1]
+    # about the delay, not buckets x delay: counted per bucket it read 63 ms for this 30 ms delay (add9bd0's parent);
+    # counted once it read 45.8 on a loaded 2-core machine (rank 0 itself descheduled while it waited), so the bound
+    # leaves room for that and still fails the double count
+    assert rows[1].blame_ms_per_step < 1.75 * DELAY_MS, rows[1]
     (f,) = [f for f in rep.findings if f.id == "straggler_rank"]
     assert f.metrics["wait_ms_per_step_each"] <= comm + 0.5
 
