@@ -79,7 +79,7 @@ def main() -> None:
     ot = [s.op_totals for s in run.ranks.values() if s.op_totals.get("name") is not None]
     if ot:
         rows = sum(int(t["name"].size) for t in ot)
-        row_b = sum(t[c].itemsize for c in ot[0] for t in ot[:1])
+        row_b = sum(col.itemsize for col in ot[0].values())
         print(f"op_totals: {rows / n:.0f} rows per rank of {row_b} B ({', '.join(f'{c} {ot[0][c].dtype}' for c in ot[0])})")
     if args.tracemalloc:
         tracemalloc.reset_peak()

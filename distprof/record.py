@@ -108,13 +108,12 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON object (plain Python values only)."""
-        out = {key: jsonable(v) for key, v in self.json_fields()}
-        out.update(self._json_extra())
-        return out
+        return {key: jsonable(v) for key, v in self.json_fields()}
 
     def json_fields(self) -> Iterator[tuple[str, Any]]:
-        """(key, value) of each field its JSON object holds, in order, the values as they are (not yet converted):
-        a writer that converts and writes one at a time never holds the whole document (render/json_renderer.py)."""
+        """(key, value) of each entry of its JSON object, in order — the fields, then the derived keys — the values as
+        they are (not yet converted): a writer that converts and writes one at a time never holds the whole document
+        (render/json_renderer.py)."""
         for s in _specs(type(self)):
             if not s.json:
                 continue
@@ -122,6 +121,7 @@ class Record:
             if v is None and s.omit_none:
                 continue
             yield s.key, v
+        yield from self._json_extra().items()
 
     def _json_extra(self) -> dict[str, Any]:
         """Derived keys written after the fields (a subclass's computed properties); not read back."""

@@ -44,7 +44,7 @@ def iter_json(report: Report | dict[str, Any]) -> Iterator[str]:
     if not isinstance(report, Record):
         yield _dumps(report) + "\n"
         return
-    items = [*report.json_fields(), *report._json_extra().items()]
+    items = list(report.json_fields())
     if not items:
         yield "{}\n"
         return

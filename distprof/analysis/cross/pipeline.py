@@ -229,8 +229,7 @@ def _by_component(t: dict[str, np.ndarray]) -> Iterator[tuple[list[int], dict[st
     comp = np.full(max(max(g) for g in comps) + 1, -1, np.int64)
     for k, ranks in enumerate(comps):
         comp[ranks] = k
-    src = np.asarray(t["src"], np.int64)
-    of = np.where((src >= 0) & (src < comp.size), comp[np.clip(src, 0, comp.size - 1)], -1)
+    of = comp[t["src"]]  # matched pairs: both ends are known ranks of one component
     o = np.argsort(of, kind="stable")
     bounds = np.searchsorted(of[o], np.arange(len(comps) + 1))
     for k, ranks in enumerate(comps):
