@@ -373,3 +373,25 @@ def test_hf_trainer_buckets_are_matched_with_their_own(tmp_path):
     waited = grads & (ins["skew_ns"] >= 15_000_000)
     assert waited.sum() >= 10 and (ins["last_rank"][waited] == 1).mean() >= 0.9, (
         ins["last_rank"][grads].tolist(), (ins["skew_ns"][grads] / 1e6).round(1).tolist())
+
+
+def test_each_collective_row_is_held_once(tmp_path):
+    """After the join a rank's collectives are views of its rows of run.collective_rows: the same rows and op names as
+    its own summary had, and no second copy (1,024 LLM-shaped ranks held 124 MB of them twice)."""
+    from distprof.analysis.load.catalog import scan_run
+    from distprof.analysis.load.rankdata import read_rank
+    from distprof.analysis.rank.summary import summarize_rank
+
+    made = make_run(tmp_path, world_size=3, late_rank=1, late_ms=5.0, schedule={"repeat": 2})
+    run = distprof.load(made.run_dir)
+    cat = scan_run(made.run_dir)
+    for r in (0, 1, 2):
+        own = summarize_rank(read_rank(cat, r))
+        held = run.ranks[r].collectives
+        assert held["seq"].size == own.collectives["seq"].size > 0
+        for k, v in own.collectives.items():
+            if k == "op":
+                assert list(run.ranks[r].ops_names[held["op"]]) == list(own.ops_names[v])
+            else:
+                assert np.array_equal(held[k], v, equal_nan=v.dtype.kind == "f"), k
+            assert np.shares_memory(held[k], run.collective_rows["op_id" if k == "op" else k])

@@ -172,8 +172,9 @@ class RankSummary:
     windows: list[int]
     device_rank: bool
     steps: Table  # breakdown columns (breakdown.BREAKDOWN_COLUMNS), recorded clock
-    collectives: Table  # window, pg, seq, op, bytes, start_ns, end_ns, step, ev_row
-    ops_names: np.ndarray  # names indexed by collectives["op"] (object array)
+    collectives: Table  # window, pg, seq, op, bytes, start_ns, end_ns, step, ev_row; in a RunSummary: views of the
+    #                     rank's rows of RunSummary.collective_rows (raw times, windows the clock left out dropped)
+    ops_names: np.ndarray  # names indexed by collectives["op"] (object array); in a RunSummary: RunSummary.names
     op_totals: Table  # name (index into op_names), step, dur_ms (own work), self_ms (outside nested events), calls
     op_names: np.ndarray  # names indexed by op_totals["name"]
     op_kinds: list[str]  # kind of each op name

@@ -12,7 +12,7 @@ the rows, the steps and the collectives → warnings. Memory: O(ranks × (steps 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -189,6 +189,21 @@ def outside_step_notes(summaries: list[RankSummary], steps: Table) -> list[str]:
     return out
 
 
+def rows_in_one_home(summaries: list[RankSummary], rows: Table, names: np.ndarray) -> dict[int, RankSummary]:
+    """rank -> its summary, whose collectives are now views of its rows of the run's `rows` (sorted by rank), ``op``
+    indexing the run's `names`: each collective row is held once. At 1,024 LLM-shaped ranks the per-rank copies were
+    124 MB beside the joined table's 128 MB."""
+    ranks = np.asarray(rows["rank"])
+    cols = [k for k in rows if k not in ("rank", "op_id")]
+    out = {}
+    for s in summaries:
+        lo, hi = (int(i) for i in np.searchsorted(ranks, [s.rank, s.rank + 1]))
+        own = {k: rows[k][lo:hi] for k in cols}
+        own["op"] = rows["op_id"][lo:hi]
+        out[s.rank] = replace(s, collectives=own, ops_names=names)
+    return out
+
+
 def reduce_run(cat: RunCatalog, summaries: list[RankSummary], *, rules: Any = None,
                model: ClockModel | None = None) -> RunSummary:
     """Join the rank summaries of `cat`'s run (see the module docstring); `model` as in :func:`join`."""
@@ -211,7 +226,7 @@ def reduce_run(cat: RunCatalog, summaries: list[RankSummary], *, rules: Any = No
     return RunSummary(
         run_id=cat.run_id, world_size=cat.world_size, ranks_present=list(cat.ranks),
         ranks_missing=list(cat.ranks_missing), hosts=cat.hosts, attrs=dict(sorted(cat.first_attrs.items())),
-        process_groups=cat.process_groups, ranks={s.rank: s for s in summaries},
+        process_groups=cat.process_groups, ranks=rows_in_one_home(summaries, j.rows, j.names),
         steps=steps, collective_rows=j.rows, names=j.names,
         collectives=aligned_collectives(j.matched, j.model), clock=j.model.hosts, model=j.model,
         warnings=j.warnings, steps_selection=cat.steps, rules=rules, catalog=cat, p2p=p2p)
