@@ -4,7 +4,6 @@ self-contained report.html."""
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import sys
 
@@ -49,6 +48,7 @@ def _analysed(args: argparse.Namespace, steps: tuple[int, int] | None):
 
 def run(args: argparse.Namespace) -> int:
     from ..analysis.report.build import watch_only_report
+    from ..analysis.summarize.heap import release_free_heap
     from ..render import render_console, render_json, write_html, write_json
     from ..render.html import check_html_path
 
@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
         report = _analysed(args, steps)
         if report is None:  # an MPI process other than rank 0: its share is summarised, rank 0 reports
             return 0
-        gc.collect()  # the summaries hold reference cycles: freed now, not at some later collection (1,024 ranks:
-        # 77 MB still held after the return, 5 MB after this)
+        release_free_heap()  # the summaries hold reference cycles: freed now, not at some later collection
+        # (1,024 ranks: 77 MB still held after the return, 5 MB after this), and their pages given back
     html_path = write_html(report, args.html) if args.html else None  # every renderer takes the Report alone
     if args.json == "-":
         sys.stdout.write(render_json(report))

@@ -47,6 +47,7 @@ from ..names import rank_ranges
 from ..rank.stored import load_stored, usable
 from ..rank.summary import summarize_rank
 from ..types import FindingRules, MergedRun, RankSummary, RunSummary
+from .heap import release_free_heap
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +161,14 @@ def summarize(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = Non
     `stored`: take each rank's summary stored in its shard where it can be (``stored_summary``); False: always
     summarise the events."""
     if comm is None or comm.Get_size() <= 1:
-        return summarize_catalog(scan_run(run_dir, steps=steps, progress=progress, strict=strict,
-                                          defer_layout=stored and steps is None), progress=progress,
-                                 rules=rules, stored=stored)
-    return _summarize_mpi(comm, run_dir, steps=steps, progress=progress, rules=rules, strict=strict, stored=stored)
+        out = summarize_catalog(scan_run(run_dir, steps=steps, progress=progress, strict=strict,
+                                         defer_layout=stored and steps is None), progress=progress,
+                                rules=rules, stored=stored)
+    else:
+        out = _summarize_mpi(comm, run_dir, steps=steps, progress=progress, rules=rules, strict=strict,
+                             stored=stored)
+    release_free_heap()  # the per-rank tables the join replaced, freed: back to the OS before the cross-rank phase
+    return out
 
 
 def summarize_merged(run: MergedRun, *, rules: FindingRules | None = None) -> RunSummary:
