@@ -56,17 +56,21 @@ def collective_instances(run: RunSummary) -> Table:
     keep = _kept_members(inst, rank)
     if not np.any(keep):
         return _empty_instances()
-    arrival = np.asarray(m["start_ns"], np.int64)[keep]
-    end = np.asarray(m["end_ns"], np.int64)[keep]
-    cols = {"window": np.asarray(m["window"], np.int64)[keep], "pg": np.asarray(m["pg"], np.int64)[keep],
-            "seq": np.asarray(m["seq"], np.int64)[keep], "rank": rank[keep], "step": step[keep],
-            "row": np.asarray(m["row"], np.int64)[keep], "arrival_ns": arrival, "end_ns": end, "dur_ns": end - arrival}
     _, inst = np.unique(inst[keep], return_inverse=True)  # renumber 0..n-1
-    inst = inst.reshape(-1)
-    o = np.lexsort((cols["arrival_ns"], inst))
-    inst = inst[o]
-    cols = {k: v[o] for k, v in cols.items()}
-    return {"inst": inst.astype(np.int64), **cols, **_arrival_columns(inst, cols)}
+    take = np.flatnonzero(keep)
+    o = np.lexsort((np.asarray(m["start_ns"])[take], inst.reshape(-1)))
+    inst = inst.reshape(-1)[o].astype(np.int64)
+    take = take[o]  # each column is gathered once, in its final order: no second copy of the table
+    del o, keep
+    cols = {k: np.asarray(m[src])[take].astype(np.int64, copy=False) for k, src in _MEMBER_COLUMNS}
+    cols["rank"], cols["step"] = rank[take], step[take]
+    cols["dur_ns"] = cols["end_ns"] - cols["arrival_ns"]
+    return {"inst": inst, **cols, **_arrival_columns(inst, cols)}
+
+
+#: Columns taken from the matched collectives' members: (column, member column).
+_MEMBER_COLUMNS = (("window", "window"), ("pg", "pg"), ("seq", "seq"), ("row", "row"), ("arrival_ns", "start_ns"),
+                   ("end_ns", "end_ns"))
 
 
 def _selected_members(run: RunSummary) -> tuple[dict[str, np.ndarray], np.ndarray]:
