@@ -51,7 +51,8 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
     sl = step_lateness(cells, t["lateness_ns"] / NS_PER_MS)
     thr, parts = floor_ms(run, rule, step_noise_ms(cells, sl.raw, ranks.size))
     w = waits(t, skey)
-    f = _figures(run, t, ridx, ranks, cells, sl, thr, rule, w)
+    extra = extra_work_ms(t, cells.idx, sl)  # per cell, read by the rank figures and the cells record
+    f = _figures(run, t, ridx, ranks, cells, sl, thr, rule, w, extra)
     info = StragglerInfo(_rule_info(rule, thr, parts), n_instances=int(t["inst"].max()) + 1)
     rows = rank_rows(f, {int(r): str(h) for r, h in run.hosts.items()})
     info.named = [d.rank for d in rows if d.named]
@@ -61,7 +62,7 @@ def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
     c_blame = _cell_values(cells, ranks, culprit, step, ms)
     info.per_step, info.changes = per_step(cells, sl.lateness, c_blame, ranks, thr)
     info.hosts = host_table(run, t, skey, w, thr, rule)
-    info.cells = cells_record(cells, sl.lateness, extra_work_ms(t, cells.idx, sl), ranks)
+    info.cells = cells_record(cells, sl.lateness, extra, ranks)
     return Stragglers(rows, info, waits_for_named=_waits_for(w, ranks, f.n_steps, info.named))
 
 
@@ -78,7 +79,7 @@ def _confirmed(run: RunSummary, f: RankFigures, rule: StragglerRule) -> np.ndarr
 
 
 def _figures(run: RunSummary, t: Table, ridx: np.ndarray, ranks: np.ndarray, cells: Cells, sl: StepLateness,
-             thr: float, rule: StragglerRule, w: Waits) -> RankFigures:
+             thr: float, rule: StragglerRule, w: Waits, extra: np.ndarray) -> RankFigures:
     """The per-rank figures, and who the rule names."""
     nr = ranks.size
     n_steps, late_steps, passes = late_in_steps(cells, sl.lateness, nr, thr, rule)
@@ -95,7 +96,7 @@ def _figures(run: RunSummary, t: Table, ridx: np.ndarray, ranks: np.ndarray, cel
     f = RankFigures(
         ranks=ranks, n_instances=cnt, n_steps=n_steps, lateness=median(sl.lateness), late_steps=late_steps,
         late_fraction=np.bincount(ridx, weights=t["is_last"].astype(float), minlength=nr) / np.maximum(cnt, 1),
-        extra_work=median(extra_work_ms(t, cells.idx, sl)), blame=_per_rank(w, ranks, w.culprit),
+        extra_work=median(extra), blame=_per_rank(w, ranks, w.culprit),
         wait=_per_rank(w, ranks, None), cost=np.zeros(nr),
         clock_free=median(cells.max(t["clock_free_lateness_ns"] / NS_PER_MS)), late=passes, named=passes)
     f.named = passes & _confirmed(run, f, rule)

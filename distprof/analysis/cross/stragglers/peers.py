@@ -42,11 +42,15 @@ def excess_by(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     if key.size == 0:
         return np.zeros(0)
     o = np.lexsort((values, key))
-    st, v = key[o], values[o]
-    first, n, pos = group_bounds(st)
-    ref = np.zeros(st.size)
+    v = values[o]
+    first, n, pos = group_bounds(key[o])
     many = n >= 2
-    ref[many] = median_of_others(first[many], n[many], pos[many], v)
-    out = np.empty(st.size)
+    if many.all():  # every group has others (a collective's instances): no masked copies of the row columns
+        ref = median_of_others(first, n, pos, v)
+    else:
+        ref = np.zeros(v.size)
+        ref[many] = median_of_others(first[many], n[many], pos[many], v)
+    del first, n, pos, many
+    out = np.empty(v.size)
     out[o] = v - ref
     return out
