@@ -24,6 +24,8 @@ import numpy as np
 from ...record import Record
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..types import RunSummary
 
 __all__ = ["CommRow", "comm_table", "group_kind"]
@@ -75,12 +77,12 @@ def comm_table(run: RunSummary) -> list[CommRow]:
     nbytes = np.asarray(rows["bytes"], np.int64)[keep]
     st = run.steps
     steps_of = {int(r): int(np.count_nonzero(np.asarray(st["rank"]) == r)) for r in np.unique(rank).tolist()}
-    kinds = np.array([kind_of.get(int(g), f"group {g}" if g >= 0 else "unknown group") for g in pg], dtype=object)
+    names, kinds = _kind_of_rows(pg, lambda g: kind_of.get(g, f"group {g}" if g >= 0 else "unknown group"))
     last = _last_arrivers(run, keep)
     out = []
-    for kind in sorted(set(kinds.tolist())):
-        for o in np.unique(op[kinds == kind]).tolist():
-            m = (kinds == kind) & (op == o)
+    for k, kind in enumerate(names):
+        for o in np.unique(op[kinds == k]).tolist():
+            m = (kinds == k) & (op == o)
             ranks = np.unique(rank[m])
             rank_steps = max(sum(steps_of.get(int(r), 0) for r in ranks.tolist()), 1)
             known = m & (nbytes >= 0)
@@ -98,6 +100,15 @@ def comm_table(run: RunSummary) -> list[CommRow]:
     return out
 
 
+def _kind_of_rows(pg: np.ndarray, kind: Callable[[int], str]) -> tuple[list[str], np.ndarray]:
+    """The group kinds (sorted) and each row's index among them, `kind` asked once per distinct process group (not
+    per row: 1.4 M collective rows at 1,024 LLM-shaped ranks)."""
+    pgs, of_row = np.unique(pg, return_inverse=True)
+    per_pg = [kind(int(g)) for g in pgs.tolist()]
+    names = sorted(set(per_pg))
+    return names, np.searchsorted(np.array(names, dtype=object), np.array(per_pg, dtype=object))[of_row.reshape(-1)]
+
+
 def _last_arrivers(run: RunSummary, keep_row: np.ndarray) -> dict[tuple[str, int], tuple[int, float, float]]:
     """(group kind, op id) -> (rank entering last most often, that share, median arrival spread ms), over the
     instances whose every member row is kept (inside the selected steps)."""
@@ -109,11 +120,11 @@ def _last_arrivers(run: RunSummary, keep_row: np.ndarray) -> dict[tuple[str, int
     inside = np.bincount(np.asarray(mem["inst"], np.int64), weights=out_rows.astype(float),
                          minlength=len(inst["inst"])) == 0
     groups = {int(g["index"]): group_kind(g) for g in run.process_groups}
-    kinds = np.array([groups.get(int(g), f"group {g}") for g in inst["pg"]], dtype=object)
+    names, kinds = _kind_of_rows(np.asarray(inst["pg"], np.int64), lambda g: groups.get(g, f"group {g}"))
     out = {}
-    for kind in set(kinds.tolist()):
-        for o in np.unique(np.asarray(inst["op_id"])[kinds == kind]).tolist():
-            m = (kinds == kind) & (np.asarray(inst["op_id"]) == o) & (np.asarray(inst["n_ranks"]) >= 2) & inside
+    for k, kind in enumerate(names):
+        for o in np.unique(np.asarray(inst["op_id"])[kinds == k]).tolist():
+            m = (kinds == k) & (np.asarray(inst["op_id"]) == o) & (np.asarray(inst["n_ranks"]) >= 2) & inside
             if not m.any():
                 continue
             lr = np.asarray(inst["last_rank"])[m]
