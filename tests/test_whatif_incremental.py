@@ -99,7 +99,7 @@ def test_the_report_table_and_the_findings_share_their_replays(run):
     once — the straggler finding's change is the table's first row — and a finding's figures are those a replay of
     its own gives."""
     g = step_graph(run)
-    strag = find_stragglers(run, graph=g)
+    strag = find_stragglers(run)
     found = findings(run, stragglers=strag, root_cause=[])
     annotate_findings(run, found, graph=g)
     table = whatif.standard(run, stragglers=strag, graph=g)

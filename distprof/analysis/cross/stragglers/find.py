@@ -26,7 +26,6 @@ from .rows import RankFigures, cells_record, per_step, rank_rows
 from .rule import StragglerRule, floor_ms, late_in_steps, step_noise_ms
 
 if TYPE_CHECKING:
-    from ...graph.critical_path import StepGraph
     from ...types import RunSummary
 
 __all__ = ["find_stragglers"]
@@ -34,10 +33,8 @@ __all__ = ["find_stragglers"]
 NS_PER_MS = 1e6
 
 
-def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None,
-                    graph: StepGraph | None = None) -> Stragglers:
-    """Rank and host straggler tables, per-step stragglers and the naming rule (see :mod:`.result`). `graph` is
-    accepted for the report's callers and not needed."""
+def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> Stragglers:
+    """Rank and host straggler tables, per-step stragglers and the naming rule (see :mod:`.result`)."""
     rule = rule or StragglerRule()
     t = inside_steps(collective_instances(run))
     if t["inst"].size == 0:
