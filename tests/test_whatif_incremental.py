@@ -190,3 +190,38 @@ def test_relaxing_only_the_moving_arrivals_is_relaxing_all(run, make, monkeypatc
                               rp.passes, rp.converged)
             assert got[1] == got[10**9], limit
     assert cp.replay(graphs[1]).passes >= 2  # the changed graph settles over passes: there is a frontier to follow
+
+
+@pytest.mark.parametrize("make", ["synth", "simulated"])
+@pytest.mark.parametrize("chain", [False, True])
+def test_closing_the_chains_in_a_pass_gives_the_levels_of_one_hop_per_pass(run, make, chain):
+    """_settle closes each rank-step's chain of arrivals within a pass: the same least levels as raising each value
+    only by what it reads (one sync event per pass), from the same start, in fewer passes."""
+    from distprof.analysis.graph import schedule as S
+
+    r = run if make == "synth" else simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)})
+    g = step_graph(r)
+    d = S._deps(g)
+    cap = d.n + d.nu + 2 * d.nrs + 2
+    assert S._chain_closer(d, g) is not None  # the graph's events are laid out rank-step by rank-step
+    passes = {}
+    real = S._pass
+
+    def counted(*a):
+        passes[a[-1] is not None] = passes.get(a[-1] is not None, 0) + 1
+        return real(*a)
+
+    def start():
+        return np.zeros(d.n + d.nu + d.nrs, np.int64), np.zeros(d.nrs, np.int64)
+
+    S._pass = counted
+    try:
+        got = S._settle(d, g, *start(), chain=chain, max_passes=cap)
+        want = S._settle_every_hop(d, g, *start(), chain=chain, max_passes=cap)
+    finally:
+        S._pass = real
+    assert got is not None and want is not None
+    assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
+    assert passes[True] <= passes[False], passes
+    if make == "synth":  # steps of many collectives: a rise crosses them in one pass, not one per pass
+        assert passes[True] < passes[False], passes

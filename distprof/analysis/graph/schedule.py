@@ -38,6 +38,8 @@ import numpy as np
 from .links import LINK_END, LINK_START
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .critical_path import StepGraph
 
 __all__ = ["Schedule", "schedule", "replay_scheduled", "replay_values", "first_changed_row"]
@@ -139,21 +141,75 @@ def _index(kind: np.ndarray, idx: np.ndarray, unit: np.ndarray, n: int, nu: int,
 
 def _settle(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, *, chain: bool,
             max_passes: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Raise the levels [A | U | B] and of the ends until every dependency holds (None: they never settle)."""
-    n, nu = d.n, d.nu
-    prev = np.maximum(g.rs_prev, 0)
+    """Raise the levels [A | U | B] and of the ends until every dependency holds (None: they never settle).
+
+    Each pass also closes every rank-step's chain of arrivals: an arrival is at least one level after the one
+    before it in its rank-step (its anchor is that arrival, or that event's end, which its unit holds at or after
+    the arrival), so a rise runs to the rank-step's end in the same pass (a running maximum) instead of one sync
+    event per pass. The levels are the same as without it (:func:`_settle_every_hop`: the least levels meeting the
+    dependencies, from the same start); the passes are those it takes a rise to cross between ranks (1,024
+    LLM-shaped ranks: 426 passes over 1.5 M events became 13, 3.9 s -> 0.24 s)."""
+    close = _chain_closer(d, g)
     for _ in range(max_passes):
         old, old_e = lv.copy(), lv_e.copy()
-        if n:
-            lv[:n] = np.maximum(lv[:n], lv[d.a_lsrc] + 1)
-            if d.mem_ev.size:
-                lv[n:n + nu] = np.maximum(lv[n:n + nu], np.maximum.reduceat(lv[d.mem_ev], d.mem_bounds))
-        lv_e = np.maximum(lv_e, lv[d.e_lsrc] + d.e_from_b)
-        if chain:
-            lv[n + nu:] = np.where(d.chained, np.maximum(lv[n + nu:], lv_e[prev] if prev.size else 0), 0)
+        lv, lv_e = _pass(d, g, lv, lv_e, chain, close)
         if np.array_equal(old, lv) and np.array_equal(old_e, lv_e):
             return lv, lv_e
     return None
+
+
+def _settle_every_hop(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, *, chain: bool,
+                      max_passes: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_settle` without closing the chains: each pass raises a value by what it reads only (the definition
+    it is tested against)."""
+    for _ in range(max_passes):
+        old, old_e = lv.copy(), lv_e.copy()
+        lv, lv_e = _pass(d, g, lv, lv_e, chain, None)
+        if np.array_equal(old, lv) and np.array_equal(old_e, lv_e):
+            return lv, lv_e
+    return None
+
+
+def _pass(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, chain: bool,
+          close: Callable[[np.ndarray], None] | None) -> tuple[np.ndarray, np.ndarray]:
+    """One pass over every value: arrivals from their anchors (chains closed when `close` is given), units from
+    their members, ends, chained starts."""
+    n, nu = d.n, d.nu
+    if n:
+        lv[:n] = np.maximum(lv[:n], lv[d.a_lsrc] + 1)
+        if close is not None:
+            close(lv[:n])
+        if d.mem_ev.size:
+            lv[n:n + nu] = np.maximum(lv[n:n + nu], np.maximum.reduceat(lv[d.mem_ev], d.mem_bounds))
+    lv_e = np.maximum(lv_e, lv[d.e_lsrc] + d.e_from_b)
+    if chain:
+        prev = np.maximum(g.rs_prev, 0)
+        lv[n + nu:] = np.where(d.chained, np.maximum(lv[n + nu:], lv_e[prev] if prev.size else 0), 0)
+    return lv, lv_e
+
+
+def _chain_closer(d: _Deps, g: StepGraph) -> Callable[[np.ndarray], None] | None:
+    """A function raising, in place, each arrival's level to at least one more than the one before it in its
+    rank-step (a running maximum of level − position, per rank-step); None where the events are not laid out
+    rank-step by rank-step with each one's previous event just before it (then passes close the chains)."""
+    n = d.n
+    if not n:
+        return None
+    pos = np.arange(n)
+    prev = g.ev_prev
+    if not (np.array_equal(prev >= 0, np.r_[False, g.ev_rs[1:] == g.ev_rs[:-1]])
+            and np.array_equal(prev[prev >= 0], pos[prev >= 0] - 1)):
+        return None
+    seg = (np.cumsum(prev < 0) - 1).astype(np.int64)
+
+    def close(a: np.ndarray) -> None:
+        big = int(a.max()) + n + 1  # above any spread of level − position: rank-steps never mix
+        v = a - pos + seg * big
+        np.maximum.accumulate(v, out=v)
+        v += pos - seg * big
+        np.maximum(a, v, out=a)
+
+    return close
 
 
 def _chain_position(g: StepGraph) -> np.ndarray:
