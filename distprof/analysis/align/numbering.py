@@ -240,8 +240,9 @@ def _torch_numbered(nccl_seq: np.ndarray, rank: np.ndarray) -> bool:
     """Whether torch's sequence number can number the group: every row has one, each once per rank."""
     if nccl_seq.size == 0 or (nccl_seq < 0).any():
         return False
-    key = np.stack([rank.astype(np.int64), nccl_seq.astype(np.int64)], axis=1)
-    return len(np.unique(key, axis=0)) == len(key)
+    o = np.lexsort((nccl_seq, rank))  # a sort: np.unique(axis=0) of the pairs took 3 ms per group of 8.7k rows
+    r, q = rank[o], nccl_seq[o]
+    return not bool(np.any((r[1:] == r[:-1]) & (q[1:] == q[:-1])))
 
 
 def _size_compared(op: np.ndarray, size: np.ndarray, variable: np.ndarray | None) -> np.ndarray:
