@@ -145,6 +145,19 @@ def test_root_cause(kind, name, excess):
     assert all(not op.name.startswith(("gloo:", "c10d::")) for op in rc.ops)
 
 
+def test_root_cause_is_the_same_in_chunks_of_one_name(monkeypatch):
+    """Names are compared a chunk at a time (bounded memory at any rank count): chunks of a single name give the
+    same root causes, the [idle] pseudo-op included, as one chunk of all of them."""
+    from distprof.analysis.cross import rootcause
+
+    run = summarize_merged(ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER, late_kind="compute",
+                                   batch={1: 1.5}))
+    whole = root_cause(run, [2, 1])
+    monkeypatch.setattr(rootcause, "_CHUNK_CELLS", 1)
+    assert root_cause(run, [2, 1]) == whole
+    assert {op.name for op in whole[0].ops} >= {"aten::slow"} and {op.name for op in whole[1].ops} >= {"aten::mm"}
+
+
 def test_root_cause_slower_compute():
     run = ddp_run(4, n_steps=2, batch={1: 1.5}, jitter_ms=JITTER)
     (rc,) = root_cause(summarize_merged(run), [1])
