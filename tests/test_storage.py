@@ -166,3 +166,29 @@ def test_atomic_write_all_or_nothing(tmp_path, gz):
         fh.write(b"whole")
     assert (gzip.decompress(path.read_bytes()) if gz else path.read_bytes()) == b"whole"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+@pytest.mark.parametrize("text,want", [
+    ('{"a": [1, 2.5, "x"], "b": null}', {"a": [1, 2.5, "x"], "b": None}),
+    ('{"v": NaN, "w": -Infinity}', None),  # orjson refuses these; the standard decoder reads them as it always did
+    ("[" + str(2**70) + "]", [2**70]),
+    ('{"a": 1, "a": 2}', {"a": 2}),
+])
+def test_load_json_reads_what_the_standard_decoder_reads(text, want):
+    import math
+
+    from distprof.storage import safefs
+
+    got = safefs.load_json(text)
+    if want is None:
+        assert math.isnan(got["v"]) and got["w"] == -math.inf
+    else:
+        assert got == want and safefs.load_json(text.encode()) == want
+
+
+@pytest.mark.parametrize("text", ["{", "[1,]", "nul", "[" * 100 + "]" * 100, "\ud800"])
+def test_load_json_refuses_in_one_line(text):
+    from distprof.storage import safefs
+
+    with pytest.raises(safefs.BadJSON):
+        safefs.load_json(text, "shard.h5")
