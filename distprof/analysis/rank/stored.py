@@ -118,7 +118,7 @@ class _Decoder:
         if v is None or isinstance(v, (bool, int, float)):
             return v
         if isinstance(v, list):
-            return [self(x, depth + 1) for x in v]
+            return self._items(v, depth)
         if not isinstance(v, dict) or len(v) not in (1, 2):
             raise SummaryUnreadable(f"an unknown value {_show(v)}")
         if "$a" in v:
@@ -127,7 +127,7 @@ class _Decoder:
                 raise SummaryUnreadable(f"array {_show(v['$a'])} missing or not of dtype {_show(v.get('dtype'))}")
             return a
         if "$o" in v and isinstance(v["$o"], list):
-            items = [self(x, depth + 1) for x in v["$o"]]
+            items = self._items(v["$o"], depth)
             out = np.empty(len(items), dtype=object)
             out[:] = items
             return out
@@ -151,6 +151,13 @@ class _Decoder:
                 raise SummaryUnreadable(f"an unknown class {_show(v['$c'])}")
             return _build(cls, {k: self(x, depth + 1) for k, x in v["f"].items()})
         raise SummaryUnreadable(f"an unknown value {_show(v)}")
+
+    def _items(self, v: list, depth: int) -> list:
+        """A list's items decoded; a list of strings alone (a rank's op names) interned without a call per name
+        (the decoder's calls were half of reading a stored summary)."""
+        if all(type(x) is str for x in v):
+            return list(map(sys.intern, v))
+        return [self(x, depth + 1) for x in v]
 
 
 def _scalar(dtype: Any, value: Any) -> np.generic:
