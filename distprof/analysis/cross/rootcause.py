@@ -84,40 +84,41 @@ def _candidates(run: RunSummary, ranks: list[int], max_names: int) -> tuple[list
     return cand, kinds
 
 
-def _candidate_rows(run: RunSummary, all_ranks: np.ndarray, pos: dict[str, int], steps: np.ndarray
-                    ) -> tuple[np.ndarray, ...]:
-    """Every rank's op-total rows of candidate names in the compared steps, sorted by name: (name index, step index,
-    rank column, self ms, calls). Read from the summaries once (no more rows than they hold); each chunk of names
-    is then a slice of them (a pass over every rank per chunk was 12 s of a 16,384-rank report)."""
+def _per_rank_cells(run: RunSummary, all_ranks: np.ndarray, pos: dict[str, int], steps: np.ndarray) -> list:
+    """Per rank with op totals: (rank column, its summary, each of its op names' candidate index or −1, which of its
+    rows are in the compared steps — None for all of them, as a rank's own steps are). Small (a few hundred ints per
+    rank): the cells are built from the summaries a chunk of names at a time, not gathered whole (at 16,384 ranks
+    every rank's rows of the candidate names were +700 MB)."""
     parts = []
     for j, r in enumerate(all_ranks.tolist()):
         s = run.ranks.get(int(r))
         if s is None or not s.op_totals["name"].size:
             continue
-        ot = s.op_totals
-        ni = np.array([pos.get(x, -1) for x in s.op_names.tolist()], np.int32)[ot["name"]]
-        si = np.searchsorted(steps, ot["step"])
-        ok = (ni >= 0) & (si < steps.size)
-        ok[ok] = steps[si[ok]] == ot["step"][ok]
-        parts.append((ni[ok], si[ok].astype(np.int32), np.full(int(ok.sum()), j, np.int32), ot["self_ms"][ok],
-                      ot["calls"][ok]))
-    if not parts:
-        return tuple(np.zeros(0, t) for t in (np.int32, np.int32, np.int32, np.float64, np.float64))
-    cols = [np.concatenate(c) for c in zip(*parts)]
-    o = np.argsort(cols[0], kind="stable")
-    return tuple(c[o] for c in cols)
+        in_steps = np.isin(s.op_totals["step"], steps)
+        parts.append((j, s, np.array([pos.get(x, -1) for x in s.op_names.tolist()], np.int32),
+                      None if in_steps.all() else in_steps))
+    return parts
 
 
-def _fill(rows: tuple[np.ndarray, ...], idle: tuple, ns: int, a: int, b: int, n_names: int, nr: int
+def _fill(parts: list, idle: tuple, steps: np.ndarray, a: int, b: int, n_names: int, nr: int
           ) -> tuple[np.ndarray, np.ndarray]:
-    """(ms, calls) per (name, step, rank) for names a..b-1 (index n_names is the [idle] pseudo-op)."""
+    """(ms, calls) per (name, step, rank) for names a..b-1 (index n_names is the [idle] pseudo-op). A pass over the
+    ranks per chunk of names: numpy calls on a few hundred rows each (16,384 ranks: 26 s with a set test per rank and
+    chunk, 11 s with the rows in the steps found once per rank)."""
+    ns = steps.size
     dur = np.zeros((b - a, ns, nr))
     calls = np.zeros((b - a, ns, nr))
-    ni, si, j, ms, nc = rows
-    lo, hi = (int(x) for x in np.searchsorted(ni, [a, b]))
-    at = (ni[lo:hi] - a, si[lo:hi], j[lo:hi])
-    dur[at] = ms[lo:hi]
-    calls[at] = nc[lo:hi]
+    for j, s, name_map, in_steps in parts:
+        ot = s.op_totals
+        ni = name_map[ot["name"]]
+        m = (ni >= a) & (ni < b)
+        if in_steps is not None:
+            m &= in_steps
+        if not m.any():
+            continue
+        si = np.searchsorted(steps, ot["step"][m])
+        dur[ni[m] - a, si, j] = ot["self_ms"][m]
+        calls[ni[m] - a, si, j] = ot["calls"][m]
     if a <= n_names < b and idle[0].size:
         dur[n_names - a, idle[0], idle[1]] = idle[2]
     return dur, calls
@@ -128,7 +129,7 @@ def _target_cells(present: np.ndarray, j: int) -> np.ndarray:
     return present[:, j] & np.delete(present, j, axis=1).any(axis=1)
 
 
-def _compare_chunks(rows: tuple[np.ndarray, ...], idle: tuple, present: np.ndarray, targets: dict[int, int],
+def _compare_chunks(parts: list, idle: tuple, steps: np.ndarray, present: np.ndarray, targets: dict[int, int],
                     cells: dict[int, np.ndarray], n_labels: int, n_names: int
                     ) -> dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """Per target rank, per chunk of names: its ms, the other ranks' median ms and its calls per (name, step) over
@@ -139,7 +140,7 @@ def _compare_chunks(rows: tuple[np.ndarray, ...], idle: tuple, present: np.ndarr
     chunk = max(1, _CHUNK_CELLS // (ns * nr))
     for a in range(0, n_labels, chunk):
         b = min(a + chunk, n_labels)
-        dur, calls = _fill(rows, idle, ns, a, b, n_names, nr)
+        dur, calls = _fill(parts, idle, steps, a, b, n_names, nr)
         dur = np.where(present[None], dur, np.nan)
         for r, j in targets.items():
             steps_ok = cells[r]
@@ -196,11 +197,11 @@ def root_cause(
     cand, kind_of = _candidates(run, ranks, max(1, _MAX_CELLS // (ns * nr)))
     labels = cand + [IDLE_NAME]
     kinds = [kind_of.get(n, "none") for n in cand] + ["none"]
-    rows = _candidate_rows(run, all_ranks, {n: i for i, n in enumerate(cand)}, steps)
+    parts = _per_rank_cells(run, all_ranks, {n: i for i, n in enumerate(cand)}, steps)
     idle = (np.searchsorted(steps, bd["step"]), np.searchsorted(all_ranks, bd["rank"]), np.asarray(bd["idle_ms"]))
     targets = {r: int(np.searchsorted(all_ranks, r)) for r in ranks if r in all_ranks}
     cells = {r: _target_cells(present, j) for r, j in targets.items()}
-    got = _compare_chunks(rows, idle, present, targets, cells, len(labels), len(cand))
+    got = _compare_chunks(parts, idle, steps, present, targets, cells, len(labels), len(cand))
     out = []
     for r in ranks:
         n_ok = int(cells[r].sum()) if r in all_ranks else 0
