@@ -62,11 +62,14 @@ def collective_instances(run: RunSummary) -> Table:
     inst = inst.reshape(-1)[o].astype(np.int64)
     take = take[o]  # each column is gathered once, in its final order: no second copy of the table
     del o, keep
-    cols = {k: np.asarray(m[src])[take].astype(np.int64, copy=False) for k, src in _MEMBER_COLUMNS}
+    cols = {k: np.asarray(m[src])[take].astype(_NARROW.get(k, np.int64), copy=False) for k, src in _MEMBER_COLUMNS}
     cols["rank"], cols["step"] = rank[take], step[take]
     cols["dur_ns"] = cols["end_ns"] - cols["arrival_ns"]
     return {"inst": inst, **cols, **_arrival_columns(inst, cols)}
 
+
+#: Columns only compared, sorted on or listed, never in arithmetic: int32 (1.39 M rows at 1,024 LLM-shaped ranks).
+_NARROW = {"window": np.int32, "pg": np.int32, "seq": np.int32, "pos": np.int32, "n_ranks": np.int32}
 
 #: Columns taken from the matched collectives' members: (column, member column).
 _MEMBER_COLUMNS = (("window", "window"), ("pg", "pg"), ("seq", "seq"), ("row", "row"), ("arrival_ns", "start_ns"),
@@ -104,8 +107,8 @@ def _arrival_columns(inst: np.ndarray, cols: Table) -> Table:
     second = a[np.maximum(first + n - 2, first)]
     rel = a - a[first]  # int64 ns after the first arrival: exact in float64, unlike epoch ns
     return {
-        "pos": pos.astype(np.int64),
-        "n_ranks": n.astype(np.int64),
+        "pos": pos.astype(np.int32),
+        "n_ranks": n.astype(np.int32),
         "lateness_ns": rel - median_of_others(first, n, pos, rel),
         "behind_first_ns": rel,
         "is_last": is_last,
@@ -115,7 +118,7 @@ def _arrival_columns(inst: np.ndarray, cols: Table) -> Table:
 
 
 def _empty_instances() -> Table:
-    out = {k: np.zeros(0, np.int64) for k in _INT_COLUMNS}
+    out = {k: np.zeros(0, _NARROW.get(k, np.int64)) for k in _INT_COLUMNS}
     out.update({"lateness_ns": np.zeros(0), "clock_free_lateness_ns": np.zeros(0), "is_last": np.zeros(0, bool)})
     return out
 

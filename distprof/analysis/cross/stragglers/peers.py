@@ -20,21 +20,27 @@ def group_bounds(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     new = np.r_[True, key[1:] != key[:-1]]
     f_of = np.flatnonzero(new)
     n_of = np.diff(np.r_[f_of, key.size])
-    gi = np.cumsum(new) - 1
+    gi = np.cumsum(new)
+    gi -= 1  # in place, as below: these run over every instance row (1.4 M at 1,024 LLM-shaped ranks)
     first, n = f_of[gi], n_of[gi]
-    return first, n, np.arange(key.size) - first
+    del gi
+    pos = np.arange(key.size)
+    pos -= first
+    return first, n, pos
 
 
 def median_of_others(first: np.ndarray, n: np.ndarray, pos: np.ndarray, x: np.ndarray) -> np.ndarray:
     """For rows sorted by (group, x): median of the group's x without the row itself (rows of groups with n ≥ 2)."""
-    m = n - 1  # values left
-    lo = (m - 1) // 2
-    hi = m // 2
+    # m = n − 1 values left: the (m − 1) // 2-th and m // 2-th smallest of them
+    def rem(j: np.ndarray) -> np.ndarray:  # j-th smallest of the others (j is consumed)
+        j += j >= pos
+        j += first
+        return x[j].astype(np.float64, copy=False)
 
-    def rem(j: np.ndarray) -> np.ndarray:  # j-th smallest of the others
-        return x[first + j + (j >= pos)]
-
-    return (rem(lo).astype(np.float64) + rem(hi).astype(np.float64)) / 2
+    out = rem((n - 2) // 2)
+    out += rem((n - 1) // 2)
+    out /= 2
+    return out
 
 
 def excess_by(key: np.ndarray, values: np.ndarray) -> np.ndarray:
