@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import logging
 import sys
 from functools import cache
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["release_free_heap"]
 

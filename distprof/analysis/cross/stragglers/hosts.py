@@ -62,8 +62,10 @@ def host_table(run: RunSummary, t: Table, skey: np.ndarray, w: Waits, thr: float
                rule: StragglerRule) -> list[StragglerHost]:
     """Host table, one row per host, named first, then by blame (instance rows ``t``, their step keys, the waits)."""
     host_of = {int(r): str(h) for r, h in run.hosts.items()}
-    hosts = np.unique(np.array([host_of.get(int(r), "?") for r in np.unique(t["rank"]).tolist()], dtype=str))
-    hidx = _host_index(t["rank"], host_of, hosts)
+    ranks, of_row = np.unique(t["rank"], return_inverse=True)  # each distinct rank's host looked up once
+    hosts, of_rank = np.unique(np.array([host_of.get(int(r), "?") for r in ranks.tolist()], dtype=str),
+                               return_inverse=True)
+    hidx = of_rank.reshape(-1)[of_row.reshape(-1)]
     nh = hosts.size
     ih = Cells(t["inst"], hidx, nh)  # (instance, host) cells
     h_lat = _host_lateness_ms(t, ih)
