@@ -152,19 +152,19 @@ def test_shards_of_two_jobs_with_one_run_id_are_not_merged(tmp_path):
 
 
 def test_newer_major_schema_skipped_or_refused(tmp_path):
-    run = make_run(tmp_path / "one", world_size=2, attrs_override={1: {"schema_version": "2.0"}})
+    run = make_run(tmp_path / "one", world_size=2, attrs_override={1: {"schema_version": "3.0"}})
     m = load_run(run.run_dir)
     assert m.ranks_present == [0]
-    assert "schema_version 2.0 is newer" in m.skipped_shards[0].reason and "upgrade distprof" in m.skipped_shards[0].reason
-    with pytest.raises(ShardFormatError, match=r"rank00001\.w0000\.h5: schema_version 2\.0 is newer.*upgrade distprof"):
+    assert "schema_version 3.0 is newer" in m.skipped_shards[0].reason and "upgrade distprof" in m.skipped_shards[0].reason
+    with pytest.raises(ShardFormatError, match=r"rank00001\.w0000\.h5: schema_version 3\.0 is newer.*upgrade distprof"):
         load_run(run.run_dir, strict=True)
-    run = make_run(tmp_path / "all", world_size=2, attrs_override=lambda r, w: {"schema_version": "2.0"})
-    with pytest.raises(ShardFormatError, match=r"no usable shard: 2 bad.*schema_version 2\.0 is newer.*upgrade distprof"):
+    run = make_run(tmp_path / "all", world_size=2, attrs_override=lambda r, w: {"schema_version": "3.0"})
+    with pytest.raises(ShardFormatError, match=r"no usable shard: 2 bad.*schema_version 3\.0 is newer.*upgrade distprof"):
         load_run(run.run_dir)
 
 
 def test_newer_minor_schema_accepted(tmp_path):
-    run = make_run(tmp_path, world_size=2, attrs_override={1: {"schema_version": "1.7", "new_attr": 1}})
+    run = make_run(tmp_path, world_size=2, attrs_override={1: {"schema_version": "2.7", "new_attr": 1}})
     assert load_run(run.run_dir).ranks_present == [0, 1]
 
 

@@ -296,10 +296,10 @@ def test_a_capture_stores_one_summary_per_rank_and_the_report_is_the_same(tmp_pa
 
 
 def _plant_external_column(path: Path) -> None:
-    """/events/ts_ns becomes an external link (a layout the scan refuses: never followed)."""
+    """/events becomes an external link (a layout the scan refuses: never followed)."""
     with h5py.File(path, "r+") as f:
-        del f["events"]["ts_ns"]
-        f["events"]["ts_ns"] = h5py.ExternalLink("/etc/passwd", "/x")
+        del f["events"]
+        f["events"] = h5py.ExternalLink("/etc/passwd", "/x")
 
 
 def test_a_shard_read_by_its_summary_has_its_layout_checked_when_its_events_are_read(imported, tmp_path):

@@ -75,7 +75,7 @@ def write(run_dir: Path, rank: int, doc: dict[str, Any]) -> None:
     """Write the status file (safe path: free space checked, tmp, fsync, rename); a failure is one warning."""
     path = run_dir / schema.STATUS_TEMPLATE.format(rank=rank)
     try:
-        write_durably(path, json.dumps(doc, indent=1).encode())
+        write_durably(path, json.dumps(doc, indent=1).encode(), floor=False)  # the room shards leave free is for it
     except ShardWriteError as e:
         log.warning("distprof: rank %d: status file not written: %s", rank, e)
 

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import BadShardError
 from . import safefs
 
-__all__ = ["H5_ERRORS", "open_h5", "h5_message", "check_expansion", "read_column", "FIX"]
+__all__ = ["H5_ERRORS", "open_h5", "h5_message", "check_expansion", "read_column", "read_records", "FIX"]
 
 
 #: What every message about a damaged shard ends with.
@@ -87,8 +87,17 @@ def check_expansion(path, where: str, n: int, dsets: list | Callable[[], list], 
 def read_column(ds: h5py.Dataset, dtype: np.dtype) -> np.ndarray:
     """A 1-D column in `dtype`, read READ_ROWS at a time straight into its array (HDF5 converts the type): no
     temporary copy of the whole column. Its size was checked first (:func:`check_expansion`)."""
-    n = int(ds.shape[0])
-    out = np.empty(n, dtype=dtype)
+    return _read_1d(ds, np.empty(int(ds.shape[0]), dtype=dtype))
+
+
+def read_records(ds: h5py.Dataset, dtype: np.dtype) -> np.ndarray:
+    """The fields of compound dataset `ds` that record dtype `dtype` names, each converted by HDF5 to its dtype there
+    (fields are matched by name; the others are not kept), READ_ROWS at a time. Its size was checked first."""
+    return _read_1d(ds, np.empty(int(ds.shape[0]), dtype=dtype))
+
+
+def _read_1d(ds: h5py.Dataset, out: np.ndarray) -> np.ndarray:
+    n = len(out)
     if n <= READ_ROWS:
         if n:
             ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, out)

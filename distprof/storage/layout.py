@@ -1,10 +1,11 @@
-"""A shard's layout, checked before any of its tables is read: groups, columns, dtypes, lengths and storage.
+"""A shard's layout, checked before any of its tables is read: tables, columns, dtypes, lengths and storage.
 
     check_layout(path, h5file)      # each present table's row count; BadShardError naming the first fault
 
-Every known column of a present group must be a plain 1-D dataset stored in the file (a link out of it, external or
-virtual storage are refused, never followed), of a dtype that converts exactly to the schema's, all columns of a
-table of one length, and every chunk of its data present (a table's size is bounded by the file's). Run by
+A table is one plain 1-D compound dataset (schema 2.x: a field per column) or a group of plain 1-D datasets, one per
+column (1.x). Either is stored in the file (a link out of it, external or virtual storage are refused, never
+followed), every known column has a dtype that converts exactly to the schema's, all columns of a table are of one
+length, and every chunk of its data is present (a table's size is bounded by the file's). Run by
 ``validate.check_shard`` when a shard is scanned, or — for a shard whose stored summary the report reads instead of
 its events — by ``Shard`` before its first table is read.
 """
@@ -26,7 +27,9 @@ __all__ = ["check_layout", "FIX", "MAX_CHUNK_ROWS", "REQUIRED_GROUPS"]
 #: Largest chunk (rows) a column may use: with every chunk present, a column is at most this many rows per chunk
 #: record in the file (the writer uses schema.CHUNK_ROWS).
 MAX_CHUNK_ROWS = 1 << 20
-#: Groups every shard has (capture and import write them, possibly empty).
+#: A 2.x table's row (its compound type) is at most this many bytes: the schema's widest is under 200.
+MAX_ROW_BYTES = 4096
+#: Tables every shard has (capture and import write them, possibly empty).
 REQUIRED_GROUPS = ("events", "comms", "threads", "steps")
 FIX = "the shard is damaged; move it out of the run directory or re-run the capture"
 
@@ -53,17 +56,27 @@ def _link(path, gid: h5py.h5g.GroupID, name: str, where: str):
     return h5py.h5o.open(gid, bname)
 
 
-def _group(path, f: h5py.File, name: str) -> h5py.h5g.GroupID | None:
-    """Group `name` (``a/b`` walks the path) stored in this file; None when absent."""
+def _object(path, f: h5py.File, name: str):
+    """Object `name` (``a/b`` walks the path; every part before the last a group) stored in this file; None when
+    absent."""
     gid = f.id
     done = ""
-    for part in name.split("/"):
+    parts = name.split("/")
+    for i, part in enumerate(parts):
         done = f"{done}/{part}"
         gid = _link(path, gid, part, done)
         if gid is None:
             return None
-        if not isinstance(gid, h5py.h5g.GroupID):
-            raise BadShardError(path, f"{done} is not a table (a group of columns); {FIX}")
+        if i < len(parts) - 1 and not isinstance(gid, h5py.h5g.GroupID):
+            raise BadShardError(path, f"{done} is not a group; {FIX}")
+    return gid
+
+
+def _group(path, f: h5py.File, name: str) -> h5py.h5g.GroupID | None:
+    """Group `name` stored in this file; None when absent."""
+    gid = _object(path, f, name)
+    if gid is not None and not isinstance(gid, h5py.h5g.GroupID):
+        raise BadShardError(path, f"/{name} is not a group; {FIX}")
     return gid
 
 
@@ -74,6 +87,11 @@ def _dataset(path, gid: h5py.h5g.GroupID, name: str, where: str) -> h5py.h5d.Dat
         return None
     if not isinstance(ds, h5py.h5d.DatasetID):
         raise BadShardError(path, f"{where} is a group, not a column; {FIX}")
+    return _stored(path, ds, where)
+
+
+def _stored(path, ds: h5py.h5d.DatasetID, where: str) -> h5py.h5d.DatasetID:
+    """`ds` when it is a plain 1-D dataset whose rows are all in this file (chunks present, none too large)."""
     dcpl = ds.get_create_plist()
     layout = dcpl.get_layout()
     if layout == h5py.h5d.VIRTUAL or dcpl.get_external_count():
@@ -104,7 +122,7 @@ def _castable(src: np.dtype, dst: np.dtype) -> bool:
 
 
 def check_layout(path, f: h5py.File) -> dict[str, int]:
-    """Groups, columns, dtypes, lengths and storage; returns each present table's row count (and 'strings')."""
+    """Tables, columns, dtypes, lengths and storage; returns each present table's row count (and 'strings')."""
     rows: dict[str, int] = {}
     names = _dataset(path, strings, "names", "/strings/names") if (strings := _group(path, f, "strings")) else None
     if names is None:
@@ -112,31 +130,71 @@ def check_layout(path, f: h5py.File) -> dict[str, int]:
     if h5py.check_string_dtype(names.dtype) is None:
         raise BadShardError(path, f"/strings/names holds {names.dtype}, not strings; {FIX}")
     rows["strings"] = int(names.shape[0])
-    for table, cols in schema.TABLES.items():
-        g = _group(path, f, table)
-        if g is None:
+    for table in schema.TABLES:
+        obj = _object(path, f, table)
+        if obj is None:
             if table in REQUIRED_GROUPS:
                 raise BadShardError(path, f"no table /{table}; {FIX}")
             continue
-        lengths: dict[str, int] = {}
-        dsets = []
-        required = _columns_required(table)
-        for col, want in cols.items():
-            ds = _dataset(path, g, col, f"/{table}/{col}")
-            if ds is None:
-                if required[col]:
-                    raise BadShardError(path, f"table /{table} has no column {col!r}; {FIX}")
-                continue
-            if not _castable(ds.dtype, want):
-                raise BadShardError(path, f"/{table}/{col} holds {ds.dtype}, not {want} (or a type that converts "
-                                          f"to it exactly); {FIX}")
-            lengths[col] = int(ds.shape[0])
-            dsets.append(ds)
-        if len(set(lengths.values())) > 1:
-            lo, hi = min(lengths, key=lengths.get), max(lengths, key=lengths.get)
-            raise BadShardError(path, f"table /{table}: columns differ in length ({lo} {lengths[lo]:,} rows, "
-                                      f"{hi} {lengths[hi]:,}); {FIX}")
-        rows[table] = next(iter(lengths.values()), 0)
-        check_expansion(path, f"/{table}", rows[table], dsets)
+        if isinstance(obj, h5py.h5g.GroupID):
+            rows[table] = _column_table(path, table, obj)
+        elif isinstance(obj, h5py.h5d.DatasetID):
+            rows[table] = _record_table(path, table, obj)
+        else:
+            raise BadShardError(path, f"/{table} is neither a table nor a group of columns; {FIX}")
     check_expansion(path, "/strings/names", rows["strings"], [names])
     return rows
+
+
+def _want_column(path, table: str, col: str, dtype: np.dtype, want: np.dtype) -> None:
+    if not _castable(dtype, want):
+        raise BadShardError(path, f"/{table}/{col} holds {dtype}, not {want} (or a type that converts to it "
+                                  f"exactly); {FIX}")
+
+
+def _record_table(path, table: str, ds: h5py.h5d.DatasetID) -> int:
+    """A 2.x table: one compound dataset with a field per column. Returns its row count."""
+    where = f"/{table}"
+    _stored(path, ds, where)
+    dtype = ds.dtype
+    if dtype.names is None:
+        raise BadShardError(path, f"{where} holds {dtype}, not a table (a compound type, a field per column); {FIX}")
+    if dtype.itemsize > MAX_ROW_BYTES:
+        raise BadShardError(path, f"{where} has rows of {dtype.itemsize:,} bytes (more than {MAX_ROW_BYTES:,}); "
+                                  f"{FIX}")
+    required = _columns_required(table)
+    for col, want in schema.TABLES[table].items():
+        if col not in dtype.names:
+            if required[col]:
+                raise BadShardError(path, f"table {where} has no column {col!r}; {FIX}")
+            continue
+        field = dtype.fields[col][0]
+        if field.shape:
+            raise BadShardError(path, f"{where}/{col} has shape {field.shape} in each row, not one value; {FIX}")
+        _want_column(path, table, col, field, want)
+    n = int(ds.shape[0])
+    check_expansion(path, where, n, [ds])
+    return n
+
+
+def _column_table(path, table: str, g: h5py.h5g.GroupID) -> int:
+    """A 1.x table: a group with a dataset per column, all of one length. Returns its row count."""
+    lengths: dict[str, int] = {}
+    dsets = []
+    required = _columns_required(table)
+    for col, want in schema.TABLES[table].items():
+        ds = _dataset(path, g, col, f"/{table}/{col}")
+        if ds is None:
+            if required[col]:
+                raise BadShardError(path, f"table /{table} has no column {col!r}; {FIX}")
+            continue
+        _want_column(path, table, col, ds.dtype, want)
+        lengths[col] = int(ds.shape[0])
+        dsets.append(ds)
+    if len(set(lengths.values())) > 1:
+        lo, hi = min(lengths, key=lengths.get), max(lengths, key=lengths.get)
+        raise BadShardError(path, f"table /{table}: columns differ in length ({lo} {lengths[lo]:,} rows, "
+                                  f"{hi} {lengths[hi]:,}); {FIX}")
+    n = next(iter(lengths.values()), 0)
+    check_expansion(path, f"/{table}", n, dsets)
+    return n

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import BadShardError
 from . import schema
-from .h5file import H5_ERRORS, check_expansion, h5_message, open_h5, read_column
+from .h5file import H5_ERRORS, check_expansion, h5_message, open_h5, read_column, read_records
 from .layout import FIX, check_layout
 from .summary_group import StoredSummary, read_summary
 
@@ -124,16 +124,18 @@ class Shard:
         if unknown:
             raise KeyError(f"{self.path}: table {name!r} has no column {unknown[0]!r}")
         try:
-            grp = f.get(name)
-            n = _table_len(grp)
-            if grp is not None:  # the table's size as read, against what the file stores, before any read
-                check_expansion(self.path, f"/{name}", n, lambda: [grp[c].id for c in known if c in grp],
+            obj = f.get(name)
+            if isinstance(obj, h5py.Dataset):
+                return _record_columns(self.path, name, obj, cols)
+            n = _table_len(obj)
+            if obj is not None:  # the table's size as read, against what the file stores, before any read
+                check_expansion(self.path, f"/{name}", n, lambda: [obj[c].id for c in known if c in obj],
                                 row_bytes=sum(dt.itemsize for dt in known.values()))
             for col in cols:
-                if grp is None or col not in grp:
-                    out[col] = np.full(n, schema.MISSING_DEFAULTS.get((name, col), 0), dtype=known[col])
+                if obj is None or col not in obj:
+                    out[col] = _missing(name, col, n)
                     continue
-                out[col] = read_column(grp[col], known[col])
+                out[col] = read_column(obj[col], known[col])
         except BadShardError:
             raise
         except H5_ERRORS as e:
@@ -158,6 +160,22 @@ def _names(f: h5py.File, path: Path) -> np.ndarray:
     if h5py.check_string_dtype(raw.dtype) is not None:
         return np.asarray(raw.asstr(errors="replace")[()], dtype=object)
     return np.array([s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s) for s in raw[()]], dtype=object)
+
+
+def _missing(table: str, col: str, n: int) -> np.ndarray:
+    """Column `col` that a shard's `table` lacks (an older minor version): its default, `n` rows."""
+    return np.full(n, schema.MISSING_DEFAULTS.get((table, col), 0), dtype=schema.TABLES[table][col])
+
+
+def _record_columns(path: Path, name: str, ds: h5py.Dataset, cols: list[str]) -> dict[str, np.ndarray]:
+    """Columns `cols` of a 2.x table (one compound dataset): HDF5 reads the wanted fields, converted to the schema's
+    dtypes, in one pass (``read_records``); each becomes a contiguous array."""
+    known = schema.TABLES[name]
+    n = int(ds.shape[0])
+    check_expansion(path, f"/{name}", n, [ds.id], row_bytes=ds.dtype.itemsize)
+    present = [c for c in cols if c in (ds.dtype.names or ())]
+    rec = read_records(ds, np.dtype([(c, known[c]) for c in present])) if present else None
+    return {c: np.ascontiguousarray(rec[c]) if c in present else _missing(name, c, n) for c in cols}
 
 
 def _table_len(grp: h5py.Group | None) -> int:

@@ -39,8 +39,9 @@ LIBVER = ("v110", "v114")
 #: The core driver grows its in-memory image by this much at a time.
 _CORE_BLOCK = 1 << 20
 #: A file is written only when the file system keeps this much free after it: 1 % of its size, at most 256 MiB
-#: (the job's own checkpoints and logs need the space more than a profile does).
-RESERVE_FRACTION, RESERVE_MAX = 0.01, 256 << 20
+#: (the job's own checkpoints and logs need the space more than a profile does), at least 64 KiB (each rank's status
+#: file, which names the windows lost, must still fit once shards have filled a small file system).
+RESERVE_FRACTION, RESERVE_MAX, RESERVE_MIN = 0.01, 256 << 20, 64 << 10
 
 
 class ShardWriteError(OSError):
@@ -62,18 +63,27 @@ def _filter_kwargs(codec: str) -> dict[str, Any]:
     raise ValueError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
 
 
-def _write_table(group: h5py.Group, columns: Mapping[str, np.ndarray], filt: dict[str, Any]) -> None:
+def table_records(name: str, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A table's columns as one record array (a field per column, in the given order and dtypes): what a 2.x shard
+    stores as the compound dataset ``/<name>``."""
     lengths = {len(v) for v in columns.values()}
     if len(lengths) > 1:
-        raise ValueError(f"table {group.name}: columns have different lengths {sorted(lengths)}")
-    for col, values in columns.items():
-        arr = np.ascontiguousarray(values)
-        n = len(arr)
-        if n == 0:
-            group.create_dataset(col, shape=(0,), dtype=arr.dtype, maxshape=(None,), chunks=(1024,))
-            continue
-        chunk = (min(n, schema.CHUNK_ROWS),)
-        group.create_dataset(col, data=arr, chunks=chunk, **filt)
+        raise ValueError(f"table /{name}: columns have different lengths {sorted(lengths)}")
+    arrays = {col: np.asarray(values) for col, values in columns.items()}
+    rec = np.empty(next(iter(lengths), 0), dtype=[(col, a.dtype) for col, a in arrays.items()])
+    for col, a in arrays.items():
+        rec[col] = a
+    return rec
+
+
+def _write_table(f: h5py.File, name: str, columns: Mapping[str, np.ndarray], filt: dict[str, Any]) -> None:
+    """Table `name` as one compound dataset, chunked by schema.CHUNK_ROWS rows and compressed (empty: no chunks)."""
+    rec = table_records(name, columns)
+    n = len(rec)
+    if n == 0:
+        f.create_dataset(name, shape=(0,), dtype=rec.dtype)
+        return
+    f.create_dataset(name, data=rec, chunks=(min(n, schema.CHUNK_ROWS),), **filt)
 
 
 def _storable(name: str) -> str:
@@ -111,7 +121,7 @@ def populate(f: h5py.File, tables: Mapping[str, Mapping[str, np.ndarray]], strin
     )
     t0 = time.perf_counter()
     for name, columns in tables.items():
-        _write_table(f.require_group(name), columns, filt)
+        _write_table(f, name, columns, filt)
     timings = dict(attrs.get("timings") or {})
     timings["write_s"] = round(time.perf_counter() - t0, 6)  # compression + HDF5 (in memory)
     f.attrs["timings"] = json.dumps(timings)
@@ -179,9 +189,11 @@ def free_inodes(directory: str | os.PathLike) -> tuple[int, int]:
     return (st.f_favail, st.f_files) if st.f_files > 0 else (-1, 0)
 
 
-def reserve_bytes(fs_size: int) -> int:
-    """Bytes a write leaves free on a file system of `fs_size` bytes."""
-    return min(RESERVE_MAX, int(fs_size * RESERVE_FRACTION))
+def reserve_bytes(fs_size: int, *, floor: bool = True) -> int:
+    """Bytes a write leaves free on a file system of `fs_size` bytes; without the `floor` (RESERVE_MIN), what a
+    status file's write leaves: the floor is kept for it."""
+    share = min(RESERVE_MAX, int(fs_size * RESERVE_FRACTION))
+    return max(RESERVE_MIN, share) if floor else share
 
 
 def human_bytes(n: int) -> str:
@@ -191,10 +203,12 @@ def human_bytes(n: int) -> str:
     return f"{n / 1e3:.1f} kB" if n >= 1000 else f"{n} bytes"
 
 
-def no_space(directory: Path, size: int, avail: int, fs_size: int, *, estimated: bool = False) -> str:
+def no_space(directory: Path, size: int, avail: int, fs_size: int, *, estimated: bool = False,
+             floor: bool = True) -> str:
     """The reason a file of `size` bytes is not written for lack of space, in words (one format for every case)."""
     return (f"not enough space on {directory}: {human_bytes(avail)} free, {'about ' if estimated else ''}"
-            f"{human_bytes(size)} to write and {human_bytes(reserve_bytes(fs_size))} kept free for the job")
+            f"{human_bytes(size)} to write and {human_bytes(reserve_bytes(fs_size, floor=floor))} kept free for "
+            "the job")
 
 
 def no_inodes(directory: Path, total: int) -> str:
@@ -235,11 +249,12 @@ def _cause_in(directory: Path, e: OSError) -> str:
     return cause(e)
 
 
-def write_durably(path: str | os.PathLike, data: bytes | memoryview) -> int:
+def write_durably(path: str | os.PathLike, data: bytes | memoryview, *, floor: bool = True) -> int:
     """Store `data` at `path`: free space (and inodes) checked, written to a new temporary file beside it (a unique
     name, created with O_EXCL|O_NOFOLLOW, mode 0600) with os.write, fsynced, size verified, renamed over `path`
     (never opened: a link there is replaced, not followed), directory fsynced (storage.safefs). Returns the size.
-    On any failure the temporary is removed and ShardWriteError says why; a file already at `path` is untouched."""
+    On any failure the temporary is removed and ShardWriteError says why; a file already at `path` is untouched.
+    `floor`: keep RESERVE_MIN free too (False only for the status file, for which that room is kept)."""
     path = Path(path)
     size = len(data)
     try:
@@ -249,8 +264,8 @@ def write_durably(path: str | os.PathLike, data: bytes | memoryview) -> int:
         raise ShardWriteError(path, f"cannot reach {path.parent} ({cause(e)})", e.errno) from None
     if inodes == 0:
         raise ShardWriteError(path, no_inodes(path.parent, n_inodes), errno.ENOSPC)
-    if avail < size + reserve_bytes(fs_size):
-        raise ShardWriteError(path, no_space(path.parent, size, avail, fs_size), errno.ENOSPC)
+    if avail < size + reserve_bytes(fs_size, floor=floor):
+        raise ShardWriteError(path, no_space(path.parent, size, avail, fs_size, floor=floor), errno.ENOSPC)
     try:
         safefs.write_file(path.parent, path.name, data, fsync=True)
     except OSError as e:

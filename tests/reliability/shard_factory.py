@@ -22,6 +22,7 @@ import h5py
 import hdf5plugin  # noqa: F401  -- Zstd filter for the shards synth.py writes
 import numpy as np
 
+from shard_edit import column, drop_column, set_column, to_column_layout
 from synth import make_run
 
 WORLD_SIZE = 3
@@ -69,12 +70,29 @@ def _del(name: str) -> Callable[[Path], None]:
     return _edit(lambda f: f.__delitem__(name))
 
 
-def _replace(name: str, make: Callable[[h5py.Dataset], np.ndarray]) -> Callable[[Path], None]:
+def _del_column(name: str) -> Callable[[Path], None]:
+    """Field `table/column` removed from its table (one compound dataset)."""
+    return _edit(lambda f: drop_column(f, name))
+
+
+def _replace(name: str, make: Callable[[np.ndarray], np.ndarray]) -> Callable[[Path], None]:
+    """Column `name` (``table/column``, or the string table) replaced by what `make` gives from its values."""
     def fn(f: h5py.File) -> None:
-        data = make(f[name])
+        if isinstance(f[name.rsplit("/", 1)[0]], h5py.Dataset):
+            set_column(f, name, make(column(f, name)))
+            return
+        data = make(f[name][()])
         del f[name]
         f[name] = data
     return _edit(fn)
+
+
+def _v1(fn: Callable[[h5py.File], None]) -> Callable[[Path], None]:
+    """`fn` applied to the shard as a 1.x capture wrote it (a group of column datasets per table)."""
+    def apply(path: Path) -> None:
+        to_column_layout(path, "1.5")
+        _edit(fn)(path)
+    return apply
 
 
 def _garbage_from(at: int | float) -> Callable[[Path], None]:
@@ -97,7 +115,8 @@ def _truncate(frac: float) -> Callable[[Path], None]:
 
 
 def _corrupt_chunk(name: str) -> Callable[[Path], None]:
-    """Overwrite the compressed bytes of `name`'s first chunk: the metadata stays valid, decompression fails."""
+    """Overwrite the compressed bytes of dataset `name`'s first chunk: the metadata stays valid, decompression
+    fails."""
     def apply(path: Path) -> None:
         with h5py.File(path, "r") as f:
             info = f[name].id.get_chunk_info(0)
@@ -108,12 +127,19 @@ def _corrupt_chunk(name: str) -> Callable[[Path], None]:
 
 
 def _forged_rows(f: h5py.File) -> None:
-    """/events/dur_ns claims 10^12 rows (8 TB) of which no chunk was ever written."""
+    """/events claims 10^12 rows (48 TB) of which no chunk was ever written."""
+    dt = f["events"].dtype
+    del f["events"]
+    f.create_dataset("events", shape=(10**12,), dtype=dt, chunks=(65536,))
+
+
+def _v1_forged_rows(f: h5py.File) -> None:
+    """1.x: /events/dur_ns claims 10^12 rows (8 TB) of which no chunk was ever written."""
     del f["events/dur_ns"]
     f["events"].create_dataset("dur_ns", shape=(10**12,), dtype="i8", chunks=(65536,))
 
 
-def _forged_all(f: h5py.File) -> None:
+def _v1_forged_all(f: h5py.File) -> None:
     n = 10**12
     for col in list(f["events"]):
         dt = f["events"][col].dtype
@@ -122,9 +148,33 @@ def _forged_all(f: h5py.File) -> None:
 
 
 def _external(f: h5py.File) -> None:
+    n, dt = f["events"].shape[0], f["events"].dtype
+    del f["events"]
+    f.create_dataset("events", shape=(n,), dtype=dt, external=[("/dev/zero", 0, n * dt.itemsize)])
+
+
+def _v1_external(f: h5py.File) -> None:
     n = f["events/ts_ns"].shape[0]
     del f["events/ts_ns"]
     f["events"].create_dataset("ts_ns", shape=(n,), dtype="i8", external=[("/dev/zero", 0, n * 8)])
+
+
+def _table_of_ints(f: h5py.File) -> None:
+    n = f["events"].shape[0]
+    del f["events"]
+    f["events"] = np.zeros(n, "i8")
+
+
+def _wide_rows(f: h5py.File) -> None:
+    """Every row of /events carries a 4,800-byte field (a forged type): refused before a row is read."""
+    n = f["events"].shape[0]
+    set_column(f, "events/padding", np.zeros((n, 600), "i8"))
+
+
+def _v1_float_ids(f: h5py.File) -> None:
+    ids = f["events/name_id"][()]
+    del f["events/name_id"]
+    f["events/name_id"] = ids + 0.5
 
 
 def _external_link(path: Path) -> None:
@@ -136,7 +186,7 @@ def _external_link(path: Path) -> None:
         f["strings"] = h5py.ExternalLink(other.name, "/")
 
 
-def _unequal(f: h5py.File) -> None:
+def _v1_unequal(f: h5py.File) -> None:
     a = f["events/dur_ns"][()]
     del f["events/dur_ns"]
     f["events/dur_ns"] = a[: len(a) // 2]
@@ -183,13 +233,13 @@ def _full(value: int, dtype: str) -> Callable[[h5py.Dataset], np.ndarray]:
 BAD_SHARDS: dict[str, BadKind] = {
     # measured in issue 10 (each raised a traceback or a misleading message before)
     "garbage_after_header_8k": BadKind(_garbage_from(8192), _DAMAGED),
-    "garbage_after_header_16k": BadKind(_garbage_from(16384), _DAMAGED),
+    "garbage_after_header_12k": BadKind(_garbage_from(12288), _DAMAGED),
     "garbage_last_fifth": BadKind(_garbage_from(0.8), _DAMAGED),
     "no_strings": BadKind(_del("strings"), L("no string table /strings/names")),
     "window_is_a_string": BadKind(_attr("window", "abc"), L("attribute 'window' is str 'abc', not an integer")),
-    "float_ids": BadKind(_replace("events/name_id", lambda d: d[()].astype("f8") + 0.5),
+    "float_ids": BadKind(_replace("events/name_id", lambda d: d.astype("f8") + 0.5),
                          L("/events/name_id holds float64, not uint32")),
-    "unequal_columns": BadKind(_edit(_unequal), L("table /events: columns differ in length")),
+    "v1_unequal_columns": BadKind(_v1(_v1_unequal), L("table /events: columns differ in length")),
     "huge_world_size": BadKind(_attr("world_size", 10**15), L("'world_size' = 1000000000000000 is outside 1..1048576"),
                                whole_run=True),
     "no_events": BadKind(_del("events"), L("no table /events")),
@@ -212,7 +262,7 @@ BAD_SHARDS: dict[str, BadKind] = {
     "host_is_a_number": BadKind(_attr("host", 5), L("attribute 'host' is int 5, not a string")),
     "not_utf8_attr": BadKind(_attr("host", np.bytes_(b"\xff\xfe")), L("attribute 'host' is not UTF-8")),
     "wrong_format": BadKind(_attr("format", "something-else"), L("not a distprof shard")),
-    "newer_major": BadKind(_attr("schema_version", "2.0"), L("schema_version 2.0 is newer than this distprof")),
+    "newer_major": BadKind(_attr("schema_version", "3.0"), L("schema_version 3.0 is newer than this distprof")),
     "version_not_a_string": BadKind(_attr("schema_version", 1.0), L("attribute 'schema_version' is float 1.0")),
     "config_not_an_object": BadKind(_attr("config", "[1, 2]"), L("attribute 'config' is a list, not a JSON object")),
     "schedule_not_an_object": BadKind(_attr("config", '{"schedule": 5}'), L("'schedule' is int 5")),
@@ -232,17 +282,29 @@ BAD_SHARDS: dict[str, BadKind] = {
     # layout
     "strings_not_strings": BadKind(_replace("strings/names", lambda d: np.arange(d.shape[0])),
                                    L("/strings/names holds int64, not strings")),
-    "column_missing": BadKind(_del("events/kind"), L("table /events has no column 'kind'")),
+    "column_missing": BadKind(_del_column("events/kind"), L("table /events has no column 'kind'")),
     "column_2d": BadKind(_replace("events/ts_ns", lambda d: np.zeros((d.shape[0], 2), "i8")),
-                         L("/events/ts_ns has shape")),
+                         L("/events/ts_ns has shape (2,) in each row")),
     "column_of_bytes": BadKind(_replace("events/ts_ns", lambda d: np.array([b"x"] * d.shape[0])),
                                L("/events/ts_ns holds |S1, not int64")),
-    "column_is_a_group": BadKind(_edit(lambda f: (f.__delitem__("events/kind"), f.create_group("events/kind"))),
-                                 L("/events/kind is a group, not a column")),
-    "forged_row_count": BadKind(_edit(_forged_rows), L("claims 1,000,000,000,000 rows but only 0 of its")),
-    "forged_table": BadKind(_edit(_forged_all), L("claims 1,000,000,000,000 rows")),
-    "external_storage": BadKind(_edit(_external), L("keeps its data outside the file")),
+    "table_of_ints": BadKind(_edit(_table_of_ints), L("/events holds int64, not a table")),
+    "table_rows_too_wide": BadKind(_edit(_wide_rows), L("/events has rows of 4,852 bytes (more than 4,096)")),
+    "table_is_a_link": BadKind(_edit(lambda f: (f.__delitem__("events"), f.__setitem__("events", h5py.SoftLink(
+        "/steps")))), L("/events is a link (SoftLink), not data in the file")),
+    "forged_row_count": BadKind(_edit(_forged_rows), L("/events claims 1,000,000,000,000 rows but only 0 of its")),
+    "external_storage": BadKind(_edit(_external), L("/events keeps its data outside the file")),
     "external_link": BadKind(_external_link, L("/strings is a link (ExternalLink), not data in the file")),
+    # the 1.x layout (a group of column datasets per table), which older captures wrote and readers still read
+    "v1_column_missing": BadKind(_v1(lambda f: f.__delitem__("events/kind")),
+                                 L("table /events has no column 'kind'")),
+    "v1_column_2d": BadKind(_v1(lambda f: (f.__delitem__("events/ts_ns"), f.__setitem__(
+        "events/ts_ns", np.zeros((f["events/dur_ns"].shape[0], 2), "i8")))), L("/events/ts_ns has shape")),
+    "v1_column_is_a_group": BadKind(_v1(lambda f: (f.__delitem__("events/kind"), f.create_group("events/kind"))),
+                                    L("/events/kind is a group, not a column")),
+    "v1_forged_row_count": BadKind(_v1(_v1_forged_rows), L("claims 1,000,000,000,000 rows but only 0 of its")),
+    "v1_forged_table": BadKind(_v1(_v1_forged_all), L("claims 1,000,000,000,000 rows")),
+    "v1_external_storage": BadKind(_v1(_v1_external), L("keeps its data outside the file")),
+    "v1_float_ids": BadKind(_v1(_v1_float_ids), L("/events/name_id holds float64, not uint32")),
     # ids (checked on the columns as read)
     "name_id_out_of_range": BadKind(_replace("events/name_id", _full(10**6, "u4")),
                                     L("/events/name_id 1000000 is outside the string table")),
@@ -256,7 +318,9 @@ BAD_SHARDS: dict[str, BadKind] = {
     "step_below_minus_one": BadKind(_replace("events/step", _full(-5, "i4")), L("/events/step -5 is below -1")),
     "clock_peer_not_a_rank": BadKind(_replace("clock/samples/peer", _full(99, "i4")),
                                      L("/clock/samples/peer holds rank 99")),
-    "corrupt_data_chunk": BadKind(_corrupt_chunk("events/ts_ns"), L("cannot read /events"), at_read=True),
+    "corrupt_data_chunk": BadKind(_corrupt_chunk("events"), L("cannot read /events"), at_read=True),
+    "v1_corrupt_data_chunk": BadKind(lambda p: (to_column_layout(p), _corrupt_chunk("events/ts_ns")(p)),
+                                     L("cannot read /events"), at_read=True),
     # times (OverflowError / LinAlgError in the clock fit before)
     "ts_beyond_2_62": BadKind(_replace("events/ts_ns", _full(2**62 + 5, "i8")),
                               L("/events/ts_ns 4611686018427387909 is outside 0..2^62")),

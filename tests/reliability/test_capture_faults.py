@@ -128,9 +128,10 @@ def _fsize_limit(kb: int):
 
 @pytest.mark.parametrize("kind", ["tmpfs", "ulimit-f"])
 def test_full_disk_loses_windows_not_training(tmp_path, kind):
-    """A 120 kB file system (room for about two of the 33-41 kB shards of the six windows each rank records, in 4 kB
-    pages, beside the run's small files and the two status files; at 100 kB a first window's shard of 41,122 bytes
-    took 11 pages and left no room for a status file) or a 16 kB file-size limit (no shard fits): training ends as always (exit 0, every step done), every window that did not fit is lost with
+    """A 120 kB file system (room for about two of the 16-22 kB shards of the six windows each rank records, in 4 kB
+    pages, beside the run's small files and the 64 kB every write keeps free, where the status files go; before that
+    floor, shards could fill it and leave no page for a status file) or a 8 kB file-size limit (no shard fits):
+    training ends as always (exit 0, every step done), every window that did not fit is lost with
     one warning per rank naming it and why, listed in the status file and the closing line; what was written is
     whole; no temporary is left."""
     out = tmp_path / "out"
@@ -139,7 +140,7 @@ def test_full_disk_loses_windows_not_training(tmp_path, kind):
             pytest.skip("cannot mount a tmpfs here (needs root); the ulimit-f case covers the write errors")
         preexec, want = None, "not enough space on"
     else:
-        preexec, want = _fsize_limit(16), "file-size limit reached"
+        preexec, want = _fsize_limit(8), "file-size limit reached"
     try:
         job = torchrun_job(tmp_path, [], preexec_fn=preexec)
         assert job.rc == 0, job.stderr[-4000:]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import job_env
 from reliability_helpers import one_error_line
+from shard_edit import to_column_layout
 from shard_factory import BAD_NAME, good_run
 
 from distprof.storage import schema
@@ -38,36 +39,50 @@ def _cli(argv: list, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def _zero_chunk(dtype: np.dtype, rows: int, tmp) -> tuple[int, bytes]:
     """(filter mask, bytes) of one compressed chunk of `rows` zeros with the writer's filters (shuffle + Zstd)."""
-    path = tmp / f"chunk-{dtype.str.strip('<>|')}.h5"
+    path = tmp / f"chunk-{dtype.itemsize}-{len(dtype.names or ())}-{dtype.str.strip('<>|')}.h5"
     with h5py.File(path, "w") as f:
         f.create_dataset("c", data=np.zeros(rows, dtype), chunks=(rows,), shuffle=True, **hdf5plugin.Zstd(clevel=3))
     with h5py.File(path, "r") as f:
         return f["c"].id.read_direct_chunk((0,))
 
 
-def _bomb(shard, tmp) -> None:
-    """Every /events column declares BOMB_ROWS rows and every chunk of them is in the file (one compressed chunk of
-    zeros copied 2,048 times per column); attribute timings agrees, as a careful forger would make it."""
+def _bomb_dataset(parent, name: str, dt: np.dtype, tmp):
+    """Dataset `name` declaring BOMB_ROWS rows of `dt`, every chunk in the file (one compressed chunk of zeros,
+    copied)."""
     rows = 1 << 20
+    ds = parent.create_dataset(name, shape=(BOMB_ROWS,), dtype=dt, chunks=(rows,), shuffle=True,
+                               **hdf5plugin.Zstd(clevel=3))
+    mask, data = _zero_chunk(dt, rows, tmp)
+    for i in range(BOMB_ROWS // rows):
+        ds.id.write_direct_chunk((i * rows,), data, mask)
+
+
+def _bomb(shard, tmp, layout: str) -> None:
+    """/events declares BOMB_ROWS rows and every chunk of them is in the file — one compound dataset (2.x), or every
+    column of the group (``v1``, as older captures wrote); attribute timings agrees, as a careful forger would make
+    it."""
+    if layout == "v1":
+        to_column_layout(shard)
     with h5py.File(shard, "r+") as f:
-        ev = f["events"]
-        for col, dt in schema.TABLES["events"].items():
-            del ev[col]
-            ds = ev.create_dataset(col, shape=(BOMB_ROWS,), dtype=dt, chunks=(rows,), shuffle=True,
-                                   **hdf5plugin.Zstd(clevel=3))
-            mask, data = _zero_chunk(dt, rows, tmp)
-            for i in range(BOMB_ROWS // rows):
-                ds.id.write_direct_chunk((i * rows,), data, mask)
+        if layout == "v1":
+            ev = f["events"]
+            for col, dt in schema.TABLES["events"].items():
+                del ev[col]
+                _bomb_dataset(ev, col, dt, tmp)
+        else:
+            dt = f["events"].dtype
+            del f["events"]
+            _bomb_dataset(f, "events", dt, tmp)
         timings = json.loads(f.attrs["timings"])
         timings["n_events"] = BOMB_ROWS
         f.attrs["timings"] = json.dumps(timings)
 
 
-@pytest.fixture(scope="module")
-def bomb_run(tmp_path_factory):
+@pytest.fixture(scope="module", params=["2.x", "v1"])
+def bomb_run(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("bomb")
     run = good_run(tmp)
-    _bomb(run / BAD_NAME, tmp)
+    _bomb(run / BAD_NAME, tmp, request.param)
     return run
 
 

@@ -69,11 +69,13 @@ def test_hostile_column_values_are_used_or_skipped_never_a_traceback(base, muts,
     try:
         run = copy_run(base, tmp / "run")
         with h5py.File(run / BAD_NAME, "r+") as f:
-            for (table, col), fill, seed in muts:
-                if table not in f or col not in f[table] or not f[table][col].shape[0]:
+            for (table, col), fill, seed in muts:  # a field of the table's compound dataset, rewritten in place
+                if table not in f or col not in f[table].dtype.names or not f[table].shape[0]:
                     continue
-                ds = f[table][col]
-                ds[...] = _values(schema.TABLES[table][col], ds.shape[0], fill, seed, ds[()])
+                ds = f[table]
+                rec = ds[()]
+                rec[col] = _values(schema.TABLES[table][col], len(rec), fill, seed, rec[col])
+                ds[...] = rec
         out = {"report": ["--json", tmp / "r.json"], "timeline": ["-o", tmp / "t.json"], "export": ["-o", tmp / "k"]}
         rc, stdout, err = run_cli([command, run, "--no-progress", *out[command]])
         assert rc == 0, err
