@@ -75,53 +75,59 @@ class _Raw:
 
 
 def _read_events(events: Iterable[Any]) -> _Raw:
-    """One Python pass over torch's `_KinetoEvent` objects, filling preallocated columns."""
-    evs = list(events)
+    """One Python pass over torch's `_KinetoEvent` objects into lists (an append is a third of a numpy item store),
+    each name's id and communication role looked up once per name (and kind); arrays are made at the end."""
+    evs = events if isinstance(events, list) else list(events)
     n = len(evs)
-    raw = _Raw(strings=Strings(), cols=Columns(
-        name_id=np.empty(n, np.uint32), kind=np.zeros(n, np.uint8), tid=np.empty(n, np.int64),
-        device=np.full(n, -1, np.int16), ts=np.empty(n, np.int64), dur=np.empty(n, np.int64),
-        flops=np.zeros(n, np.int64), corr=np.zeros(n, np.int64),
-        msg_bytes=np.full(n, -1, np.int64),  # collective message size, filled for communication events only
-    ), is_mem=np.zeros(n, bool), nbytes=np.zeros(n, np.int64))
-    c, strings, is_mem, nbytes = raw.cols, raw.strings, raw.is_mem, raw.nbytes
-    name_id, kind, tid, device, ts, dur, flops, corr = c.name_id, c.kind, c.tid, c.device, c.ts, c.dur, c.flops, c.corr
-    msg_bytes, comm_meta = c.msg_bytes, c.comm_meta
-    kind_code = schema.KIND_CODE
-    role_cache: dict[str, int] = {}
+    strings = Strings()
     from torch._C._autograd import DeviceType
 
     cpu = DeviceType.CPU
+    kind_code = schema.KIND_CODE
     k_kernel = kind_code["kernel"]
-
+    seen: dict[str, tuple[int, int, int, bool]] = {}  # name -> (its id, the kind last seen, comm role, memory event)
+    name_id, kind, tid, ts, dur, flops, corr = [0] * n, [0] * n, [0] * n, [0] * n, [0] * n, [0] * n, [0] * n
+    device: dict[int, int] = {}  # event index -> device index, device events only
+    mem: dict[int, int] = {}  # event index -> bytes allocated (< 0: freed), ``[memory]`` events only
+    comm: list[int] = []  # indices of communication events
     for i, e in enumerate(evs):
         name = e.name()
-        nid = strings.id(name)
-        name_id[i] = nid
-        kind[i] = kind_code.get(e.activity_type(), 0)
+        k = kind_code.get(e.activity_type(), 0)
+        info = seen.get(name)
+        if info is None or info[1] != k:  # the role depends on the kind too (a name rarely has two)
+            info = seen[name] = (strings.id(name), k, comm_role(name, k), name == "[memory]")
+        name_id[i] = info[0]
+        kind[i] = k
         tid[i] = e.device_resource_id()
         ts[i] = e.start_ns()
         dur[i] = e.duration_ns()
         if e.device_type() != cpu:
             device[i] = e.device_index()
-        if name == "[memory]":
-            is_mem[i] = True
-            nbytes[i] = e.nbytes()
+        if info[3]:
+            mem[i] = e.nbytes()
             continue
-        f = e.flops()
-        if f:
-            flops[i] = f
+        flops[i] = e.flops()
         corr[i] = e.correlation_id()
-        role = role_cache.get(name)
-        if role is None:
-            role = role_cache[name] = comm_role(name, kind[i])
-        if role:
-            msg_bytes[i] = _message_bytes(e)
-            if name in _ARG_NAMES or kind[i] == k_kernel:
-                meta = _event_comm_args(e)
-                if meta is not None:
-                    comm_meta[i] = meta
-    return raw
+        if info[2]:
+            comm.append(i)
+    cols = Columns(
+        name_id=np.array(name_id, np.uint32), kind=np.array(kind, np.uint8), tid=np.array(tid, np.int64),
+        device=np.full(n, -1, np.int16), ts=np.array(ts, np.int64), dur=np.array(dur, np.int64),
+        flops=np.array(flops, np.int64), corr=np.array(corr, np.int64),
+        msg_bytes=np.full(n, -1, np.int64),  # collective message size, filled for communication events only
+    )
+    cols.device[list(device)] = list(device.values())
+    is_mem, nbytes = np.zeros(n, bool), np.zeros(n, np.int64)
+    is_mem[list(mem)] = True
+    nbytes[list(mem)] = list(mem.values())
+    for i in comm:
+        e = evs[i]
+        cols.msg_bytes[i] = _message_bytes(e)
+        if e.name() in _ARG_NAMES or kind[i] == k_kernel:
+            meta = _event_comm_args(e)
+            if meta is not None:
+                cols.comm_meta[i] = meta
+    return _Raw(strings=strings, cols=cols, is_mem=is_mem, nbytes=nbytes)
 
 
 def _columns(raw: _Raw, ts: np.ndarray) -> tuple[Columns, np.ndarray]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import numpy.ma  # noqa: F401 -- np.unique imports it on first use: loaded at launch, not in the first window's write
 
 from ..config import ProfileConfig
 from ..events.p2p import P2PCalls
