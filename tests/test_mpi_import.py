@@ -20,6 +20,7 @@ import pytest
 
 from conftest import job_env
 from distprof.importers.run import deal
+from distprof.storage import schema
 from test_mpi_report import _mpiexec
 
 pytestmark = pytest.mark.timeout(300)
@@ -72,7 +73,9 @@ def _contents(path: Path) -> dict:
 
     def attrs(name: str, obj) -> None:
         for k, v in obj.attrs.items():
-            if k != "timings" and (name, k) != ("summary", "cpu_s"):
+            if (name, k) == ("/", schema.ATTRS_JSON):  # the root attributes' JSON object, timings left out
+                out.update({f"/@{a}": x for a, x in json.loads(v).items() if a != "timings"})
+            elif k != "timings" and (name, k) != ("summary", "cpu_s"):
                 out[f"{name}@{k}"] = v.tolist() if isinstance(v, np.ndarray) else v
 
     with h5py.File(path, "r") as f:

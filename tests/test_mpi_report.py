@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, job_env
+from shard_edit import set_attr
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -118,7 +119,7 @@ def test_shards_checked_in_parallel_are_skipped_as_serially(run_dir, tmp_path):
     victim = bad / "rank00000.w0001.h5"  # second of the sorted shards: checked by MPI process 1
     victim.write_bytes(victim.read_bytes()[:4096])
     with h5py.File(bad / "rank00003.w0000.h5", "r+") as f:  # seventh: MPI process 0
-        f.attrs["world_size"] = -3
+        set_attr(f, "world_size", -3)
     outs = {}
     for tag, how in (("serial", None), ("mpi", mpi)):
         p = _distprof(["report", bad, "--json", tmp_path / f"{tag}.json", "--no-progress"], mpi=how, cwd=tmp_path)

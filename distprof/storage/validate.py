@@ -73,16 +73,22 @@ TEXT_ATTR_CHARS = {"host": 255, "real_host": 255}
 NAME_ATTR_CHARS, OTHER_ATTR_CHARS = 1024, 65536
 NAME_ATTRS = ("format", "schema_version", "run_id", "device", "device_type", "backend", "torch_version",
               "distprof_version", "python_version", "codec", "clock_source", "clock_role")
-#: Largest JSON attribute (characters), by key; MAX_JSON_ATTR_CHARS for the others.
-JSON_ATTR_CHARS = {"process_groups": 64 << 20, "steps_covered": 16 << 20, "errors": 4 << 20}
+#: Largest JSON attribute (characters), by key; MAX_JSON_ATTR_CHARS for the others. 2.x's one attribute that holds
+#: the others (schema.ATTRS_JSON) may hold them all.
+JSON_ATTR_CHARS = {"process_groups": 64 << 20, "steps_covered": 16 << 20, "errors": 4 << 20,
+                   schema.ATTRS_JSON: 128 << 20}
 MAX_JSON_ATTR_CHARS = 1 << 20
 #: Largest attribute stored as an array or a fixed-size string (bytes), and most attributes on a shard's root.
 MAX_ARRAY_ATTR_BYTES, MAX_ATTRS = 1 << 20, 256
 
 
+#: Attributes whose text is JSON.
+_JSON_KEYS = frozenset((*schema.JSON_ATTRS, "job", schema.ATTRS_JSON))
+
+
 def attr_limit(key: str) -> int:
     """The most characters (bytes for arrays) attribute `key` may hold."""
-    if key in schema.JSON_ATTRS or key == "job":
+    if key in _JSON_KEYS:
         return JSON_ATTR_CHARS.get(key, MAX_JSON_ATTR_CHARS)
     return TEXT_ATTR_CHARS.get(key, NAME_ATTR_CHARS if key in NAME_ATTRS else OTHER_ATTR_CHARS)
 
@@ -104,7 +110,7 @@ def decode_attr(path: os.PathLike | str, key: str, value: Any) -> Any:
             return decode_attr(path, key, value)
     if isinstance(value, str) and len(value) > attr_limit(key):
         raise _too_long(path, key, len(value))
-    if (key in schema.JSON_ATTRS or key == "job") and isinstance(value, str):
+    if key in _JSON_KEYS and isinstance(value, str):
         try:
             return safefs.load_json(value, path) if value else None
         except safefs.BadJSON as e:  # every decoder exception, recursion and depth included
@@ -424,11 +430,40 @@ def read_attrs(path: Path, f: h5py.File) -> dict[str, Any]:
                 if nbytes > max(MAX_ARRAY_ATTR_BYTES, attr_limit(k)):
                     raise _too_long(path, k, nbytes)
             out[k] = decode_attr(path, k, _attr_value(aid))
+        if schema.ATTRS_JSON in out:
+            _unfold(path, out)
         return out
     except BadShardError:
         raise
     except H5_ERRORS as e:
         raise BadShardError(path, f"cannot read its attributes ({h5_message(e)}); {_FIX}") from None
+
+
+def _unfold(path: Path, out: dict[str, Any]) -> None:
+    """2.x: the attributes held in the JSON object schema.ATTRS_JSON, each decoded as its own HDF5 attribute would
+    be (its text bounded, JSON text decoded), put in `out` beside the file's own (format, schema_version)."""
+    key = schema.ATTRS_JSON
+    doc = out.pop(key)
+    if not isinstance(doc, dict):
+        raise BadShardError(path, f"attribute {key!r} is {_show(doc)}, not a JSON object; {_FIX}")
+    if len(doc) > MAX_ATTRS:
+        raise BadShardError(path, f"{len(doc):,} attributes in {key!r}, more than the {MAX_ATTRS} distprof reads "
+                                  f"(forged?); {_FIX}")
+    for k, v in doc.items():
+        if k in out or k == key:
+            raise BadShardError(path, f"attribute {k!r} is both in {key!r} and beside it; {_FIX}")
+        if isinstance(v, str) and _not_utf8(v):
+            raise BadShardError(path, f"attribute {k!r} is not UTF-8 text; {_FIX}")
+        out[k] = decode_attr(path, k, v)
+
+
+def _not_utf8(s: str) -> bool:
+    """Text read with surrogateescape from bytes that were not UTF-8."""
+    try:
+        s.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
 
 
 def _attr_value(aid: h5py.h5a.AttrID) -> Any:

@@ -34,7 +34,7 @@ CODECS = ("zstd", "gzip")
 #: HDF5 1.14 readers (PyTables, h5dump 1.14) must open what we write: never libver 'latest' (= v200 on HDF5 2.0).
 #: v110 as the lowest: a dataset of one chunk needs no chunk B-tree (HDF5 1.10's chunk indexes) and object headers
 #: are smaller — a 3k-event window's shard 140 -> 51 kB, of which 20 kB are data (PyTables 3.11 /
-#: HDF5 1.14.6 read it).
+#: HDF5 1.14.6 read it; schema 2.0, a dataset per table and one JSON attribute, is read by PyTables 3.10 / HDF5 1.14.3).
 LIBVER = ("v110", "v114")
 #: The core driver grows its in-memory image by this much at a time.
 _CORE_BLOCK = 1 << 20
@@ -93,27 +93,37 @@ def _storable(name: str) -> str:
 
 
 def _attr_value(key: str, value: Any) -> Any:
+    """An attribute's value as a 1.x shard held it: JSON text for the JSON attributes, "" for None."""
     if key in schema.JSON_ATTRS or isinstance(value, (dict, list, tuple)):
         return json.dumps(value, default=str)
     if value is None:
         return ""
     if isinstance(value, str):
-        return str(value)  # str subclasses (torch.__version__) have no HDF5 conversion
+        return str(value)  # str subclasses (torch.__version__)
+    if isinstance(value, np.generic):
+        return value.item()
     return value
+
+
+#: The root attributes a 2.x shard keeps as HDF5 attributes (what a tool needs to tell a shard and its version).
+_FILE_ATTRS = {"format": schema.FORMAT_NAME, "schema_version": schema.SCHEMA_VERSION}
+
+
+def attributes_json(attrs: Mapping[str, Any]) -> str:
+    """The 2.x root attribute ``attributes``: one JSON object of every attribute, each as :func:`_attr_value`."""
+    try:
+        return json.dumps({key: _attr_value(key, value) for key, value in attrs.items()})
+    except TypeError as e:
+        raise TypeError(f"shard attributes: {e}") from None
 
 
 def populate(f: h5py.File, tables: Mapping[str, Mapping[str, np.ndarray]], strings: list[str],
              attrs: Mapping[str, Any], codec: str) -> None:
-    """Fill an open, empty HDF5 file with a shard's attributes, strings and tables (``timings.write_s`` added)."""
+    """Fill an open, empty HDF5 file with a shard's attributes, strings and tables (``timings.write_s`` added):
+    `format` and `schema_version` as HDF5 attributes, the others in one JSON attribute (schema.ATTRS_JSON)."""
     filt = _filter_kwargs(codec)
-    f.attrs["format"] = schema.FORMAT_NAME
-    f.attrs["schema_version"] = schema.SCHEMA_VERSION
-    f.attrs["codec"] = codec
-    for key, value in attrs.items():
-        try:
-            f.attrs[key] = _attr_value(key, value)
-        except TypeError as e:
-            raise TypeError(f"shard attribute {key!r} = {value!r}: {e}") from None
+    for key, default in _FILE_ATTRS.items():
+        f.attrs[key] = _attr_value(key, attrs.get(key, default))
     f.create_dataset(
         "strings/names",
         data=np.array([_storable(s) for s in strings], dtype=h5py.string_dtype("utf-8")),
@@ -124,7 +134,8 @@ def populate(f: h5py.File, tables: Mapping[str, Mapping[str, np.ndarray]], strin
         _write_table(f, name, columns, filt)
     timings = dict(attrs.get("timings") or {})
     timings["write_s"] = round(time.perf_counter() - t0, 6)  # compression + HDF5 (in memory)
-    f.attrs["timings"] = json.dumps(timings)
+    others = {k: v for k, v in attrs.items() if k not in _FILE_ATTRS}
+    f.attrs[schema.ATTRS_JSON] = attributes_json({"codec": codec, **others, "timings": timings})
 
 
 def shard_image(tables: Mapping[str, Mapping[str, np.ndarray]], strings: list[str], attrs: Mapping[str, Any],

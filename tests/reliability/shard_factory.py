@@ -11,6 +11,7 @@ foreign writer, a forged one. ``whole_run`` kinds damage every shard (a report t
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -22,7 +23,7 @@ import h5py
 import hdf5plugin  # noqa: F401  -- Zstd filter for the shards synth.py writes
 import numpy as np
 
-from shard_edit import column, drop_column, set_column, to_column_layout
+from shard_edit import column, del_attr, drop_column, get_attr, set_attr, set_column, to_column_layout
 from synth import make_run
 
 WORLD_SIZE = 3
@@ -59,11 +60,11 @@ def _edit(fn: Callable[[h5py.File], None]) -> Callable[[Path], None]:
 
 
 def _attr(key: str, value) -> Callable[[Path], None]:
-    return _edit(lambda f: f.attrs.__setitem__(key, value))
+    return _edit(lambda f: set_attr(f, key, value))
 
 
 def _del_attr(key: str) -> Callable[[Path], None]:
-    return _edit(lambda f: f.attrs.__delitem__(key))
+    return _edit(lambda f: del_attr(f, key))
 
 
 def _del(name: str) -> Callable[[Path], None]:
@@ -171,6 +172,12 @@ def _wide_rows(f: h5py.File) -> None:
     set_column(f, "events/padding", np.zeros((n, 600), "i8"))
 
 
+def _format_twice(f: h5py.File) -> None:
+    doc = json.loads(f.attrs["attributes"])
+    doc["format"] = "distprof-shard"
+    f.attrs["attributes"] = json.dumps(doc)
+
+
 def _v1_float_ids(f: h5py.File) -> None:
     ids = f["events/name_id"][()]
     del f["events/name_id"]
@@ -208,7 +215,7 @@ def _duplicate(path: Path) -> None:
 
 
 def _rank_beyond_world(f: h5py.File) -> None:
-    f.attrs["rank"] = int(f.attrs["world_size"]) + 4
+    set_attr(f, "rank", int(get_attr(f, "world_size")) + 4)
 
 
 def _directory(path: Path) -> None:
@@ -233,7 +240,7 @@ def _full(value: int, dtype: str) -> Callable[[h5py.Dataset], np.ndarray]:
 BAD_SHARDS: dict[str, BadKind] = {
     # measured in issue 10 (each raised a traceback or a misleading message before)
     "garbage_after_header_8k": BadKind(_garbage_from(8192), _DAMAGED),
-    "garbage_after_header_12k": BadKind(_garbage_from(12288), _DAMAGED),
+    "garbage_after_header_4k": BadKind(_garbage_from(4096), _DAMAGED),
     "garbage_last_fifth": BadKind(_garbage_from(0.8), _DAMAGED),
     "no_strings": BadKind(_del("strings"), L("no string table /strings/names")),
     "window_is_a_string": BadKind(_attr("window", "abc"), L("attribute 'window' is str 'abc', not an integer")),
@@ -252,7 +259,7 @@ BAD_SHARDS: dict[str, BadKind] = {
     # attributes
     "rank_is_a_string": BadKind(_attr("rank", "one"), L("attribute 'rank' is str 'one', not an integer")),
     "rank_is_a_bool": BadKind(_attr("rank", True), L("attribute 'rank' is bool True, not an integer")),
-    "rank_is_an_array": BadKind(_attr("rank", np.array([1, 2])), L("attribute 'rank' is a ndarray")),
+    "rank_is_an_array": BadKind(_attr("rank", np.array([1, 2])), r"attribute 'rank' is a (ndarray|list)"),
     "rank_not_below_world_size": BadKind(_edit(_rank_beyond_world), r"attribute 'rank' = \d+ is outside 0\.\.\d+"),
     "negative_rank": BadKind(_attr("rank", -3), r"attribute 'rank' = -3 is outside 0\.\.\d+"),
     "zero_world_size": BadKind(_attr("world_size", 0), L("attribute 'world_size' = 0 is outside")),
@@ -260,7 +267,12 @@ BAD_SHARDS: dict[str, BadKind] = {
     "steps_reversed": BadKind(_attr("first_step", 9), L("first_step 9 > last_step")),
     "missing_run_id": BadKind(_del_attr("run_id"), L("missing attribute(s) run_id")),
     "host_is_a_number": BadKind(_attr("host", 5), L("attribute 'host' is int 5, not a string")),
-    "not_utf8_attr": BadKind(_attr("host", np.bytes_(b"\xff\xfe")), L("attribute 'host' is not UTF-8")),
+    "not_utf8_attr": BadKind(_attr("host", np.bytes_(b"\xff\xfe")), r"attribute '(host|attributes)' is not UTF-8"),
+    "v1_not_utf8_attr": BadKind(_v1(lambda f: f.attrs.__setitem__("host", np.bytes_(b"\xff\xfe"))),
+                                L("attribute 'host' is not UTF-8")),
+    "attributes_not_an_object": BadKind(_edit(lambda f: f.attrs.__setitem__("attributes", "[1]")),
+                                        L("attribute 'attributes' is a list, not a JSON object")),
+    "attribute_twice": BadKind(_edit(_format_twice), L("attribute 'format' is both in 'attributes' and beside it")),
     "wrong_format": BadKind(_attr("format", "something-else"), L("not a distprof shard")),
     "newer_major": BadKind(_attr("schema_version", "3.0"), L("schema_version 3.0 is newer than this distprof")),
     "version_not_a_string": BadKind(_attr("schema_version", 1.0), L("attribute 'schema_version' is float 1.0")),

@@ -17,7 +17,7 @@ from distprof.analysis.summarize.merged import load_run
 PER_SHARD = sorted(k for k, b in BAD_SHARDS.items() if not b.whole_run)
 WHOLE_RUN = sorted(k for k, b in BAD_SHARDS.items() if b.whole_run)
 #: one of each family for the commands that load through the same path as report
-FAMILIES = ["garbage_after_header_12k", "window_is_a_string", "float_ids", "forged_row_count", "comm_row_out_of_range",
+FAMILIES = ["garbage_after_header_4k", "window_is_a_string", "float_ids", "forged_row_count", "comm_row_out_of_range",
             "corrupt_data_chunk", "duplicate_copy", "other_run", "v1_forged_row_count"]
 
 
