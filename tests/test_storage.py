@@ -129,6 +129,7 @@ def test_column_layout_of_1x_shards_reads_the_same(tmp_path):
             assert got[col].dtype == want[col].dtype == dt and np.array_equal(got[col], want[col]), (table, col)
             assert got[col].flags.c_contiguous
     assert a.table("events", ["step", "ts_ns"])["step"].tolist() == tables["events"]["step"].tolist()
+    assert list(a.table("events", ["step", "step"])) == ["step"]  # a column asked for twice is read once
     # sizes compared as h5repack would leave them: the 1.x layout written afresh, not edited in place
     fresh = tmp_path / "fresh.h5"
     with h5py.File(old) as src, h5py.File(fresh, "w", libver=("v110", "v114")) as dst:

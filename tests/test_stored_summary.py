@@ -98,6 +98,29 @@ def test_encoding_is_exact_on_a_real_capture():
         assert _same(s, stored_mod.decode(st)) == []
 
 
+def test_a_summary_added_to_the_open_file_reads_back_and_takes_less_room(imported, tmp_path):
+    """The writer adds the summary to the shard it is still building: the same summary reads back, in fewer bytes
+    than adding it to a file reopened from the shard's bytes (HDF5's free space stays in use)."""
+    from distprof.storage import schema
+    from distprof.storage.validate import check_image
+    from distprof.storage.writer import add_summary, building
+
+    shard = read_shard(sorted(find_shards(imported))[0])
+    summary = shard.stored_summary()
+    tables = {t: shard.table(t) for t in schema.TABLES if shard.has(t)}
+    attrs = {k: v for k, v in shard.attrs.items() if k not in ("format", "schema_version", "codec")}
+    with building(tables, list(shard.names), attrs) as b:
+        plain = b.image()
+        in_place = b.with_summary(summary)
+    reopened = add_summary(plain, summary)
+    for image in (in_place, reopened):
+        got = check_image(image, tmp_path / shard.path.name).stored_summary()
+        assert got.meta == summary.meta and list(got.arrays) == list(summary.arrays)
+        assert all(np.array_equal(got.arrays[k], v, equal_nan=v.dtype.kind == "f") for k, v in summary.arrays.items())
+    assert check_image(plain, tmp_path / shard.path.name).stored_summary() is None
+    assert len(plain) < len(in_place) < len(reopened)
+
+
 def test_op_totals_rows_are_compact():
     """The per-(op, step) rows are most of what the report holds per rank (36 of 61 KB per synthetic rank; at 16k
     ranks 28-byte rows were 590 MB): 18 bytes a row (float32 ms, sums taken in float64 by their readers)."""

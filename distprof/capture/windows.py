@@ -27,7 +27,7 @@ from ..config import ProfileConfig
 from ..events.p2p import P2PCalls
 from ..storage import schema
 from ..storage.summary_group import Summarizer
-from ..storage.writer import (ShardWriteError, add_summary, free_bytes, no_space, reserve_bytes, shard_image,
+from ..storage.writer import (ImageBuilder, ShardWriteError, building, free_bytes, no_space, reserve_bytes,
                               write_durably)
 from . import clock, groups, schedstat
 from .dist_info import RankInfo
@@ -195,17 +195,19 @@ class ShardWriter:
         attrs = self._attrs(job, ex, timings, mem_attr)
         path = run_dir / schema.SHARD_TEMPLATE.format(rank=info.rank, window=job.window)
         t2 = time.perf_counter()
-        image = shard_image(tables, strings, attrs, codec=self.config.codec)
         n_events = ex.stats["n_events"]
-        del tables, ex
-        t_sum, c_sum = time.perf_counter(), time.thread_time()
-        image = self._with_summary(image, path)
+        with building(tables, strings, attrs, codec=self.config.codec) as b:
+            del tables, ex
+            image = b.image()
+            t_sum, c_sum = time.perf_counter(), time.thread_time()
+            image = self._with_summary(b, image, path)
+            t3, c3 = time.perf_counter(), time.thread_time()
         self._last_size = len(image)
-        t3, c3 = time.perf_counter(), time.thread_time()
+        t4 = time.perf_counter()
         size = write_durably(path, image)
         timings["build_s"] = round(t_sum - t2, 6)
         timings["summary_s"] = round(t3 - t_sum, 6)
-        timings["disk_s"] = round(time.perf_counter() - t3, 6)
+        timings["disk_s"] = round(time.perf_counter() - t4, 6)
         # the writer thread's CPU: the events' extraction, tables and image; the stored summary (compared in
         # docs/capture.md: the summary must cost less than writing the events it summarises)
         timings["shard_cpu_s"] = round(c_sum - c0, 6)
@@ -215,10 +217,10 @@ class ShardWriter:
                              "complete": job.complete, **timings, "durable_after_s": round(durable, 6)})
         log.info("distprof: rank %d wrote %s (%d events, %.1f KB)", info.rank, path, n_events, size / 1e3)
 
-    def _with_summary(self, image: bytes, path: Path) -> bytes:
-        """The shard's bytes with its per-rank summary added (``summary_group``), computed here on the writer
-        thread by the summarizer the entry point gave (the report's map); the bytes unchanged when there is none or
-        it fails (the report then summarises the events; a warning says why).
+    def _with_summary(self, b: ImageBuilder, image: bytes, path: Path) -> bytes:
+        """The shard's bytes with its per-rank summary added (``summary_group``) to the file `b` still builds,
+        computed here on the writer thread by the summarizer the entry point gave (the report's map); `image`, its
+        bytes without, when there is none or it fails (the report then summarises the events; a warning says why).
 
         The report uses a stored summary only for a rank with a single shard, so only the first shard this rank
         writes gets one, and only when the schedule records one window (``repeat=1``, or windows on request only):
@@ -228,7 +230,7 @@ class ShardWriter:
             return image
         try:
             summary = self._summarizer(image, path)  # None: the report summarises this shard itself
-            return image if summary is None else add_summary(image, summary, codec=self.config.codec)
+            return image if summary is None else b.with_summary(summary)
         except Exception as e:  # noqa: BLE001 -- the shard is written without it; never raised into training
             log.warning("distprof: %s: its per-rank summary was not stored (%s: %s); the report will summarise its "
                         "events instead", path.name, type(e).__name__, e)

@@ -173,7 +173,7 @@ def _record_columns(path: Path, name: str, ds: h5py.Dataset, cols: list[str]) ->
     known = schema.TABLES[name]
     n = int(ds.shape[0])
     check_expansion(path, f"/{name}", n, [ds.id], row_bytes=ds.dtype.itemsize)
-    present = [c for c in cols if c in (ds.dtype.names or ())]
+    present = [c for c in dict.fromkeys(cols) if c in (ds.dtype.names or ())]
     rec = read_records(ds, np.dtype([(c, known[c]) for c in present])) if present else None
     return {c: np.ascontiguousarray(rec[c]) if c in present else _missing(name, c, n) for c in cols}
 
