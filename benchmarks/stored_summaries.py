@@ -6,9 +6,9 @@ A synthetic GPU-like run (benchmarks/synth.py, one window per rank) is written w
 it, as a capture's writer thread and ``distprof import`` store it. Then, in this one process, alternating so that a
 load change hits both sides alike:
 
-* at the source: for `--sample` ranks, the CPU time of building the shard (``writer.shard_image`` on the rank's
-  tables) against that of summarising it and adding the summary (``summarize_image`` + ``add_summary``), per event,
-  and the shard's size with and without the summary;
+* at the source: for `--sample` ranks, the CPU time of building the shard (``writer.building`` on the rank's
+  tables) against that of summarising it and adding the summary (``summarize_image`` +
+  ``ImageBuilder.with_summary``, as capture does), per event, and the shard's size with and without the summary;
 * at the report: the map phase (``summarize``) reading the stored summaries against summarising every rank's events
   (``--from-events``), CPU and wall time; and whether the two reports are identical (they must be).
 
@@ -59,7 +59,7 @@ def _tables(shard_path: Path):
 def source_cost(run: Path, sample: int, repeat: int) -> dict:
     """CPU seconds per event: building the shard image, and summarising it + adding the summary."""
     from distprof.analysis.rank.stored import summarize_image
-    from distprof.storage.writer import add_summary, shard_image
+    from distprof.storage.writer import building
 
     shards = sorted(run.glob("rank*.w0000.h5"))
     step = max(len(shards) // sample, 1)
@@ -69,10 +69,11 @@ def source_cost(run: Path, sample: int, repeat: int) -> dict:
         n_ev += n
         for _ in range(repeat):
             t = time.process_time()
-            image = shard_image(tables, strings, attrs)
-            t1 = time.process_time()
-            full = add_summary(image, summarize_image(image, path))
-            t2 = time.process_time()
+            with building(tables, strings, attrs) as b:  # as capture's writer and `distprof import` do
+                image = b.image()
+                t1 = time.process_time()
+                full = b.with_summary(summarize_image(image, path))
+                t2 = time.process_time()
             build.append((t1 - t) / n)
             summ.append((t2 - t1) / n)
         plain_b += len(image)

@@ -1,7 +1,7 @@
 """A shard's stored per-rank summary: the group ``/summary``, written beside the events where they are born.
 
-    image = shard_image(tables, strings, attrs)
-    image = writer.add_summary(image, StoredSummary(version=1, producer="0.9", meta="{...}", arrays={"a0": ...}))
+    with writer.building(tables, strings, attrs) as b:
+        image = b.with_summary(StoredSummary(version=1, producer="0.9", meta="{...}", arrays={"a0": ...}))
     shard.stored_summary()          # StoredSummary | None (None: an older shard, or one written without it)
 
 Storage knows only the container: a format version, the distprof version that computed it, a JSON document

@@ -1,7 +1,7 @@
 """A rank's summary stored in its shard, where the events are born, and read back instead of the events.
 
-    image = shard_image(tables, strings, attrs)             # capture's writer thread, or ``distprof import``
-    image = add_summary(image, summarize_image(image, path))
+    with building(tables, strings, attrs) as b:             # capture's writer thread, or ``distprof import``
+        image = b.with_summary(summarize_image(b.image(), path))
     ...
     s = load_stored(shard, pg_lut)                          # the report: RankSummary, or None (take the events)
 
