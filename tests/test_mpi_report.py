@@ -128,3 +128,56 @@ def test_shards_checked_in_parallel_are_skipped_as_serially(run_dir, tmp_path):
     assert outs["serial"] == outs["mpi"]
     skipped = {Path(s["path"]).name for s in outs["mpi"]["skipped_shards"]}
     assert skipped == {"rank00000.w0001.h5", "rank00003.w0000.h5"}
+
+
+#: Runs ``distprof report`` under MPI with one part broken on one process (argv: run dir, JSON path, what breaks).
+_BROKEN_PART = r"""
+import sys
+from mpi4py import MPI
+import distprof.analysis.report.parallel as parallel
+import distprof.analysis.report.build as build
+from distprof.cli import main
+
+run_dir, out, part = sys.argv[1:4]
+me = MPI.COMM_WORLD.Get_rank()
+
+def boom(*a, **k):
+    raise RuntimeError(f"{part} broken on process {me}")
+
+if part == "helper" and me == 1:
+    parallel.find_stragglers = boom  # the helper's analysis fails: rank 0 runs it itself
+elif part == "offer" and me == 0:
+    parallel.straggler_inputs = boom  # rank 0 fails before it hands anything over: the helper is released
+elif part == "report" and me == 0:
+    build.pipelines = boom  # rank 0 fails after handing over, before it asks for the result
+sys.exit(main(["report", run_dir, "--json", out, "--no-progress"]))
+"""
+
+
+def _broken(mpi: str, run_dir: Path, tmp_path: Path, part: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "broken_part.py"
+    script.write_text(_BROKEN_PART)
+    return subprocess.run([mpi, "-n", "2", sys.executable, str(script), str(run_dir), str(tmp_path / f"{part}.json"),
+                           part], cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=240)
+
+
+def test_the_straggler_analysis_on_process_1_gives_the_serial_report_even_when_it_fails(run_dir, tmp_path):
+    """Under MPI the straggler analysis runs on process 1 (analysis/report/parallel.py); when it fails there, rank
+    0 says so once and runs it itself: the report is the serial one."""
+    mpi = _mpiexec()
+    serial = _distprof(["report", run_dir, "--json", tmp_path / "serial.json", "--no-progress"], cwd=tmp_path)
+    par = _broken(mpi, run_dir, tmp_path, "helper")
+    assert serial.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
+    assert par.stderr.count("could not run the straggler analysis (RuntimeError: helper broken on process 1)") == 1
+    assert json.loads((tmp_path / "helper.json").read_text()) == json.loads((tmp_path / "serial.json").read_text())
+
+
+@pytest.mark.parametrize("part", ["offer", "report"])
+def test_rank_0_failing_around_the_hand_over_leaves_no_process_waiting(run_dir, tmp_path, part):
+    """Rank 0 fails before it hands the straggler analysis over, or after, before it reads the answer: the job
+    ends (no process waits for a message that never comes), with rank 0's error and no report."""
+    mpi = _mpiexec()
+    par = _broken(mpi, run_dir, tmp_path, part)  # a hang would end in subprocess.TimeoutExpired
+    assert par.returncode != 0
+    assert f"{part} broken on process 0" in par.stderr
+    assert not (tmp_path / f"{part}.json").exists()

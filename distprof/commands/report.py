@@ -38,12 +38,17 @@ def _analysed(args: argparse.Namespace, steps: tuple[int, int] | None):
     """The run's Report (None on an MPI process other than rank 0). The summaries it was built from are released
     on return, before any renderer runs: at 16k ranks they are a gigabyte the renderers never read."""
     from ..analysis.report.build import build_report
+    from ..analysis.report.parallel import StragglerOffload
+    from ..analysis.summarize.engine import mpi_world
 
-    run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
-                         strict=args.strict, stored=not args.from_events)
-    if run_ is None:
-        return None
-    return build_report(run_, peak_tflops=args.peak_tflops, top=args.top, watch_dir=args.run_dir)
+    with StragglerOffload(mpi_world()) as offload:  # under MPI, process 1 runs the straggler analysis
+        run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
+                             strict=args.strict, stored=not args.from_events)
+        if run_ is None:
+            offload.serve()
+            return None
+        return build_report(run_, peak_tflops=args.peak_tflops, top=args.top, watch_dir=args.run_dir,
+                            stragglers=offload.offer(run_))
 
 
 def run(args: argparse.Namespace) -> int:

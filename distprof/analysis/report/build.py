@@ -42,6 +42,9 @@ from .watch import rule_of, watch_report
 from .watch_section import WatchSection
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..cross.stragglers import Stragglers
     from ..types import FindingRules, RunSummary
 
 logger = logging.getLogger(__name__)
@@ -96,12 +99,15 @@ def _p2p_section(run: RunSummary) -> P2PCounts:
 
 
 def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int = 3, rule: StragglerRule | None = None,
-                 finding_rules: FindingRules | None = None, watch_dir: str | Path | None = None) -> Report:
+                 finding_rules: FindingRules | None = None, watch_dir: str | Path | None = None,
+                 stragglers: Callable[[], Stragglers] | None = None) -> Report:
     """Run every analysis on `run` and return the :class:`Report` (its JSON: docs/report-format.md).
 
     `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
     `finding_rules` overrides the thresholds of the findings (``analysis/findings/``); `watch_dir`, the run
-    directory, adds the ``watch`` section when it holds a --watch series.
+    directory, adds the ``watch`` section when it holds a --watch series. `stragglers` returns the straggler
+    analysis of `run` computed elsewhere (another MPI process, :mod:`.parallel`): the analyses that do not read it
+    run before it is asked for.
     """
     warnings = list(run.warnings)
     bd = run.steps
@@ -109,15 +115,18 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
         warnings.append("no recorded steps: the per-step analyses are empty")
     # the stragglers first: their instance tables come and go before the step graph is built and held (1,024
     # LLM-shaped ranks: 173 MB of graph under a 420 MB peak)
-    strag = find_stragglers(run, rule=rule)
+    strag = find_stragglers(run, rule=rule) if stragglers is None else None
     graph = step_graph(run)  # the cross-rank step graph: own work, critical path, what-ifs, each finding's gain
     pipes = pipelines(run)
+    table = comm_table(run)
+    par = detect_parallelism(run, table, pipes)
+    path = critical_path_report(run, graph=graph)
+    if strag is None:
+        strag = stragglers()
     if strag.info.n_instances == 0 and not pipes:
         warnings.append("no collective was matched across ranks: no straggler analysis")
     named = [d.rank for d in strag.named_rows][: max(top, 0)]
     rc = root_cause(run, named) if named else []
-    table = comm_table(run)
-    par = detect_parallelism(run, table, pipes)
     found = findings(run, stragglers=strag, root_cause=rc, rules=finding_rules, pipelines=pipes,
                      exposed_advice=advice_for_exposed(par, table))
     annotate_findings(run, found, graph=graph)
@@ -127,7 +136,7 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
         verdict=verdict(summary, strag, rc, found), findings=found, run=_run_section(run), clock=_clock_section(run),
         summary=summary, steps=_step_table(bd), stragglers=strag.ranks, straggler_info=strag.info, root_cause=rc,
         parallelism=par, collectives=table, pipelines=pipes, p2p=_p2p_section(run), overlap=overlap_by_rank(run),
-        critical_path=critical_path_report(run, graph=graph), whatif=whatif_table(run, stragglers=strag, graph=graph),
+        critical_path=path, whatif=whatif_table(run, stragglers=strag, graph=graph),
         imbalance=imbalance(run), mfu=mfu_rows, gpu_time=gpu_time(run), annotations=annotations(run),
         warnings=warnings, skipped_shards=[SkippedShardRow(str(sk.path), sk.reason) for sk in run.skipped_shards],
         mfu_note=None if mfu_rows else MFU_NOTE, watch=_watch_section(run, watch_dir), memory=memory_timeline(run))
