@@ -426,3 +426,25 @@ def test_chance_is_not_taken_off_a_real_delay():
     assert noisy[1] == pytest.approx(0.2)
     fading = lateness([1.8, -0.6] + [0.0] * 10)  # 3 x chance: half of it taken off
     assert fading[1] == pytest.approx(1.8 - 0.3)
+
+
+def test_the_inputs_another_process_is_sent_give_the_same_analysis():
+    """What MPI process 1 is sent (``straggler_inputs``: a few columns and tables, not the run summary) gives the
+    analysis of the whole run summary, with a slow host, CPU waits and a steps selection alike; and it carries no
+    op names, sizes or per-rank summaries."""
+    import pickle
+
+    from distprof.analysis.cross.stragglers.inputs import straggler_inputs
+
+    late_at = {**{(s, 3): 20.0 for s in range(4)}, **{(s, 0): 4.0 for s in range(4)}}
+    rs = summarize_merged(ddp_run(4, n_steps=4, late_at=late_at, jitter_ms=JITTER,
+                                  hosts=["nodeA", "nodeA", "nodeB", "nodeB"]))
+    _cpu_waits(rs, lambda r, s: 4.0 if r == 0 else 0.0)
+    for selection in (None, (11, 12)):
+        rs.steps_selection = selection
+        inputs = pickle.loads(pickle.dumps(straggler_inputs(rs)))  # as it travels
+        whole, sent = find_stragglers(rs), find_stragglers(inputs)
+        assert sent == whole and 3 in sent.info.named and sent.info.hosts[0].host == "nodeB"
+    assert set(inputs.collectives.members) == {"inst", "rank", "window", "pg", "seq", "row", "start_ns", "end_ns"}
+    assert set(inputs.collective_rows) == {"rank", "step", "cpu_wait_at_start_ns", "cpu_wait_at_end_ns"}
+    assert not hasattr(inputs, "ranks")

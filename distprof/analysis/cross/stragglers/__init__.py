@@ -10,7 +10,8 @@ One module per idea, in the order :func:`find_stragglers` (:mod:`.find`) uses th
 * :mod:`.extra_work` — the rank's own extra work: its lateness with the ranks' waits for a CPU taken out;
 * :mod:`.blame` — how long the others waited for a rank, each waiting rank's overlapping waits counted once;
 * :mod:`.cost` — what severity follows: its lead over the latest rank not named;
-* :mod:`.hosts` — slow hosts, by the same rule; :mod:`.rows` — the report's rows; :mod:`.result` — the typed result.
+* :mod:`.hosts` — slow hosts, by the same rule; :mod:`.rows` — the report's rows; :mod:`.result` — the typed result;
+* :mod:`.inputs` — the part of the run summary the analysis reads, what another MPI process is sent.
 
 :mod:`.student_t` holds Student's t quantile, which the report diff uses.
 """

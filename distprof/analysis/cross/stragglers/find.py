@@ -27,14 +27,16 @@ from .rule import StragglerRule, floor_ms, late_in_steps, step_noise_ms
 
 if TYPE_CHECKING:
     from ...types import RunSummary
+    from .inputs import StragglerInputs
 
 __all__ = ["find_stragglers"]
 
 NS_PER_MS = 1e6
 
 
-def find_stragglers(run: RunSummary, *, rule: StragglerRule | None = None) -> Stragglers:
-    """Rank and host straggler tables, per-step stragglers and the naming rule (see :mod:`.result`)."""
+def find_stragglers(run: RunSummary | StragglerInputs, *, rule: StragglerRule | None = None) -> Stragglers:
+    """Rank and host straggler tables, per-step stragglers and the naming rule (see :mod:`.result`). `run` is the run
+    summary, or the part of it the analysis reads (:mod:`.inputs`, what another MPI process is sent)."""
     rule = rule or StragglerRule()
     t = inside_steps(collective_instances(run))
     if t["inst"].size == 0:
