@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Change", "Straggler", "OverlapComm", "FasterCollective", "NoIdle", "NoInputWait", "NoCpuWait", "FasterOp",
            "WhatIf",
-           "Estimator", "estimator", "estimate", "standard", "step_time_ms", "per_step_time_ms"]
+           "Estimator", "estimator", "estimate", "general_changes", "standard", "step_time_ms", "per_step_time_ms"]
 
 
 @dataclass(frozen=True)
@@ -518,10 +518,18 @@ def standard(run: RunSummary, *, stragglers: Stragglers | None = None, graph: St
     """The report's what-if table: named stragglers at their peers' median, communication overlapped, the heaviest
     collective op 2x faster, idle and input waits removed, the heaviest op 2x faster — largest gain first."""
     b = estimator(run, graph)
-    changes: list[Change] = []
     named = [int(d.rank) for d in (stragglers.ranks if stragglers is not None else []) if d.named]
-    if named:
-        changes.append(Straggler(ranks=tuple(named)))
+    changes: list[Change] = [Straggler(ranks=tuple(named))] if named else []
+    rows = [b.estimate(c) for c in changes + general_changes(run, b, top_ops)]
+    rows.sort(key=lambda w: -(w.gain_ms_per_step or 0.0))
+    return rows
+
+
+def general_changes(run: RunSummary, b: Estimator, top_ops: int = 1) -> list[Change]:
+    """The standard table's changes that do not depend on the straggler analysis: communication overlapped, the
+    heaviest collective op 2x faster, idle and input waits removed, the heaviest ops 2x faster. (The report
+    estimates them while another MPI process runs the straggler analysis: the estimator keeps each change's replay.)"""
+    changes: list[Change] = []
     if b.g.n_events:
         changes.append(OverlapComm())
         coll = b.g.ev_op >= 0
@@ -531,9 +539,7 @@ def standard(run: RunSummary, *, stragglers: Stragglers | None = None, graph: St
     changes += [NoIdle(), NoInputWait()]
     for name in _heaviest_ops(run, top_ops):
         changes.append(FasterOp(name=name, factor=STANDARD_FACTOR))
-    rows = [b.estimate(c) for c in changes]
-    rows.sort(key=lambda w: -(w.gain_ms_per_step or 0.0))
-    return rows
+    return changes
 
 
 def _heaviest_ops(run: RunSummary, k: int) -> list[str]:

@@ -36,6 +36,7 @@ from ..findings.gains import annotate_findings
 from ..findings.verdict import verdict
 from ..graph.critical_path import step_graph
 from ..graph.path_report import critical_path_report
+from ..graph.whatif import estimator, general_changes
 from ..graph.whatif import standard as whatif_table
 from .model import ClockRow, P2PCounts, Report, RunInfo, SkippedShardRow, StepTable
 from .watch import rule_of, watch_report
@@ -121,7 +122,10 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
     table = comm_table(run)
     par = detect_parallelism(run, table, pipes)
     path = critical_path_report(run, graph=graph)
-    if strag is None:
+    if strag is None:  # what does not need the stragglers first: the what-ifs' replays are kept with the graph
+        est = estimator(run, graph)
+        for change in general_changes(run, est):
+            est.estimate(change)
         strag = stragglers()
     if strag.info.n_instances == 0 and not pipes:
         warnings.append("no collective was matched across ranks: no straggler analysis")
