@@ -514,13 +514,14 @@ STANDARD_FACTOR = 2.0
 
 
 def standard(run: RunSummary, *, stragglers: Stragglers | None = None, graph: StepGraph | None = None,
-             top_ops: int = 1) -> list[WhatIf]:
+             top_ops: int = 1, general: list[Change] | None = None) -> list[WhatIf]:
     """The report's what-if table: named stragglers at their peers' median, communication overlapped, the heaviest
-    collective op 2x faster, idle and input waits removed, the heaviest op 2x faster — largest gain first."""
+    collective op 2x faster, idle and input waits removed, the heaviest op 2x faster — largest gain first.
+    `general`: :func:`general_changes` already made (the report makes them before the stragglers are known)."""
     b = estimator(run, graph)
     named = [int(d.rank) for d in (stragglers.ranks if stragglers is not None else []) if d.named]
     changes: list[Change] = [Straggler(ranks=tuple(named))] if named else []
-    rows = [b.estimate(c) for c in changes + general_changes(run, b, top_ops)]
+    rows = [b.estimate(c) for c in changes + (general if general is not None else general_changes(run, b, top_ops))]
     rows.sort(key=lambda w: -(w.gain_ms_per_step or 0.0))
     return rows
 

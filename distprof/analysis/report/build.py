@@ -122,9 +122,11 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
     table = comm_table(run)
     par = detect_parallelism(run, table, pipes)
     path = critical_path_report(run, graph=graph)
+    general = None
     if strag is None:  # what does not need the stragglers first: the what-ifs' replays are kept with the graph
         est = estimator(run, graph)
-        for change in general_changes(run, est):
+        general = general_changes(run, est)  # made once: ranking the heaviest ops reads every rank's op totals
+        for change in general:
             est.estimate(change)
         strag = stragglers()
     if strag.info.n_instances == 0 and not pipes:
@@ -140,7 +142,7 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
         verdict=verdict(summary, strag, rc, found), findings=found, run=_run_section(run), clock=_clock_section(run),
         summary=summary, steps=_step_table(bd), stragglers=strag.ranks, straggler_info=strag.info, root_cause=rc,
         parallelism=par, collectives=table, pipelines=pipes, p2p=_p2p_section(run), overlap=overlap_by_rank(run),
-        critical_path=path, whatif=whatif_table(run, stragglers=strag, graph=graph),
+        critical_path=path, whatif=whatif_table(run, stragglers=strag, graph=graph, general=general),
         imbalance=imbalance(run), mfu=mfu_rows, gpu_time=gpu_time(run), annotations=annotations(run),
         warnings=warnings, skipped_shards=[SkippedShardRow(str(sk.path), sk.reason) for sk in run.skipped_shards],
         mfu_note=None if mfu_rows else MFU_NOTE, watch=_watch_section(run, watch_dir), memory=memory_timeline(run))
