@@ -74,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = get_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
+    from .analysis.summarize.heap import small_pages  # no numpy import: --help above stays light
+
+    small_pages()
     try:
         return int(args.func(args) or 0)
     except DistprofError as e:

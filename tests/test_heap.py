@@ -32,3 +32,37 @@ def test_small_freed_blocks_are_given_back():
 
 def test_runs_anywhere():
     release_free_heap()  # no glibc: only the garbage collected, never an error
+
+
+def _hugepage_flag_after(code: str, env_value: str | None) -> bool:
+    """numpy's madvise-hugepage flag in a fresh process after `code` (its previous value, read by setting it)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    if env_value is not None:
+        env["NUMPY_MADVISE_HUGEPAGE"] = env_value
+    probe = ("import numpy\nfrom numpy._core.multiarray import _set_madvise_hugepage as s\n"
+             f"{code}\nprint(s(True))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1] == "True"
+
+
+needs_numpy2 = pytest.mark.skipif(not hasattr(np, "_core"), reason="numpy 1.x keeps the switch elsewhere")
+
+
+@needs_numpy2
+def test_small_pages_turns_numpy_hugepages_off_after_import():
+    code = "from distprof.analysis.summarize.heap import small_pages\nsmall_pages()"
+    assert _hugepage_flag_after(code, "1") is True  # the user's choice is kept
+    assert _hugepage_flag_after("pass", "1") is True  # the probe sees the flag on ...
+    assert _hugepage_flag_after(code, None) is False  # ... and small_pages turns it off
+
+
+@needs_numpy2
+def test_the_command_line_runs_on_small_pages():
+    code = ("import contextlib, io\nfrom distprof.cli import main\n"
+            "with contextlib.redirect_stderr(io.StringIO()):\n    main(['report', '/nonexistent/run'])")
+    assert _hugepage_flag_after(code, None) is False
