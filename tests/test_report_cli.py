@@ -92,6 +92,27 @@ def test_report_json_written_in_parts_is_the_same_text(tmp_path, monkeypatch, ro
     assert render_json(empty) == json.dumps(empty.to_json(), indent=1, allow_nan=False, ensure_ascii=False) + "\n"
 
 
+def test_step_rows_written_column_by_column_are_json_dumps_text():
+    """The step table's text is made a column at a time (json's encoder is pure Python when it indents); it is the
+    text json.dumps makes of its rows' objects for every value a column can hold: NaN and ±inf as null, -0.0, tiny
+    and huge floats, the int64 extremes."""
+    import numpy as np
+
+    from distprof.render import json_renderer
+
+    rep = build_report(summarize_merged(ddp_run(4, n_steps=3, late_rank=1, late_ms=20)), peak_tflops=2.0)
+    rows = rep.steps.rows
+    specials = [np.nan, np.inf, -np.inf, -0.0, 0.0, 5e-324, 1.7976931348623157e308, 0.1, 1e16, -123.456]
+    for i, c in enumerate(rows.dtype.names):
+        if rows[c].dtype.kind == "f":
+            rows[c] = [specials[(i + k) % len(specials)] for k in range(rows.size)]
+    rows["start_ns"][:2] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max]
+    doc = rep.to_json()
+    assert any(v is None for row in doc["steps"] for v in row.values())
+    want = json.dumps(doc, indent=1, allow_nan=False, ensure_ascii=False) + "\n"
+    assert json_renderer.render_json(rep) == want
+
+
 def test_no_straggler_no_root_cause():
     rep = build_report(summarize_merged(ddp_run(4, n_steps=2)))
     assert rep.straggler_info.named == [] and rep.root_cause == []

@@ -195,9 +195,10 @@ def rows_in_one_home(summaries: list[RankSummary], rows: Table, names: np.ndarra
     124 MB beside the joined table's 128 MB."""
     ranks = np.asarray(rows["rank"])
     cols = [k for k in rows if k not in ("rank", "op_id")]
+    want = np.array([[s.rank, s.rank + 1] for s in summaries], ranks.dtype).reshape(-1, 2)
+    bounds = np.searchsorted(ranks, want).tolist()  # at once: one call per rank cast the whole column each time
     out = {}
-    for s in summaries:
-        lo, hi = (int(i) for i in np.searchsorted(ranks, [s.rank, s.rank + 1]))
+    for s, (lo, hi) in zip(summaries, bounds):
         own = {k: rows[k][lo:hi] for k in cols}
         own["op"] = rows["op_id"][lo:hi]
         out[s.rank] = replace(s, collectives=own, ops_names=names)
