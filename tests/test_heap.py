@@ -66,3 +66,43 @@ def test_the_command_line_runs_on_small_pages():
     code = ("import contextlib, io\nfrom distprof.cli import main\n"
             "with contextlib.redirect_stderr(io.StringIO()):\n    main(['report', '/nonexistent/run'])")
     assert _hugepage_flag_after(code, None) is False
+
+
+class _Node:
+    def __init__(self):
+        self.me = self  # a reference cycle: only the cyclic collector frees it
+
+
+def test_settle_freezes_what_lives_and_collects_what_died():
+    import weakref
+
+    from distprof.analysis.summarize.heap import long_lived, settle
+
+    gc.collect()
+    settle()  # outside long_lived: nothing frozen (a library leaves its caller's objects alone)
+    assert gc.get_freeze_count() == 0
+    with long_lived():
+        dead, alive = _Node(), _Node()
+        dead_ref, alive_ref = weakref.ref(dead), weakref.ref(alive)
+        del dead
+        settle()
+        assert dead_ref() is None  # garbage is collected before anything is frozen
+        assert gc.get_freeze_count() > 0
+        with long_lived():  # nested: the outer one unfreezes
+            pass
+        assert gc.get_freeze_count() > 0
+        del alive
+        gc.collect()
+        assert alive_ref() is not None  # frozen: the collector's passes skip it ...
+    assert gc.get_freeze_count() == 0
+    release_free_heap()
+    assert alive_ref() is None  # ... until the phase ends
+
+
+def test_long_lived_unfreezes_on_error():
+    from distprof.analysis.summarize.heap import long_lived, settle
+
+    with pytest.raises(RuntimeError), long_lived():
+        settle()
+        raise RuntimeError("the report failed")
+    assert gc.get_freeze_count() == 0

@@ -40,8 +40,10 @@ def _analysed(args: argparse.Namespace, steps: tuple[int, int] | None):
     from ..analysis.report.build import build_report
     from ..analysis.report.parallel import StragglerOffload
     from ..analysis.summarize.engine import mpi_world
+    from ..analysis.summarize.heap import long_lived
 
-    with StragglerOffload(mpi_world()) as offload:  # under MPI, process 1 runs the straggler analysis
+    # the summaries live until the report is built: the collector's full passes skip them (heap.long_lived)
+    with long_lived(), StragglerOffload(mpi_world()) as offload:  # under MPI, process 1 runs the stragglers
         run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
                              strict=args.strict, stored=not args.from_events)
         if run_ is None:

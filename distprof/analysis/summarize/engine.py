@@ -47,7 +47,7 @@ from ..names import rank_ranges
 from ..rank.stored import load_stored, usable
 from ..rank.summary import summarize_rank
 from ..types import FindingRules, MergedRun, RankSummary, RunSummary
-from .heap import release_free_heap
+from .heap import release_free_heap, settle
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +126,15 @@ def _summarize_ranks(cat: RunCatalog, ranks: list[int], *, show: bool, rules: Fi
     skipped: list[SkippedShard] = []
     for r in bar(ranks, show, "summarising ranks", unit="rank"):
         s = stored_summary(cat, r, rules) if stored else None
-        if s is not None:
-            out.append(s)
-            continue
-        try:
-            rd = read_rank(cat, r, skipped=skipped)
-        except RankUnreadable:
-            continue
-        out.append(summarize_rank(rd, steps=cat.steps, rules=rules))
+        if s is None:
+            try:
+                rd = read_rank(cat, r, skipped=skipped)
+            except RankUnreadable:
+                continue
+            s = summarize_rank(rd, steps=cat.steps, rules=rules)
+            del rd
+        out.append(s)
+        settle()  # the summaries live to the end: the collector's full passes need not rescan them
     return out, skipped
 
 
@@ -161,13 +162,14 @@ def summarize(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = Non
     `stored`: take each rank's summary stored in its shard where it can be (``stored_summary``); False: always
     summarise the events."""
     if comm is None or comm.Get_size() <= 1:
-        out = summarize_catalog(scan_run(run_dir, steps=steps, progress=progress, strict=strict,
-                                         defer_layout=stored and steps is None), progress=progress,
-                                rules=rules, stored=stored)
+        cat = scan_run(run_dir, steps=steps, progress=progress, strict=strict, defer_layout=stored and steps is None)
+        settle()
+        out = summarize_catalog(cat, progress=progress, rules=rules, stored=stored)
     else:
         out = _summarize_mpi(comm, run_dir, steps=steps, progress=progress, rules=rules, strict=strict,
                              stored=stored)
     release_free_heap()  # the per-rank tables the join replaced, freed: back to the OS before the cross-rank phase
+    settle()  # the run summary lives through the report
     return out
 
 
@@ -236,9 +238,14 @@ def _check_shards_mpi(comm, run_dir, *, progress, defer_layout: bool = False) ->
         return None
     mine = paths[me::size]
     show = me == 0 and progress_enabled(progress, len(paths), PROGRESS_MIN_SHARDS)
-    answers = comm.gather([_check_one(p, defer_layout) for p in bar(mine, show, "checking shards")], root=0)
+    checked = []
+    for p in bar(mine, show, "checking shards"):
+        checked.append(_check_one(p, defer_layout))
+        settle()
+    answers = comm.gather(checked, root=0)
     if me != 0:
         return None
+    settle()
     by_path = {}
     for k, part in enumerate(answers):
         for p, a in zip(paths[k::size], part):
@@ -283,7 +290,11 @@ def _gather_summaries(comm, result: tuple[str, Any]) -> list[tuple[str, Any]] | 
         if kind != "ok":
             out.append((kind, payload))
             continue
-        out.append(("ok", ([_interned(comm.recv(source=src, tag=_TAG)) for _ in range(n)], payload)))
+        got = []
+        for _ in range(n):
+            got.append(_interned(comm.recv(source=src, tag=_TAG)))
+            settle()
+        out.append(("ok", (got, payload)))
     return out
 
 
@@ -307,6 +318,7 @@ def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False, store
     if me == 0:
         try:
             cat = scan_run(run_dir, steps=steps, progress=progress, strict=strict, check=checked)
+            settle()
         except Exception as e:  # noqa: BLE001 -- every process must hear about it, or they would wait forever
             failure = e
     cat, failed = comm.bcast((cat, failure is not None) if me == 0 else None, root=0)
