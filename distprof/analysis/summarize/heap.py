@@ -15,11 +15,13 @@ whatever of them has died. Outside it (distprof as a library), ``settle()`` does
 process's, and a library must not leave its caller's objects frozen.
 
 ``small_pages()``: the distprof command line keeps numpy from asking for transparent huge pages. numpy advises
-the kernel to back every array of 4 MB and more with 2 MB pages; where the kernel compacts memory to find them on
-the spot (``/sys/kernel/mm/transparent_hugepage/defrag`` = ``madvise``, the usual default), a page fault can stall
-for milliseconds. The report fills each large array once and drops it soon after, so it gains little from huge
-pages and pays for every stall (1,024 LLM-shaped ranks on this project's 2-core VM: serial 10.6 s → 7.4 s, 4.2 s →
-1.1 s of system time; docs/scaling.md). ``NUMPY_MADVISE_HUGEPAGE`` set by the user is left as it is.
+the kernel to back every array of 4 MB and more with 2 MB pages. Where a fresh 2 MB page is dear — the kernel
+compacting memory to find one (``transparent_hugepage/defrag`` = ``madvise``, the usual default), or a VM whose free
+2 MB blocks go back to the host (virtio-balloon free page reporting, as on this project's machines: each huge page
+then costs ≈ 7 ms of host faults) — a page fault stalls for milliseconds, where 4 KB pages come from the guest's
+own scattered free memory. The report fills each large array once and drops it soon after, so it gains little
+from huge pages and pays for every stall (1,024 LLM-shaped ranks here: serial 10.3 s → 7.3 s, 4.2 s → 1.1 s of
+system time; docs/scaling.md). ``NUMPY_MADVISE_HUGEPAGE`` set by the user is left as it is.
 """
 
 from __future__ import annotations
