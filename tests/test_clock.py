@@ -238,3 +238,34 @@ def test_reference_host_entirely_missing(tmp_path):
     for r in (1, 2):
         sel = m.steps["rank"] == r
         assert np.abs(m.steps["start_ns"][sel] - run.to_recorded(0, run.steps[r]["start"])).max() < 5_000
+
+
+def test_per_host_aggregates_are_each_hosts_own():
+    """The collective fallback aggregates every host's members in one pass; each host's figures are those of a
+    pass over that host alone (ties in end times, unused instances, ranks without a host and an empty host)."""
+    from types import SimpleNamespace
+
+    from distprof.analysis.align.clock import _host_aggregates, _per_host_aggregates
+
+    rng = np.random.default_rng(7)
+    n_inst, n_ranks = 40, 24
+    inst = np.repeat(np.arange(n_inst), n_ranks)
+    rank = np.tile(np.arange(n_ranks), n_inst)
+    keep = rng.random(inst.size) > 0.2
+    inst, rank = inst[keep], rank[keep]
+    start = 1_700_000_000_000_000_000 + inst * 1_000_000 + rng.integers(0, 50_000, inst.size)
+    end = start + rng.integers(0, 3, inst.size) * 1000  # many equal ends
+    ends = np.full(n_inst, np.iinfo(np.int64).max)
+    np.minimum.at(ends, inst, end)
+    c = SimpleNamespace(members={"rank": rank, "inst": inst, "start_ns": start, "end_ns": end},
+                        instances={"end_min": ends, "window": np.arange(n_inst) % 3})
+    rank_host = {r: f"h{r % 5}" for r in range(n_ranks - 2)}  # two ranks on no host
+    use = rng.random(n_inst) > 0.3
+    hosts = ["h3", "h0", "h4", "h1", "h2", "empty"]
+    per = _per_host_aggregates(c, rank_host, use, hosts)
+    for h in hosts:
+        one = _host_aggregates(c, rank_host, use, {h})
+        assert per[h].keys() == one.keys()
+        for k in one:
+            assert np.array_equal(per[h][k], one[k]), (h, k)
+    assert per["empty"]["inst"].size == 0 and per["h0"]["inst"].size > 0

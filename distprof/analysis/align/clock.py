@@ -465,7 +465,9 @@ def estimate_clocks(
     """
     rank_host = {r: i.host for r, i in infos.items()}
     hosts = sorted(set(rank_host.values()))
-    host_ranks = {h: sorted(r for r, hh in rank_host.items() if hh == h) for h in hosts}
+    host_ranks: dict[str, list[int]] = {h: [] for h in hosts}  # one pass (a pass per host was hosts x ranks)
+    for r, h in sorted(rank_host.items()):
+        host_ranks[h].append(r)
     warnings: list[str] = []
     _ref_rank, ref_host = _reference(infos, samples, rank_host, warnings)
     model = ClockModel(reference_host=ref_host, rank_host=rank_host, hosts={}, warnings=warnings)
@@ -537,26 +539,50 @@ def _host_aggregates(c: Collectives, rank_host: Mapping[int, str], use: np.ndarr
     Times are relative to the instance's raw ``end_min`` (float ns), so epoch ns never go through a double.
     Returns {"inst", "window", "start_max", "end_min", "end_med"}.
     """
+    return _aggregates(c, use, _member_codes(c, {r: 0 for r, h in rank_host.items() if h in hosts}), 1)[0]
+
+
+def _per_host_aggregates(c: Collectives, rank_host: Mapping[int, str], use: np.ndarray, hosts: Sequence[str]
+                         ) -> dict[str, dict[str, np.ndarray]]:
+    """:func:`_host_aggregates` of each host of `hosts` alone, in one pass over the members (a pass per host sorted
+    every member again: hosts x members)."""
+    code = {h: i for i, h in enumerate(hosts)}
+    of_rank = {r: code[h] for r, h in rank_host.items() if h in code}
+    return dict(zip(hosts, _aggregates(c, use, _member_codes(c, of_rank), len(hosts))))
+
+
+def _member_codes(c: Collectives, code_of_rank: Mapping[int, int]) -> np.ndarray:
+    """Per member: its rank's code (−1: none)."""
     m = c.members
     ranks_u = np.unique(m["rank"])
-    on = np.array([rank_host.get(int(r)) in hosts for r in ranks_u], dtype=bool)
-    sel = on[np.searchsorted(ranks_u, m["rank"])] & use[m["inst"]]
-    inst = m["inst"][sel]
+    of = np.array([code_of_rank.get(int(r), -1) for r in ranks_u], dtype=np.int64)
+    return of[np.searchsorted(ranks_u, m["rank"])] if len(m["rank"]) else np.zeros(0, np.int64)
+
+
+def _aggregates(c: Collectives, use: np.ndarray, codes: np.ndarray, n_codes: int) -> list[dict[str, np.ndarray]]:
+    """Per code 0..n_codes−1, per used instance where members have that code: their latest start, earliest end and
+    median end, relative to the instance's raw ``end_min``."""
+    m = c.members
+    sel = (codes >= 0) & use[m["inst"]] if len(codes) else np.zeros(0, bool)
+    inst, code = m["inst"][sel], codes[sel]
     if len(inst) == 0:
         z = np.zeros(0)
-        return {"inst": np.zeros(0, np.int64), "window": np.zeros(0, np.int64), "start_max": z, "end_min": z,
-                "end_med": z}
+        return [{"inst": np.zeros(0, np.int64), "window": np.zeros(0, np.int64), "start_max": z, "end_min": z,
+                 "end_med": z} for _ in range(n_codes)]
     base = c.instances["end_min"][inst]
     s_rel = (m["start_ns"][sel] - base).astype(np.float64)
     e_rel = (m["end_ns"][sel] - base).astype(np.float64)
-    order = np.lexsort((e_rel, inst))
-    inst, s_rel, e_rel = inst[order], s_rel[order], e_rel[order]
-    first = np.flatnonzero(np.r_[True, inst[1:] != inst[:-1]])
+    order = np.lexsort((e_rel, inst, code))
+    inst, code, s_rel, e_rel = inst[order], code[order], s_rel[order], e_rel[order]
+    first = np.flatnonzero(np.r_[True, (inst[1:] != inst[:-1]) | (code[1:] != code[:-1])])
     cnt = np.diff(np.r_[first, len(inst)])
     med = (e_rel[first + (cnt - 1) // 2] + e_rel[first + cnt // 2]) / 2.0  # sorted runs: middle one or two
     ids = inst[first]
-    return {"inst": ids, "window": c.instances["window"][ids].astype(np.int64),
-            "start_max": np.maximum.reduceat(s_rel, first), "end_min": e_rel[first], "end_med": med}
+    start_max, end_min = np.maximum.reduceat(s_rel, first), e_rel[first]
+    window = c.instances["window"][ids].astype(np.int64)
+    bounds = np.searchsorted(code[first], np.arange(n_codes + 1))
+    return [{"inst": ids[lo:hi], "window": window[lo:hi], "start_max": start_max[lo:hi], "end_min": end_min[lo:hi],
+             "end_med": med[lo:hi]} for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 
 
 #: Floor of the uncertainty of a collective-based window offset (ns).
@@ -588,12 +614,11 @@ def _window_offsets(h: str, d: np.ndarray, lower: np.ndarray, upper: np.ndarray,
     return w_ids, np.asarray(t_w, np.int64), np.asarray(o_w), np.asarray(u_w)
 
 
-def _align_host_by_collectives(model: ClockModel, h: str, a: Collectives, use: np.ndarray,
+def _align_host_by_collectives(model: ClockModel, h: str, a: Collectives, h_agg: dict[str, np.ndarray],
                                r_agg: dict[str, np.ndarray], ranks: list[int], drift_prior_ppm: float,
                                empty_windows: list[str]) -> None:
-    """Host `h`'s segments, fallback line and HostClock in `model` from the instances (`a`, the anchors' aggregates
-    `r_agg`) it shares with the anchors; method "none" and a warning when it shares none."""
-    h_agg = _host_aggregates(a, model.rank_host, use, {h})
+    """Host `h`'s segments, fallback line and HostClock in `model` from the instances (`a`; its own aggregates
+    `h_agg`, the anchors' `r_agg`) it shares with the anchors; method "none" and a warning when it shares none."""
     common, i_r, i_h = np.intersect1d(r_agg["inst"], h_agg["inst"], return_indices=True)
     if len(common) == 0:
         model.hosts[h] = HostClock(host=h, offset_ns=0.0, method="none", ranks=ranks)
@@ -642,8 +667,9 @@ def _from_collectives(model: ClockModel, hosts: list[str], host_ranks, c: Collec
     a = realign(c, model.align)
     r_agg = _host_aggregates(a, model.rank_host, use, anchors)
     empty_windows: list[str] = []
+    per_host = _per_host_aggregates(a, model.rank_host, use, hosts)
     for h in hosts:
-        _align_host_by_collectives(model, h, a, use, r_agg, host_ranks[h], drift_prior_ppm, empty_windows)
+        _align_host_by_collectives(model, h, a, per_host[h], r_agg, host_ranks[h], drift_prior_ppm, empty_windows)
     aligned = [h for h in hosts if model.hosts[h].method == "collectives"]
     if aligned:
         model.warnings.append(
