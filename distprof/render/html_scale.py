@@ -118,8 +118,11 @@ def _box_stats(name: str, v: np.ndarray, r: list[int], color: str, hover: str, e
 def _groups(report: Report, ranks: list[int]) -> tuple[list[str], Callable[[int], int]]:
     """Rows for rank aggregates: hosts when there are at most HEATMAP_ROWS of them, else blocks of ranks."""
     hosts_of = {int(k): str(v) for k, v in report.run.hosts.items()}
-    hosts = sorted({hosts_of.get(r, "?") for r in ranks}, key=lambda h: min(r for r in ranks if hosts_of.get(r) == h)
-                   if any(hosts_of.get(r) == h for r in ranks) else 0)
+    first_rank: dict[str | None, int] = {}  # each host's lowest rank, in one pass (a pass per host: hosts x ranks)
+    for r in ranks:
+        h = hosts_of.get(r)
+        first_rank[h] = min(r, first_rank.get(h, r))
+    hosts = sorted({hosts_of.get(r, "?") for r in ranks}, key=lambda h: first_rank.get(h, 0))
     if 1 < len(hosts) <= HEATMAP_ROWS:
         pos = {h: i for i, h in enumerate(hosts)}
         return [_pl(h) for h in hosts], lambda r: pos[hosts_of.get(r, "?")]

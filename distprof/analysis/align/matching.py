@@ -280,10 +280,25 @@ def _ranks_by_window(rows: Table, ranks_by_window) -> dict[int, np.ndarray]:
     return {int(ws[g[0]]): rs[g] for g in np.split(np.arange(len(key)), bounds) if len(g)}
 
 
-def _group_members(pg: int, rank, pgs, group_ranks) -> np.ndarray:
+def _group_members(pg: int, seen: dict[int, np.ndarray], group_ranks) -> np.ndarray:
+    """The group's ranks: as the run declares them, else those seen in it (`seen`: :func:`_ranks_seen`)."""
     if group_ranks is not None and pg in group_ranks and len(group_ranks[pg]):
         return np.unique(np.asarray(list(group_ranks[pg]), dtype=np.int64))
-    return np.unique(rank[pgs == pg]).astype(np.int64)
+    return seen.get(pg, np.zeros(0, np.int64))
+
+
+def _ranks_seen(rank: np.ndarray, pgs: np.ndarray) -> dict[int, np.ndarray]:
+    """pg -> the ranks seen in it, sorted, from one sort of the (pg, rank) pairs (not a pass per group)."""
+    if not len(rank):
+        return {}
+    pg, r = np.asarray(pgs, np.int64), np.asarray(rank, np.int64)
+    o = np.lexsort((r, pg))
+    pg, r = pg[o], r[o]
+    new = np.r_[True, (pg[1:] != pg[:-1]) | (r[1:] != r[:-1])]
+    pg, r = pg[new], r[new]
+    starts = np.flatnonzero(np.r_[True, pg[1:] != pg[:-1]])
+    ends = np.r_[starts[1:], pg.size]
+    return {int(pg[a]): r[a:b] for a, b in zip(starts.tolist(), ends.tolist())}
 
 
 def _n_common(a: np.ndarray, b: np.ndarray) -> int:
@@ -302,6 +317,7 @@ def _expected_counts(i_pg, i_win, rank, pg, window, rows, group_ranks, ranks_by_
     pw = i_pg.astype(np.int64) * (1 << 32) + i_win.astype(np.int64)
     keys, inverse = np.unique(pw, return_inverse=True)
     members: dict[int, np.ndarray] = {}
+    seen: dict[int, np.ndarray] | None = None
     counts = np.zeros(keys.size, dtype=np.int64)
     for k, key in enumerate(keys.tolist()):
         p, w = key >> 32, key & 0xFFFFFFFF
@@ -309,7 +325,9 @@ def _expected_counts(i_pg, i_win, rank, pg, window, rows, group_ranks, ranks_by_
             w -= 1 << 32
         mem = members.get(p)
         if mem is None:
-            mem = members[p] = _group_members(p, rank, pg, group_ranks)
+            if seen is None and not (group_ranks is not None and len(group_ranks.get(p, ()))):
+                seen = _ranks_seen(rank, pg)
+            mem = members[p] = _group_members(p, seen or {}, group_ranks)
         have = rbw.get(w)
         counts[k] = _n_common(mem, have) if have is not None else len(mem)
     return counts[inverse.reshape(-1)]
@@ -358,7 +376,9 @@ def _incomplete_reports(c: Collectives, group_ranks, ranks_by_window, rows, name
         sl = slice(int(ins["first"][i]), int(ins["first"][i] + ins["count"][i]))
         seen = np.unique(m["rank"][sl]).astype(np.int64)
         p, w = int(ins["pg"][i]), int(ins["window"][i])
-        mem = _group_members(p, m["rank"], m["pg"], group_ranks)
+        declared = group_ranks is not None and len(group_ranks.get(p, ()))
+        mem = _group_members(p, {} if declared else {p: np.unique(m["rank"][m["pg"] == p]).astype(np.int64)},
+                             group_ranks)
         have = rbw.get(w)
         exp = np.intersect1d(mem, have) if have is not None else mem
         missing = np.setdiff1d(exp, seen).tolist()

@@ -76,7 +76,8 @@ def comm_table(run: RunSummary) -> list[CommRow]:
     exposed = np.asarray(rows.get("exposed_ns", np.zeros(keep.size)), np.float64)[keep] / NS_PER_MS
     nbytes = np.asarray(rows["bytes"], np.int64)[keep]
     st = run.steps
-    steps_of = {int(r): int(np.count_nonzero(np.asarray(st["rank"]) == r)) for r in np.unique(rank).tolist()}
+    have, n_steps = np.unique(np.asarray(st["rank"], np.int64), return_counts=True)  # one pass, not one per rank
+    steps_of = dict(zip(have.tolist(), n_steps.tolist()))
     names, kinds = _kind_of_rows(pg, lambda g: kind_of.get(g, f"group {g}" if g >= 0 else "unknown group"))
     last = _last_arrivers(run, keep)
     out = []
