@@ -262,7 +262,7 @@ def test_shard_round_trip_with_strings_and_snapshot_file(tmp_path):
     path = tmp_path / "rank00000.w0000.h5"
     write_shard(path, tables, strings, attrs, codec="gzip")
     s = read_shard(path)
-    assert s.attrs["schema_version"] == schema.SCHEMA_VERSION == "2.0"
+    assert s.attrs["schema_version"] == schema.SCHEMA_VERSION == "2.1"
     assert s.memory_snapshot_path() == snap_path
     got = s.table("cuda_memory")
     assert np.array_equal(got["alloc_peak_bytes"], summ.tables["cuda_memory"]["alloc_peak_bytes"])

@@ -226,3 +226,32 @@ def test_load_json_refuses_in_one_line(text):
 
     with pytest.raises(safefs.BadJSON):
         safefs.load_json(text, "shard.h5")
+
+
+def test_group_ranks_stored_as_ranges_read_back_as_lists(tmp_path):
+    """2.1: a group whose ranks form a range is stored as [start, stop, step] (every shard lists the world group: at
+    16,384 ranks its list was 118 kB of each shard's attributes); a reader gets the same lists back, one shared
+    list per range; short and unordered lists stay lists."""
+    import json
+
+    from distprof.storage.group_ranks import range_of
+
+    ws = 64
+    groups = [{"index": 0, "name": "0", "desc": "default_pg", "ranks": list(range(ws))},
+              {"index": 1, "name": "1", "desc": "mesh_dp", "ranks": list(range(3, ws, 8))},  # 8 ranks: a list
+              {"index": 2, "name": "2", "desc": "mesh_tp", "ranks": list(range(16, 48, 2))},
+              {"index": 3, "name": "3", "desc": "odd", "ranks": list(range(ws - 1, 20, -1))}]  # decreasing
+    paths = []
+    for rank in (3, 16):
+        p = tmp_path / schema.SHARD_TEMPLATE.format(rank=rank, window=0)
+        write_shard(p, _tables(100), ["a"], _attrs(rank=rank, world_size=ws, process_groups=groups))
+        paths.append(p)
+    with h5py.File(paths[0]) as f:
+        stored = json.loads(json.loads(f.attrs["attributes"])["process_groups"])
+    assert [("ranks" in g, g.get("ranks_range")) for g in stored] == [
+        (False, [0, ws, 1]), (True, None), (False, [16, 47, 2]), (True, None)]
+    a, b = (check_shard(p).attrs["process_groups"] for p in paths)
+    assert a == b == groups and a is not groups
+    assert a[0]["ranks"] is b[0]["ranks"]  # one list for every shard with that range
+    assert range_of(list(range(5, 200, 7))) == [5, 195, 7] and range_of([0, 1, 2, 4] * 5) is None
+    assert range_of([True] * 20) is None and range_of(list(range(10))) is None

@@ -9,10 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 FORMAT_NAME = "distprof-shard"
-SCHEMA_VERSION = "2.0"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties;
+SCHEMA_VERSION = "2.1"  # 1.1: optional cuda_memory tables (--memory-history), threads.device, device_properties;
 # 1.2: comms.peer, comms.p2p_seq; 1.3: steps.cpu_run_ns, cpu_wait_ns, cpu_wait_opt_ns; 1.4: optional cpu/samples;
 # 1.5: steps.page_faults; 2.0: each table is one compound dataset (a field per column), not a group of column
-# datasets -- HDF5 spends ~340 bytes of metadata on every dataset, 54 of them per shard (readers still read 1.x)
+# datasets -- HDF5 spends ~340 bytes of metadata on every dataset, 54 of them per shard (readers still read 1.x);
+# 2.1: a process group's ranks as "ranks_range": [start, stop, step] where they form one (storage.group_ranks)
 SCHEMA_MAJOR = 2
 
 #: One file per rank per finished window; a crash loses at most the window in flight.

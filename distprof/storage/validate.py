@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import BadShardError
 from . import safefs, schema
+from .group_ranks import RANGE_KEY
 from .h5file import H5_ERRORS, h5_message, open_h5
 from .layout import FIX, MAX_CHUNK_ROWS, REQUIRED_GROUPS, check_layout  # noqa: F401 -- re-exported
 from .shard import ImageShard, Shard
@@ -251,9 +252,13 @@ def _check_process_groups(path, pgs: list | None, ws: int) -> None:
             raise BadShardError(path, f"attribute 'process_groups': entry {i} has index {_show(idx)} (need a "
                                       f"distinct integer 0..{MAX_PG_INDEX - 1}); {_FIX}")
         seen.add(idx)
-        ranks = g.get("ranks")
-        if ranks is not None:
-            g["ranks"] = _checked_ranks(path, i, ranks, ws)
+        if RANGE_KEY in g:  # 2.1: the ranks as a range; read back as the list they stand for
+            if "ranks" in g:
+                raise BadShardError(path, f"attribute 'process_groups': entry {i} has both 'ranks' and "
+                                          f"{RANGE_KEY!r}; {_FIX}")
+            g["ranks"] = _ranks_of_range(path, i, g.pop(RANGE_KEY), ws)
+        elif g.get("ranks") is not None:
+            g["ranks"] = _checked_ranks(path, i, g["ranks"], ws)
         for key in ("name", "desc", "backend"):
             if isinstance(g.get(key), (dict, list)):
                 raise BadShardError(path, f"attribute 'process_groups': entry {i} {key!r} is {_show(g[key])}; {_FIX}")
@@ -285,6 +290,22 @@ def _checked_ranks(path, i: int, ranks: Any, ws: int) -> list[int]:
             _RANKS.clear()
         _RANKS[key] = ranks
     return ranks
+
+
+def _ranks_of_range(path, i: int, rng: Any, ws: int) -> list[int]:
+    """The ranks a group's ``ranks_range`` [start, stop, step] stands for, checked (0 <= start, stop <= the world
+    size, step >= 1), as one list shared by every shard with the same range."""
+    if not (isinstance(rng, list) and len(rng) == 3 and all(_is_int(x) for x in rng) and 0 <= rng[0] <= rng[1] <= ws
+            and rng[2] >= 1):
+        raise BadShardError(path, f"attribute 'process_groups': entry {i} {RANGE_KEY!r} is {_show(rng)}, not "
+                                  f"[start, stop, step] with 0 <= start <= stop <= {ws} and step >= 1; {_FIX}")
+    key = (("range", *rng), ws)
+    shared = _RANKS.get(key)
+    if shared is None:
+        if len(_RANKS) >= _RANKS_KEPT:
+            _RANKS.clear()
+        shared = _RANKS[key] = list(range(*rng))
+    return shared
 
 
 def pg_indices(attrs: Mapping[str, Any]) -> set[int]:

@@ -27,6 +27,7 @@ import h5py
 import numpy as np
 
 from . import safefs, schema
+from .group_ranks import compact_groups
 from .summary_group import BLOB, COMPRESS_MIN, SUMMARY_GROUP, StoredSummary, Summarizer, pack
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,10 @@ def _storable(name: str) -> str:
 
 
 def _attr_value(key: str, value: Any) -> Any:
-    """An attribute's value as a 1.x shard held it: JSON text for the JSON attributes, "" for None."""
+    """An attribute's value as a 1.x shard held it: JSON text for the JSON attributes, "" for None; the process
+    groups' ranks as ranges where they are one (``group_ranks``, 2.1)."""
+    if key == "process_groups":
+        value = compact_groups(value)
     if key in schema.JSON_ATTRS or isinstance(value, (dict, list, tuple)):
         return json.dumps(value, default=str)
     if value is None:
