@@ -79,18 +79,27 @@ def test_settle_freezes_what_lives_and_collects_what_died():
     from distprof.analysis.summarize.heap import long_lived, settle
 
     gc.collect()
-    settle()  # outside long_lived: nothing frozen (a library leaves its caller's objects alone)
+    settle(force=True)  # outside long_lived: nothing frozen (a library leaves its caller's objects alone)
     assert gc.get_freeze_count() == 0
     with long_lived():
         dead, alive = _Node(), _Node()
         dead_ref, alive_ref = weakref.ref(dead), weakref.ref(alive)
         del dead
-        settle()
+        settle(force=True)
         assert dead_ref() is None  # garbage is collected before anything is frozen
         assert gc.get_freeze_count() > 0
         with long_lived():  # nested: the outer one unfreezes
             pass
         assert gc.get_freeze_count() > 0
+        from distprof.analysis.summarize.heap import SETTLE_EVERY
+
+        before = gc.get_freeze_count()
+        more = [_Node() for _ in range(3)]
+        for _ in range(SETTLE_EVERY - 1):
+            settle()  # per item: once in SETTLE_EVERY calls
+        for _ in range(SETTLE_EVERY):
+            settle()
+        assert gc.get_freeze_count() > before and len(more) == 3
         del alive
         gc.collect()
         assert alive_ref() is not None  # frozen: the collector's passes skip it ...
@@ -103,6 +112,6 @@ def test_long_lived_unfreezes_on_error():
     from distprof.analysis.summarize.heap import long_lived, settle
 
     with pytest.raises(RuntimeError), long_lived():
-        settle()
+        settle(force=True)
         raise RuntimeError("the report failed")
     assert gc.get_freeze_count() == 0

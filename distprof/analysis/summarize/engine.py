@@ -163,13 +163,13 @@ def summarize(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = Non
     summarise the events."""
     if comm is None or comm.Get_size() <= 1:
         cat = scan_run(run_dir, steps=steps, progress=progress, strict=strict, defer_layout=stored and steps is None)
-        settle()
+        settle(force=True)
         out = summarize_catalog(cat, progress=progress, rules=rules, stored=stored)
     else:
         out = _summarize_mpi(comm, run_dir, steps=steps, progress=progress, rules=rules, strict=strict,
                              stored=stored)
     release_free_heap()  # the per-rank tables the join replaced, freed: back to the OS before the cross-rank phase
-    settle()  # the run summary lives through the report
+    settle(force=True)  # the run summary lives through the report
     return out
 
 
@@ -245,7 +245,7 @@ def _check_shards_mpi(comm, run_dir, *, progress, defer_layout: bool = False) ->
     answers = comm.gather(checked, root=0)
     if me != 0:
         return None
-    settle()
+    settle(force=True)
     by_path = {}
     for k, part in enumerate(answers):
         for p, a in zip(paths[k::size], part):
@@ -318,7 +318,7 @@ def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False, store
     if me == 0:
         try:
             cat = scan_run(run_dir, steps=steps, progress=progress, strict=strict, check=checked)
-            settle()
+            settle(force=True)
         except Exception as e:  # noqa: BLE001 -- every process must hear about it, or they would wait forever
             failure = e
     cat, failed = comm.bcast((cat, failure is not None) if me == 0 else None, root=0)
