@@ -185,7 +185,11 @@ def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
         assert np.isfinite(est).all() and (est >= 0).all() and (est <= wall + slack + 1e6).all(), (est, wall, slack)
         o = np.argsort(st["start_ns"])[1:]
         total, marks = float(est[o].sum()), float(st["cpu_wait_ns"][o].sum())
-        assert abs(total - marks) <= 0.2 * marks + 40e6, (est, st["cpu_wait_ns"])
+        # the steps are back to back, so inside the range the interpolation errors cancel; at its two outer ends they
+        # do not: the window's last step ends just before the trace stops, and under this load that stop waits for a
+        # CPU for tens of ms inside the same sample interval (spread evenly, part of it lands before the step's end)
+        ends = float(_interval_wait(t, w, st["start_ns"][o[:1]])[0] + _interval_wait(t, w, st["end_ns"][o[-1:]])[0])
+        assert abs(total - marks) <= 0.2 * marks + ends + 40e6, (est, st["cpu_wait_ns"], ends)
     import distprof
     from distprof.analysis.graph import whatif
     from distprof.analysis.report.build import build_report
