@@ -442,8 +442,30 @@ def test_a_rank_that_starts_sleeping_drifts_in_every_job_style(tmp_path, style):
     # from the step it began (a loaded machine's noise can break the first runs of 8 steps), and not before
     assert STYLE_FROM - 2 <= d["first_step"] <= STYLE_FROM + 25, (d, seen)
     assert d["state"] == "done", d  # the window was recorded ...
+    from distprof.capture import trigger_files as tf
+
+    a = tf.read_answer(run_dir / tf.ANSWER_NAME)
+    assert (a.request_id, a.state) == (d["request_id"], "done"), (a, d)  # ... as the trigger answered
     shards = find_shards(run_dir)
     assert len(shards) == nproc and all(read_shard(p).attrs["window"] == d["window"] for p in shards)
+
+
+@pytest.mark.slow
+def test_a_drift_the_job_ends_before_recording_says_so(tmp_path):
+    """The drift starts 14 steps before the job's end: its window (placed a lead of steps ahead) cannot be recorded.
+    watch/drifts.json gives the trigger's final answer to its request — written after the trigger's close, where a
+    window recorded or cut at the job's end is answered — never a state the job left behind ("asked", "scheduled")."""
+    from distprof.capture import trigger_files as tf
+
+    run_dir, _ = _style_run(tmp_path, "ddp-one-bucket", 1, STYLE_FROM + 14)
+    drifts = wf.read_drifts(run_dir)
+    assert [d["rank"] for d in drifts] == [1], drifts
+    d = drifts[0]
+    assert d["state"] == "cut" and "job ended" in d["message"], d
+    answer = run_dir / tf.ANSWER_NAME
+    if answer.exists():  # the request was placed: its answer and the drift's state are the same
+        a = tf.read_answer(answer)
+        assert a.request_id == d["request_id"] and a.state == d["state"], (a, d)
 
 
 @pytest.mark.slow

@@ -298,6 +298,8 @@ class RankProfiler:
             if self._trigger is not None:
                 left = self._time_left()
                 self._trigger.close(**({} if left is None else {"timeout_s": max(0.0, min(5.0, left - 1.0))}))
+            if self._watch is not None:
+                self._watch.settle_drifts()  # the trigger's final answers to the watch's requests
             left = self._time_left()
             # after a signal every rank is going: the reference does not wait for the leaders' goodbyes
             self._clock.close(None if left is None else min(0.1, left))

@@ -305,6 +305,24 @@ class Watch:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def settle_drifts(self) -> None:
+        """Rank 0, after the trigger closed (its final answers given): watch/drifts.json once more. The watch's own
+        last write comes before the trigger's close, and a window recorded near the job's end is answered "done" (or
+        "cut") only there. A request the job ended before placing is never answered: it is "cut". Never raises."""
+        if self._failed or self._rank != 0:
+            return
+        with self._lock:
+            for d in self._drifts:
+                if d.get("state") == "asked":
+                    d.update(state="cut", message="the job ended before rank 0 placed a window for this drift")
+                    self._drifts_dirty = True
+        try:
+            self._write_drifts()
+        except OSError as e:
+            self._spell.failed(e)
+        except Exception as e:  # noqa: BLE001 -- one warning; the job's close goes on
+            self._fail(e)
+
     def _fail(self, e: BaseException) -> None:
         if not self._failed:
             self._failed = True
