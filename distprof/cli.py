@@ -74,9 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = get_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
-    from .analysis.summarize.heap import small_pages  # no numpy import: --help above stays light
+    from .analysis.summarize.heap import keep_freed_memory, small_pages  # no numpy import: --help stays light
 
     small_pages()
+    keep_freed_memory()
     try:
         return int(args.func(args) or 0)
     except DistprofError as e:

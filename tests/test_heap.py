@@ -4,11 +4,15 @@ summarising many ranks."""
 from __future__ import annotations
 
 import gc
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from distprof.analysis.summarize import heap
 from distprof.analysis.summarize.heap import _malloc_trim, release_free_heap
 
 
@@ -115,3 +119,57 @@ def test_long_lived_unfreezes_on_error():
         settle(force=True)
         raise RuntimeError("the report failed")
     assert gc.get_freeze_count() == 0
+
+
+# ---- glibc keeps what the report frees ------------------------------------------------------------------------------
+_REFAULT_PROBE = """
+import resource, sys
+import numpy as np
+from distprof.analysis.summarize.heap import keep_freed_memory, small_pages
+small_pages()  # as the command line runs: 4 kB pages, one fault each
+applied = keep_freed_memory() if sys.argv[1] == "keep" else False
+a = np.ones(16 << 17)  # 16 MB: the first array of its size, as a report phase makes them
+del a
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+b = np.ones(16 << 17)  # the next phase's array of the same size
+print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _refaults(mode: str, **env: str) -> tuple[bool, int]:
+    e = {k: v for k, v in os.environ.items() if k not in heap.MALLOC_ENV}
+    out = subprocess.run([sys.executable, "-c", _REFAULT_PROBE, mode], capture_output=True, text=True, timeout=120,
+                         env={**e, **env}, check=True)
+    applied, faults = out.stdout.split()
+    return applied == "True", int(faults)
+
+
+glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(os, "confstr")
+                                or "glibc" not in (os.confstr("CS_GNU_LIBC_VERSION") or "").lower(),
+                                reason="glibc's allocator only")
+
+
+@glibc_only
+def test_freed_arrays_are_reused_without_page_faults():
+    """A 16 MB array freed and made again: by default glibc unmapped the first and faults every page of the second
+    in (4,096 faults); kept, the second reuses the first's pages."""
+    applied, kept = _refaults("keep")
+    _, default = _refaults("default")
+    assert applied and kept < 1000 < 3000 < default, (kept, default)
+
+
+@glibc_only
+def test_the_users_allocator_settings_are_left_alone():
+    applied, faults = _refaults("keep", MALLOC_ARENA_MAX="2")
+    assert not applied and faults > 3000
+
+
+@glibc_only
+def test_the_command_line_keeps_freed_memory():
+    code = ("import contextlib, io, resource\nimport numpy as np\nfrom distprof.cli import main\n"
+            "with contextlib.redirect_stderr(io.StringIO()):\n    main(['report', '/nonexistent/run'])\n"
+            "a = np.ones(16 << 17)\ndel a\nbefore = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "b = np.ones(16 << 17)\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)")
+    e = {k: v for k, v in os.environ.items() if k not in heap.MALLOC_ENV}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=e, check=True)
+    assert int(out.stdout.split()[-1]) < 1000, out.stdout
