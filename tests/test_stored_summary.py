@@ -14,6 +14,7 @@ import math
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import h5py
@@ -360,3 +361,23 @@ def test_a_shard_whose_map_has_something_to_say_stores_no_summary(tmp_path, capl
     with caplog.at_level(logging.WARNING):
         summarize(tmp_path / "run", progress=False)
     assert any("no main thread" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("value, hint, fits", [
+    (3, int, True), (np.int32(3), int, True), (True, int, False), (np.bool_(True), int, False), (3.0, int, False),
+    (3, float, True), (np.float32(1.5), float, True), (False, float, False), ("3", float, False),
+    (np.bool_(False), bool, True), (0, bool, False), (None, type(None), True), (0, type(None), False),
+    (None, int | None, True), (2, int | None, True), ("x", int | None, False),
+    (["a", "b"], list[str], True), (["a", 1], list[str], False), ((1, 2), list[int], False),
+    ([1, np.int64(2)], list[int], True), ([1, 2.5], list[int], False),
+    ((1, "a"), tuple[int, str], True), ((1, 2), tuple[int, str], False), ((1,), tuple[int, str], False),
+    ((1, 2, 3), tuple[int, ...], True), ((1, "a"), tuple[int, ...], False), ([1], tuple[int, ...], False),
+    ({1: 2.0}, dict[int, float], True), ({"a": 2.0}, dict[int, float], False), ({1: "x"}, dict[int, float], False),
+    ({}, dict[int, list[int]], True), ({1: [1, "x"]}, dict[int, list[int]], False),
+    (np.zeros(2), np.ndarray, True), ([0.0], np.ndarray, False), ("anything", typing.Any, True),
+])
+def test_a_stored_value_is_checked_against_its_field_type(value, hint, fits):
+    from distprof.analysis.rank.stored import _fits
+
+    assert _fits(value, hint) is fits
+    assert _fits(value, hint) is fits  # the second time from the checker made the first time
