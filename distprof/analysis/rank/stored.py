@@ -196,11 +196,7 @@ def _build(cls: type, values: dict[str, Any]) -> Any:
 
 def _fits(v: Any, hint: Any) -> bool:
     """Whether `v` has the shape of type hint `hint` (numbers: numpy's count; unknown hints: anything)."""
-    try:
-        check = _checker(hint)
-    except TypeError:  # a hint that cannot be a cache key: made for this value alone
-        check = _checker.__wrapped__(hint)
-    return check(v)
+    return _checker(hint)(v)
 
 
 def _never_bool(v: Any) -> bool:

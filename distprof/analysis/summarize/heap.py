@@ -43,20 +43,26 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
+from typing import Any
 
 __all__ = ["keep_freed_memory", "long_lived", "release_free_heap", "settle", "small_pages"]
 
 
 @cache
-def _malloc_trim():
+def _glibc(name: str, *argtypes: type) -> Any:
+    """glibc's function `name` (returning an int), or None elsewhere (musl and others have neither call used here)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        trim = ctypes.CDLL(None).malloc_trim  # glibc; musl and others have none
+        fn = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
+    return fn
+
+
+def _malloc_trim():
+    return _glibc("malloc_trim", ctypes.c_size_t)
 
 
 def release_free_heap() -> None:
@@ -102,13 +108,9 @@ MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PA
 def keep_freed_memory() -> bool:
     """Have glibc reuse the memory the report frees instead of unmapping it (see the module docstring); True when
     set, False elsewhere than glibc or when the user tunes the allocator."""
-    if any(k in os.environ for k in MALLOC_ENV) or not sys.platform.startswith("linux"):
+    mallopt = _glibc("mallopt", ctypes.c_int, ctypes.c_int)
+    if mallopt is None or any(k in os.environ for k in MALLOC_ENV):
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # the mmap threshold first: setting either stops glibc moving them itself
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
