@@ -13,11 +13,18 @@ Styles (where the delay sits follows where each style's real-world delays sit):
 * ``callbacks`` — a framework-style loop (a Trainer with ``on_step_begin`` / ``on_step_end`` callbacks, batches from
   an iterator, the model in DDP); the delay is an ``on_step_begin`` callback, before the forward — where DataLoader
   waits and host-side preprocessing sit.
+
+``--sleep-log PREFIX`` writes, step by step, to ``PREFIX.rank<N>.json``: ``slept_ms``, the rank's time in its sleeps
+(the slow rank's minus the others' is the delay it really took: ``time.sleep`` overshoots by the host's timer slack
+and wake-up latency), and ``sync_ns``, when (``time.monotonic_ns``, one clock for every process of a host) it
+reached the step's first synchronisation — done with what comes before the first collective: the slow rank's
+minus the others' is how late it really was, measured by the job itself, without the profiler.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
@@ -34,6 +41,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-ms", type=_delays, default=[0.0],
                    help="extra ms per step on --slow-rank; a comma-separated list is cycled step by step")
     p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--sleep-log", metavar="PREFIX", help="write the ms this rank slept per step to PREFIX.rank<N>.json")
     return p.parse_args()
 
 
@@ -53,9 +61,22 @@ class Delays:
         return self.ms[(self.i - 1) % len(self.ms)]
 
 
+#: ns this rank has spent in sleep_ms (device time and delays), for --sleep-log.
+SLEPT_NS = [0]
+#: time.monotonic_ns() when this rank last reached a step's first synchronisation (mark_sync), for --sleep-log.
+SYNC_NS = [0]
+
+
+def mark_sync() -> None:
+    """The rank is done with what comes before its step's first collective."""
+    SYNC_NS[0] = time.monotonic_ns()
+
+
 def sleep_ms(ms: float) -> None:
     if ms > 0:
+        t = time.perf_counter_ns()
         time.sleep(ms / 1e3)
+        SLEPT_NS[0] += time.perf_counter_ns() - t
 
 
 class Block(nn.Module):
@@ -81,6 +102,7 @@ def ddp_step(args, rank: int):
         opt.zero_grad(set_to_none=True)
         loss = model(x).square().mean()
         sleep_ms(args.device_ms + delays.next())  # the device's work (and the slow rank's delay) between forward and backward
+        mark_sync()  # the first bucket's all-reduce follows in backward
         loss.backward()
         opt.step()
     return step
@@ -101,6 +123,7 @@ def fsdp2_step(args, rank: int):
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         sleep_ms(delays.next())  # the slow rank's delay at the start of forward
+        mark_sync()  # the first block's all-gather
         model(x).square().mean().backward()
         opt.step()
     return step
@@ -116,7 +139,8 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_step_begin(self)
         x = next(self.batches)
-        loss = self.model(x).square().mean()
+        loss = self.model(x).square().mean()  # device time, no collective
+        mark_sync()  # the first bucket's all-reduce follows in backward
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -156,8 +180,15 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     step = {"ddp": ddp_step, "fsdp2": fsdp2_step, "callbacks": callbacks_step}[args.style](args, rank)
+    slept, sync = [], []
     for _ in range(args.steps):
+        before = SLEPT_NS[0]
         step()
+        slept.append((SLEPT_NS[0] - before) / 1e6)
+        sync.append(SYNC_NS[0])
+    if args.sleep_log:
+        with open(f"{args.sleep_log}.rank{rank}.json", "w") as f:
+            json.dump({"slept_ms": slept, "sync_ns": sync}, f)
     dist.barrier()
     dist.destroy_process_group()
 
