@@ -58,9 +58,26 @@ def union_ms(keys: tuple[np.ndarray, ...], lo: np.ndarray, hi: np.ndarray) -> tu
     t0 = int(lo.min())
     span = int(hi.max()) - t0 + 1
     o = np.lexsort((lo, kidx))
-    k, a, z = kidx[o], lo[o] - t0, hi[o] - t0
-    shifted = z + k * span  # a running max of the ends that restarts at each key
-    prev = np.r_[-1, np.maximum.accumulate(shifted)[:-1]] - k * span
+    k = kidx[o]
+    del kidx
+    # in place where it can be: these run over every waiting interval (1.3 M at 1,024 LLM-shaped ranks, 11 MB each)
+    ks = k * span
+    run_max = hi[o]
+    run_max -= t0
+    run_max += ks  # a running max of the ends that restarts at each key
+    np.maximum.accumulate(run_max, out=run_max)
+    prev = np.empty_like(run_max)
+    prev[0] = -1
+    np.subtract(run_max[:-1], ks[1:], out=prev[1:])
+    del run_max, ks
     prev[np.r_[True, k[1:] != k[:-1]]] = -1
-    covered = np.maximum(z - np.maximum(a, prev), 0)
+    a = lo[o]
+    a -= t0
+    np.maximum(a, prev, out=prev)  # where the interval's new cover starts
+    del a
+    covered = hi[o]
+    covered -= t0
+    covered -= prev
+    del prev, o
+    np.maximum(covered, 0, out=covered)
     return uk, np.bincount(k, weights=covered, minlength=len(uk[0])) / NS_PER_MS

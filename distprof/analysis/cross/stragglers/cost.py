@@ -21,16 +21,24 @@ NS_PER_MS = 1e6
 
 def cost_ms(t: Table, named_row: np.ndarray) -> np.ndarray:
     """Per instance row: how much later the rank arrived than the latest rank that is neither it nor named (ms)."""
-    inst, a = t["inst"], t["arrival_ns"] - t["arrival_ns"][t["pos"] == 0][t["inst"]]
+    inst, a = t["inst"], t["behind_first_ns"]  # arrival after the instance's first (rows sorted by arrival)
     n_inst = int(inst.max()) + 1
     ok = ~named_row
-    # rows are sorted by (inst, arrival): the latest and second-latest unnamed arrival per instance
+    # rows are sorted by (inst, arrival): the latest and second-latest unnamed arrival per instance. In place where
+    # it can be: these run over every instance row (1.39 M at 1,024 LLM-shaped ranks, 11 MB each)
     a_ok = np.where(ok, a, -1)
     top1 = np.full(n_inst, -1, np.int64)
     np.maximum.at(top1, inst, a_ok)
-    is_top = ok & (a == top1[inst])
+    ref = top1[inst]
+    is_top = ok & (a == ref)
     first_top = is_top & ~np.r_[False, is_top[1:] & is_top[:-1] & (inst[1:] == inst[:-1])]
+    del is_top
+    a_ok[first_top] = -1
     top2 = np.full(n_inst, -1, np.int64)
-    np.maximum.at(top2, inst, np.where(first_top, -1, a_ok))
-    ref = np.where(first_top, top2[inst], top1[inst])
-    return np.where(ref >= 0, np.maximum(a - ref, 0), 0) / NS_PER_MS
+    np.maximum.at(top2, inst, a_ok)
+    del a_ok
+    ref[first_top] = top2[inst[first_top]]
+    out = a - ref
+    np.maximum(out, 0, out=out)
+    out[ref < 0] = 0
+    return out / NS_PER_MS
