@@ -41,7 +41,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-ms", type=_delays, default=[0.0],
                    help="extra ms per step on --slow-rank; a comma-separated list is cycled step by step")
     p.add_argument("--dim", type=int, default=32)
-    p.add_argument("--sleep-log", metavar="PREFIX", help="write the ms this rank slept per step to PREFIX.rank<N>.json")
+    p.add_argument("--sleep-log", metavar="PREFIX", help="write this rank's time asleep and when it reached the first collective, per step, "
+                                                     "to PREFIX.rank<N>.json")
     return p.parse_args()
 
 

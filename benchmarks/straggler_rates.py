@@ -43,6 +43,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "benchmarks" / "_straggler_job.py"
@@ -209,6 +210,12 @@ def rescore(bases: list[Path]) -> list[Outcome]:
     return out
 
 
+def _median_ratio(g: list[Outcome], value: Callable[[Outcome], float | None]) -> str:
+    """The median over the delayed runs `g` of `value` / the delay asked for ("-" without any value)."""
+    r = [v / o.delay_ms for o in g if not o.balanced and (v := value(o)) is not None]
+    return f"{statistics.median(r):.2f}" if r else "-"
+
+
 def table(outs: list[Outcome]) -> list[str]:
     """Markdown rows: per style and delay, the runs named right, the lateness against the delay, the load."""
     rows = ["| style | recorded steps | delay | step ms | runs right | lateness / delay (median) | "
@@ -221,14 +228,10 @@ def table(outs: list[Outcome]) -> list[str]:
         g = [o for o in outs if (o.style, o.active, o.delay_pct) == (style, active, pct)]
         right = sum(o.right for o in g)
         what = "balanced (none named)" if pct == 0 else f"{pct:g} % ({statistics.median(o.delay_ms for o in g):.1f} ms)"
-        ratios = [o.lateness_ms / o.delay_ms for o in g if not o.balanced and o.lateness_ms is not None]
-        ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
+        ratio = _median_ratio(g, lambda o: o.lateness_ms)
         within = f"{sum(o.lateness_ok for o in g)}/{len(g)}" if pct > 0 else "-"
-        def median_ratio(values: list[float | None]) -> str:
-            r = [v / o.delay_ms for v, o in zip(values, g) if not o.balanced and v is not None]
-            return f"{statistics.median(r):.2f}" if r else "-"
-        slept_ratio = median_ratio([o.slept_ms for o in g])
-        job_ratio = median_ratio([o.job_lateness_ms for o in g])
+        slept_ratio = _median_ratio(g, lambda o: o.slept_ms)
+        job_ratio = _median_ratio(g, lambda o: o.job_lateness_ms)
         within_job = f"{sum(o.lateness_ok_job for o in g)}/{len(g)}" if job_ratio != "-" else "-"
         loads = [o.load for o in g]
         rows.append(f"| {style} | {active} | {what} | {statistics.median(o.step_ms for o in g):.1f} | {right}/{len(g)} "

@@ -298,7 +298,7 @@ def step_graph(run: RunSummary) -> StepGraph:
     del o  # unsorted events, 117 MB, were held to the end of the build and set its peak)
     t0 = int(rs["start"].min()) if rs["start"].size else 0
     a = (e.pop("arrival") - t0).astype(np.float64)
-    z = np.maximum(e.pop("end") - t0, a).astype(np.float64)
+    z = np.maximum(e.pop("end") - t0, a)  # float64, as `a` is
     n = a.size
     new_rs = np.r_[True, ev_rs[1:] != ev_rs[:-1]] if n else np.zeros(0, bool)
     prev = np.where(new_rs, -1, np.arange(n) - 1)

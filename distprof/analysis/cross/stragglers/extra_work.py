@@ -81,7 +81,7 @@ def extra_work_ms(t: Table, cells_of_row: np.ndarray, sl: StepLateness) -> np.nd
     collective that gave it (``t["cpu_wait_before_ns"]``); NaN where any member's wait there is unknown."""
     w = t["cpu_wait_before_ns"] / NS_PER_MS
     if not np.isfinite(w).any():  # no CPU samples, or collectives on a device: unknown everywhere, and no copies of
-        return np.full(sl.lateness.size, np.nan)  # the instance rows (1,024 LLM-shaped GPU ranks: 109 MB)
+        return np.full(sl.lateness.size, np.nan)  # the instance rows (1,024 LLM-shaped GPU ranks: 97 MB)
     inst = t["inst"]
     bad = np.bincount(inst, weights=(~np.isfinite(w)).astype(float), minlength=int(inst.max()) + 1)[inst] > 0
     held = excess_by(inst, np.where(bad, 0.0, w))
