@@ -24,6 +24,7 @@ from ..types import RankSummary
 from .clock import ClockModel, drop_windows, estimate_clocks
 from .matching import Collectives, match_collectives, with_times
 from .p2p import P2PPairs, match_p2p
+from .rows import CPU_WAIT_AT, joined
 
 log = logging.getLogger(__name__)
 
@@ -32,30 +33,6 @@ from ..types import RunSummary
 __all__ = ["reduce_run", "join", "Joined", "aligned_collectives"]
 
 Table = dict[str, np.ndarray]
-
-
-def _collective_rows(parts: list[tuple[int, Table, np.ndarray]]) -> tuple[Table, np.ndarray]:
-    """Every rank's collective rows (rank, rows, op names) in one table, op names merged into one sorted table."""
-    names = np.unique(np.concatenate([np.asarray(n, dtype=object) for _, _, n in parts]
-                                     + [np.zeros(0, dtype=object)]))
-    out = []
-    for rank, c, ops_names in parts:
-        lut = (np.searchsorted(names, np.asarray(ops_names, dtype=object)).astype(np.uint32) if len(ops_names)
-               else np.zeros(0, np.uint32))
-        out.append({"rank": np.full(c["seq"].size, rank, np.int32), "window": c["window"], "pg": c["pg"],
-                    "seq": c["seq"], "nccl_seq": c.get("nccl_seq", np.full(c["seq"].size, -1, np.int64)),
-                    "op_id": lut[c["op"]] if c["op"].size else np.zeros(0, np.uint32),
-                    "bytes": c["bytes"], "start_ns": c["start_ns"], "end_ns": c["end_ns"], "step": c["step"],
-                    "ev_row": c["ev_row"],
-                    "exposed_ns": c.get("exposed_ns", np.zeros(c["seq"].size, np.int64)),
-                    **{k: c.get(k, np.full(c["seq"].size, np.nan)) for k in CPU_WAIT_AT}})
-    if not out:
-        z = np.zeros(0, np.int64)
-        return {"rank": z.astype(np.int32), "window": z.astype(np.int32), "pg": z.astype(np.int32),
-                "seq": z.astype(np.int32), "nccl_seq": z, "op_id": z.astype(np.uint32), "bytes": z, "start_ns": z,
-                "end_ns": z,
-                "step": z, "ev_row": z, "exposed_ns": z, **{k: np.zeros(0) for k in CPU_WAIT_AT}}, names.astype(object)
-    return {k: np.concatenate([p[k] for p in out]) for k in out[0]}, names.astype(object)
 
 
 def _unknown_group(cat: RunCatalog, rows: Table) -> str:
@@ -88,14 +65,14 @@ class Joined:
     warnings: list[str]
 
 
-def join(cat: RunCatalog, parts: list[tuple[int, Table, np.ndarray]],
-         samples: dict[tuple[int, int], Table], *, model: ClockModel | None = None) -> Joined:
+def join(cat: RunCatalog, rows: Table, names: np.ndarray, samples: dict[tuple[int, int], Table], *,
+         model: ClockModel | None = None) -> Joined:
     """Match the collectives (raw times), build the clock model, and the warnings both give (the catalog's first).
 
-    `parts`: per rank (rank, ``summary.collective_rows`` table, its op names); `samples`: every rank's clock samples.
-    `model`: a clock model to use instead of estimating one (times already aligned: the identity).
+    `rows`, `names`: every rank's collective rows joined (``rows.joined`` / ``RowsJoiner``), sorted by rank;
+    `samples`: every rank's clock samples. `model`: a clock model to use instead of estimating one (times already
+    aligned: the identity).
     """
-    rows, names = _collective_rows(sorted(parts, key=lambda p: p[0]))
     unknown = _unknown_group(cat, rows)
     matched = match_collectives(rows, names=names, group_ranks=cat.group_ranks() or None,
                                 ranks_by_window=cat.ranks_by_window())
@@ -118,10 +95,6 @@ def join(cat: RunCatalog, parts: list[tuple[int, Table, np.ndarray]],
         log.warning("%s", w)
     return Joined(rows, names, matched, model, warnings)
 
-
-#: Columns of the collective rows and steps: the training thread's cumulative CPU wait (ns, NaN unknown) at the
-#: row's start and end (analysis.cpuwait), for the CPU wait within any stretch between them on that rank.
-CPU_WAIT_AT = ("cpu_wait_at_start_ns", "cpu_wait_at_end_ns")
 
 #: Breakdown columns that are durations (ms): measured on the rank's clock, scaled by its drift when aligned.
 _DURATION_COLUMNS = ("compute_ms", "comm_ms", "overlapped_ms", "exposed_comm_ms", "memcpy_ms", "idle_ms", "other_ms")
@@ -206,11 +179,14 @@ def rows_in_one_home(summaries: list[RankSummary], rows: Table, names: np.ndarra
 
 
 def reduce_run(cat: RunCatalog, summaries: list[RankSummary], *, rules: Any = None,
-               model: ClockModel | None = None) -> RunSummary:
-    """Join the rank summaries of `cat`'s run (see the module docstring); `model` as in :func:`join`."""
+               model: ClockModel | None = None, rows: tuple[Table, np.ndarray] | None = None) -> RunSummary:
+    """Join the rank summaries of `cat`'s run (see the module docstring); `model` as in :func:`join`. `rows`: the
+    summaries' collective rows already joined (``rows.RowsJoiner``, which took them out of the summaries as they
+    were made); None: joined here from the summaries."""
     summaries = sorted(summaries, key=lambda s: s.rank)
-    j = join(cat, [(s.rank, s.collectives, s.ops_names) for s in summaries],
-             {k: v for s in summaries for k, v in s.samples.items()}, model=model)
+    if rows is None:
+        rows = joined([(s.rank, s.collectives, s.ops_names) for s in summaries])
+    j = join(cat, *rows, {k: v for s in summaries for k, v in s.samples.items()}, model=model)
     steps = drop_windows(_aligned_steps(summaries, j.model), j.model.left_out)
     j.warnings.extend(outside_step_notes(summaries, steps))
     p2p = aligned_p2p(cat, summaries, j.model)

@@ -35,6 +35,7 @@ from ...storage.summary_group import SummaryUnreadable
 from ...storage.validate import check_shard
 from ..align.clock import ClockModel
 from ..align.reduce import reduce_run
+from ..align.rows import RowsJoiner
 from ..load.catalog import (
     PROGRESS_MIN_SHARDS,
     RunCatalog,
@@ -118,10 +119,12 @@ def stored_summary(cat: RunCatalog, rank: int, rules: FindingRules | None) -> Ra
     return None
 
 
-def _summarize_ranks(cat: RunCatalog, ranks: list[int], *, show: bool, rules: FindingRules | None,
-                     stored: bool = True) -> tuple[list[RankSummary], list[SkippedShard]]:
+def _summarize_ranks(cat: RunCatalog, ranks: list[int], rows: RowsJoiner, *, show: bool,
+                     rules: FindingRules | None, stored: bool = True
+                     ) -> tuple[list[RankSummary], list[SkippedShard]]:
     """Each rank summarised: from the summary stored in its shard where it can be (`stored`), else from its events
-    read (bad shards left out and returned)."""
+    read (bad shards left out and returned). Each summary's collective rows move into `rows` as it is made
+    (``align.rows``): the rank's own copies are freed while the next ranks are read."""
     out: list[RankSummary] = []
     skipped: list[SkippedShard] = []
     for r in bar(ranks, show, "summarising ranks", unit="rank"):
@@ -133,25 +136,27 @@ def _summarize_ranks(cat: RunCatalog, ranks: list[int], *, show: bool, rules: Fi
                 continue
             s = summarize_rank(rd, steps=cat.steps, rules=rules)
             del rd
+        rows.take(s)
         out.append(s)
         settle()  # the summaries live to the end: the collector's full passes need not rescan them
     return out, skipped
 
 
-def _reduce(cat: RunCatalog, summaries: list[RankSummary], skipped: list[SkippedShard], *,
-            rules: FindingRules | None) -> RunSummary:
+def _reduce(cat: RunCatalog, summaries: list[RankSummary], skipped: list[SkippedShard],
+            rows: tuple[dict[str, np.ndarray], np.ndarray], *, rules: FindingRules | None) -> RunSummary:
     if not summaries:
         raise IncompleteRunError(f"{cat.run_dir}: no readable shard ({len(skipped)} skipped, first "
                                  f"{skipped[0].path}: {skipped[0].reason})")
-    return reduce_run(with_read_skips(cat, skipped, {s.rank for s in summaries}), summaries, rules=rules)
+    return reduce_run(with_read_skips(cat, skipped, {s.rank for s in summaries}), summaries, rules=rules, rows=rows)
 
 
 def summarize_catalog(cat: RunCatalog, *, progress: bool | None = None,
                       rules: FindingRules | None = None, stored: bool = True) -> RunSummary:
     """Serial map + reduce over a scanned run (`stored`: take the summaries stored in the shards where they can be)."""
     show = progress_enabled(progress, len(cat.shards), PROGRESS_MIN_SHARDS)
-    summaries, skipped = _summarize_ranks(cat, cat.ranks_read, show=show, rules=rules, stored=stored)
-    return _reduce(cat, summaries, skipped, rules=rules)
+    rows = RowsJoiner(len(cat.ranks_read))
+    summaries, skipped = _summarize_ranks(cat, cat.ranks_read, rows, show=show, rules=rules, stored=stored)
+    return _reduce(cat, summaries, skipped, rows.finish(), rules=rules)
 
 
 def summarize(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None, progress: bool | None = None,
@@ -267,13 +272,18 @@ def _check_shards_mpi(comm, run_dir, *, progress, defer_layout: bool = False) ->
 _TAG = 7301
 
 
-def _gather_summaries(comm, result: tuple[str, Any]) -> list[tuple[str, Any]] | None:
+def _gather_summaries(comm, result: tuple[str, Any], rows: RowsJoiner) -> list[tuple[str, Any]] | None:
     """Every process's ("ok", (summaries, skipped)) or ("error", message) on MPI rank 0, in process order (None
-    elsewhere). Each summary travels as its own message and rank 0 takes them one at a time: one gather of
-    everything held every process's pickled share next to its unpickled summaries (at 256 ranks on 2 processes,
-    +55 MB on rank 0 for 12 MB of summaries). Rank 0 receives everything before anyone raises, so no sender waits
-    forever."""
+    elsewhere), and every process's collective rows appended to rank 0's `rows`. Each summary travels as its own
+    message and rank 0 takes them one at a time: one gather of everything held every process's pickled share next
+    to its unpickled summaries (at 256 ranks on 2 processes, +55 MB on rank 0 for 12 MB of summaries). A process's
+    collective rows, joined, go first as one message whose arrays travel out of band (``mpi4py.util.pkl5``: no
+    pickled copy; 1,024 LLM-shaped ranks on 2 processes: ≈ 60 MB). Rank 0 receives everything before anyone raises,
+    so no sender waits forever."""
+    from mpi4py.util import pkl5
+
     me, size = comm.Get_rank(), comm.Get_size()
+    bulk = pkl5.Intracomm(comm)
     if me != 0:
         kind, payload = result
         if kind != "ok":
@@ -281,6 +291,7 @@ def _gather_summaries(comm, result: tuple[str, Any]) -> list[tuple[str, Any]] | 
             return None
         summaries, skipped = payload
         comm.send(("ok", skipped, len(summaries)), dest=0, tag=_TAG)
+        bulk.send(rows.finish(), dest=0, tag=_TAG)
         for sm in summaries:
             comm.send(sm, dest=0, tag=_TAG)
         return None
@@ -290,6 +301,7 @@ def _gather_summaries(comm, result: tuple[str, Any]) -> list[tuple[str, Any]] | 
         if kind != "ok":
             out.append((kind, payload))
             continue
+        rows.extend(*bulk.recv(source=src, tag=_TAG))
         got = []
         for _ in range(n):
             got.append(_interned(comm.recv(source=src, tag=_TAG)))
@@ -326,16 +338,17 @@ def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False, store
         if failure is not None:
             raise failure
         return None
-    share = assign_ranks(cat, size)[me]
+    share = sorted(assign_ranks(cat, size)[me])  # in rank order: the joined rows need no sort
     show = me == 0 and progress_enabled(progress, len(cat.shards), PROGRESS_MIN_SHARDS)
     result: tuple[str, Any]
+    rows = RowsJoiner(len(cat.ranks_read) if me == 0 else len(share))  # rank 0's takes every process's rows
     try:
-        result = ("ok", _summarize_ranks(cat, share, show=show, rules=rules, stored=stored))
+        result = ("ok", _summarize_ranks(cat, share, rows, show=show, rules=rules, stored=stored))
     except Exception as e:  # noqa: BLE001 -- sent to MPI rank 0, which reports it once
         where = f"MPI process {me} (ranks {rank_ranges(share)} of the run)" if share else f"MPI process {me}"
         msg = f"{e}" if isinstance(e, DistprofError) else f"{type(e).__name__}: {e}"
         result = ("error", f"{where}: {msg}")
-    gathered = _gather_summaries(comm, result)
+    gathered = _gather_summaries(comm, result, rows)
     if me != 0:
         return None
     errors = [m for kind, m in gathered if kind == "error"]
@@ -344,5 +357,5 @@ def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False, store
                                          else ""))
     summaries = [s for _, (part, _) in gathered for s in part]
     skipped = [sk for _, (_, sks) in gathered for sk in sks]
-    return _reduce(cat, summaries, skipped, rules=rules)
+    return _reduce(cat, summaries, skipped, rows.finish(), rules=rules)
 

@@ -22,6 +22,7 @@ import numpy as np
 from ...errors import IncompleteRunError
 from ..align.matching import Collectives, match_collectives
 from ..align.reduce import Joined, join
+from ..align.rows import joined
 from ..load.catalog import RunCatalog, scan_run, with_read_skips
 from ..load.rankdata import (
     REQUIRED,
@@ -116,7 +117,7 @@ def load_run(
     for rd in rds:
         rows, ops = collective_rows(rd)
         parts.append((rd.rank, rows, ops))
-    j = join(cat, parts, {k: v for rd in rds for k, v in rd.samples.items()})
+    j = join(cat, *joined(parts), {k: v for rd in rds for k, v in rd.samples.items()})
     names, remaps = merge_strings([rd.names for rd in rds])
     tables = _concat_ranks(rds, remaps)
     _align(tables, j.model)
