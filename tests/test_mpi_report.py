@@ -149,7 +149,7 @@ if part == "helper" and me == 1:
 elif part == "offer" and me == 0:
     parallel.straggler_inputs = boom  # rank 0 fails before it hands anything over: the helper is released
 elif part == "report" and me == 0:
-    build.pipelines = boom  # rank 0 fails after handing over, before it asks for the result
+    build.critical_path_report = boom  # rank 0 fails after handing over, before it asks for the result
 sys.exit(main(["report", run_dir, "--json", out, "--no-progress"]))
 """
 
@@ -168,7 +168,8 @@ def test_the_straggler_analysis_on_process_1_gives_the_serial_report_even_when_i
     serial = _distprof(["report", run_dir, "--json", tmp_path / "serial.json", "--no-progress"], cwd=tmp_path)
     par = _broken(mpi, run_dir, tmp_path, "helper")
     assert serial.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
-    assert par.stderr.count("could not run the straggler analysis (RuntimeError: helper broken on process 1)") == 1
+    assert par.stderr.count("could not run the straggler analysis, pipelines and collectives table "
+                            "(RuntimeError: helper broken on process 1)") == 1
     assert json.loads((tmp_path / "helper.json").read_text()) == json.loads((tmp_path / "serial.json").read_text())
 
 

@@ -43,14 +43,14 @@ def _analysed(args: argparse.Namespace, steps: tuple[int, int] | None):
     from ..analysis.summarize.heap import long_lived
 
     # the summaries live until the report is built: the collector's full passes skip them (heap.long_lived)
-    with long_lived(), StragglerOffload(mpi_world()) as offload:  # under MPI, process 1 runs the stragglers
+    with long_lived(), StragglerOffload(mpi_world()) as offload:  # MPI: process 1 helps (report/parallel.py)
         run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
                              strict=args.strict, stored=not args.from_events)
         if run_ is None:
             offload.serve()
             return None
         return build_report(run_, peak_tflops=args.peak_tflops, top=args.top, watch_dir=args.run_dir,
-                            stragglers=offload.offer(run_))
+                            helped=offload.offer(run_))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -45,8 +45,8 @@ from .watch_section import WatchSection
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..cross.stragglers import Stragglers
     from ..types import FindingRules, RunSummary
+    from .parallel import Helped
 
 logger = logging.getLogger(__name__)
 
@@ -101,14 +101,14 @@ def _p2p_section(run: RunSummary) -> P2PCounts:
 
 def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int = 3, rule: StragglerRule | None = None,
                  finding_rules: FindingRules | None = None, watch_dir: str | Path | None = None,
-                 stragglers: Callable[[], Stragglers] | None = None) -> Report:
+                 helped: Callable[[], Helped] | None = None) -> Report:
     """Run every analysis on `run` and return the :class:`Report` (its JSON: docs/report-format.md).
 
     `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
     `finding_rules` overrides the thresholds of the findings (``analysis/findings/``); `watch_dir`, the run
-    directory, adds the ``watch`` section when it holds a --watch series. `stragglers` returns the straggler
-    analysis of `run` computed elsewhere (another MPI process, :mod:`.parallel`): the analyses that do not read it
-    run before it is asked for.
+    directory, adds the ``watch`` section when it holds a --watch series. `helped` returns the straggler analysis,
+    the pipelines and the collectives table of `run` computed elsewhere (another MPI process, :mod:`.parallel`):
+    the analyses that read none of them run before they are asked for.
     """
     warnings = list(run.warnings)
     bd = run.steps
@@ -116,19 +116,20 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
         warnings.append("no recorded steps: the per-step analyses are empty")
     # the stragglers first: their instance tables come and go before the step graph is built and held (1,024
     # LLM-shaped ranks: 173 MB of graph under a 420 MB peak)
-    strag = find_stragglers(run, rule=rule) if stragglers is None else None
+    strag = find_stragglers(run, rule=rule) if helped is None else None
     graph = step_graph(run)  # the cross-rank step graph: own work, critical path, what-ifs, each finding's gain
-    pipes = pipelines(run)
-    table = comm_table(run)
-    par = detect_parallelism(run, table, pipes)
+    if helped is None:
+        pipes, table = pipelines(run), comm_table(run)
     path = critical_path_report(run, graph=graph)
     general = None
-    if strag is None:  # what does not need the stragglers first: the what-ifs' replays are kept with the graph
+    if helped is not None:  # what needs none of process 1's results: the what-ifs' replays are kept with the graph
         est = estimator(run, graph)
         general = general_changes(run, est)  # made once: ranking the heaviest ops reads every rank's op totals
         for change in general:
             est.estimate(change)
-        strag = stragglers()
+        got = helped()
+        strag, pipes, table = got.stragglers, got.pipelines, got.collectives
+    par = detect_parallelism(run, table, pipes)
     if strag.info.n_instances == 0 and not pipes:
         warnings.append("no collective was matched across ranks: no straggler analysis")
     named = [d.rank for d in strag.named_rows][: max(top, 0)]

@@ -1,34 +1,80 @@
-"""The cross-rank phase under MPI: the straggler analysis runs on MPI process 1 while rank 0 builds the rest.
+"""The cross-rank phase under MPI: the straggler analysis, the pipelines and the collectives table run on MPI
+process 1 while rank 0 builds the rest.
 
 Once the run is summarised (``analysis/summarize``), MPI rank 0 holds the run summary and the other processes are
 idle. The straggler analysis is the largest part of :func:`~.build.build_report` that the step graph, the critical
-path, the pipelines and the collectives table do not read (at 1,024 LLM-shaped ranks 3.3 s of 5.6, most of it its
-1.39 M instance rows), so rank 0 sends what it reads (:func:`..cross.stragglers.inputs.straggler_inputs`, ≈ 100 MB
-of numpy columns, sent as out-of-band buffers) to process 1, builds those meanwhile, and takes the result where the
-findings first need it. The result is the same object a serial run computes (the MPI tests compare the reports).
+path and the what-ifs do not read (at 1,024 LLM-shaped ranks 2.5–3.1 s, most of it its 1.39 M instance rows); the
+pipelines and the collectives table (0.7 s there) are read by neither either, and with them on process 1 both
+processes' shares are about equal. Rank 0 sends what the three read (:func:`helper_inputs`: ≈ 150 MB of numpy
+columns, sent as out-of-band buffers) to process 1, builds the step graph, the critical path and the what-if
+estimates meanwhile, and takes the results where the findings first need them. The results are the objects a
+serial run computes (the MPI tests compare the reports).
 
 The exchange never leaves a process waiting: rank 0 always sends process 1 either the inputs or a release (also
 when summarising or reporting fails), and always receives what it asked for (also when the report then fails).
-When process 1 fails, rank 0 logs one warning and computes the analysis itself.
+When process 1 fails, rank 0 logs one warning and computes the three itself.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..cross.stragglers import find_stragglers
-from ..cross.stragglers.inputs import straggler_inputs
+import numpy as np
+
+from ..cross.comm_table import CommRow, comm_table
+from ..cross.pipeline import Pipeline, pipelines
+from ..cross.stragglers import Stragglers, find_stragglers
+from ..cross.stragglers.inputs import StragglerInputs, straggler_inputs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..cross.stragglers import StragglerRule, Stragglers
+    from ..align.p2p import P2PPairs
+    from ..cross.stragglers import StragglerRule
     from ..types import RunSummary
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StragglerOffload"]
+__all__ = ["HelperRun", "Helped", "StragglerOffload", "helped", "helper_inputs"]
+
+#: Columns of the matched instances and of the collective rows that the collectives table reads (comm_table.py).
+INSTANCE_COLUMNS = ("inst", "pg", "op_id", "n_ranks", "last_rank", "skew_ns")
+TABLE_ROW_COLUMNS = ("rank", "step", "pg", "op_id", "start_ns", "end_ns", "exposed_ns", "bytes")
+
+
+@dataclass
+class HelperRun(StragglerInputs):
+    """What process 1 reads, by the RunSummary's field names: the straggler analysis's inputs, with the matched
+    instances and the collective-row columns the collectives table reads, and what the pipelines read."""
+
+    p2p: P2PPairs | None = None
+    process_groups: list[dict[str, Any]] = field(default_factory=list)
+    names: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+
+
+def helper_inputs(run: RunSummary) -> HelperRun:
+    """The part of `run` process 1's analyses read (views of its arrays, no copies)."""
+    base = straggler_inputs(run)
+    inst, rows = run.collectives.instances, run.collective_rows
+    base.collectives.instances = {k: inst[k] for k in INSTANCE_COLUMNS if k in inst}
+    base.collective_rows.update({k: rows[k] for k in TABLE_ROW_COLUMNS if k in rows})
+    return HelperRun(**vars(base), p2p=run.p2p, process_groups=list(run.process_groups), names=run.names)
+
+
+@dataclass
+class Helped:
+    """Process 1's results: what :func:`helped` computes."""
+
+    stragglers: Stragglers
+    pipelines: list[Pipeline]
+    collectives: list[CommRow]
+
+
+def helped(run: RunSummary | HelperRun, rule: StragglerRule | None = None) -> Helped:
+    """The analyses process 1 runs, on the run summary or on what it is sent (the same results)."""
+    return Helped(find_stragglers(run, rule=rule), pipelines(run), comm_table(run))
 
 #: Message tag of this exchange (the summaries' gather uses its own).
 _TAG = 7302
@@ -39,8 +85,8 @@ HELPER = 1
 class StragglerOffload:
     """Context manager around summarising and reporting on every MPI process (``comm`` None: serial, a no-op).
 
-    On rank 0: :meth:`offer` sends the run's straggler inputs to process 1 and returns the function
-    :func:`~.build.build_report` calls for the result; leaving the context releases process 1 if nothing was
+    On rank 0: :meth:`offer` sends the run's inputs to process 1 and returns the function
+    :func:`~.build.build_report` calls for the results; leaving the context releases process 1 if nothing was
     offered, and collects an unread result. On process 1: :meth:`serve` waits for one request and answers it. Other
     processes do nothing.
     """
@@ -66,21 +112,21 @@ class StragglerOffload:
         elif self._state == "offered":  # the report failed before asking: the helper's answer is read all the same
             self._receive()
 
-    def offer(self, run: RunSummary, rule: StragglerRule | None = None) -> Callable[[], Stragglers] | None:
-        """On rank 0: hand the straggler analysis of `run` to process 1; the function that returns its result (None
-        without a second process: the report computes it)."""
+    def offer(self, run: RunSummary, rule: StragglerRule | None = None) -> Callable[[], Helped] | None:
+        """On rank 0: hand the straggler analysis, the pipelines and the collectives table of `run` to process 1;
+        the function that returns their results (None without a second process: the report computes them)."""
         if self.comm is None or self.me != 0:
             return None
-        self.comm.send((straggler_inputs(run), rule), dest=HELPER, tag=_TAG)
+        self.comm.send((helper_inputs(run), rule), dest=HELPER, tag=_TAG)
         self._state = "offered"
 
-        def result() -> Stragglers:
+        def result() -> Helped:
             kind, payload = self._receive()
             if kind == "ok":
                 return payload
-            log.warning("MPI process %d could not run the straggler analysis (%s): rank 0 runs it instead",
-                        HELPER, payload)
-            return find_stragglers(run, rule=rule)
+            log.warning("MPI process %d could not run the straggler analysis, pipelines and collectives table (%s): "
+                        "rank 0 runs them instead", HELPER, payload)
+            return helped(run, rule)
 
         return result
 
@@ -98,7 +144,7 @@ class StragglerOffload:
             return
         inputs, rule = request
         try:
-            answer: tuple[str, Any] = ("ok", find_stragglers(inputs, rule=rule))
+            answer: tuple[str, Any] = ("ok", helped(inputs, rule))
         except Exception as e:  # noqa: BLE001 -- rank 0 computes it instead, and says so
             answer = ("error", f"{type(e).__name__}: {e}")
         del inputs, request

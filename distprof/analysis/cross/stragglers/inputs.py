@@ -29,9 +29,11 @@ ROW_COLUMNS = ("rank", "step", "cpu_wait_at_start_ns", "cpu_wait_at_end_ns")
 
 @dataclass
 class MatchedMembers:
-    """The matched collectives' members (``Collectives.members``), the only part of the matching the analysis reads."""
+    """The matched collectives' members (``Collectives.members``), the only part of the matching the analysis reads;
+    ``instances``: columns of the instances, for what else runs on the inputs (``report/parallel.py``)."""
 
     members: Table
+    instances: Table = field(default_factory=dict)
 
 
 @dataclass
