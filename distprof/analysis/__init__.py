@@ -12,7 +12,8 @@ The packages are the pipeline's stages, each importing only the ones below it (t
     cross/      cross-rank analyses on the RunSummary: comm table, imbalance, MFU, overlap, parallelism,
                 pipelines, root cause, stragglers
     summarize/  map over ranks + reduce (serial or MPI: ``engine.summarize``); the merged-run path (``merged``)
-    align/      the reduce: clock model, collective and p2p matching, the RunSummary (``reduce.reduce_run``)
+    align/      the reduce: the collective rows joined (``rows``), clock model, collective and p2p matching, the
+                RunSummary (``reduce.reduce_run``)
     rank/       the per-rank map: index, breakdown, measures, CPU wait, ``summary.summarize_rank``
     load/       the run's catalog of shards, and one rank's events (``rankdata.read_rank``)
     types.py    the data the stages hand on (RankSummary, RunSummary, HostClock, MergedRun, FindingRules)
