@@ -60,7 +60,7 @@ def find_stragglers(run: RunSummary | StragglerInputs, *, rule: StragglerRule | 
     (_, culprit, step), ms = union_ms((w.waiter, w.culprit, w.skey), w.lo, w.hi)
     c_blame = _cell_values(cells, ranks, culprit, step, ms)
     info.per_step, info.changes = per_step(cells, sl.lateness, c_blame, ranks, thr)
-    info.hosts = host_table(run, t, skey, w, thr, rule)
+    info.hosts = host_table(run, t, skey, w, thr, rule, ranks, ridx)
     info.cells = cells_record(cells, sl.lateness, extra, ranks)
     return Stragglers(rows, info, waits_for_named=_waits_for(w, ranks, f.n_steps, info.named))
 

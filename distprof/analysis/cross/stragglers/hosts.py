@@ -33,7 +33,7 @@ NS_PER_MS = 1e6
 def _host_lateness_ms(t: Table, ih: Cells) -> np.ndarray:
     """Per (instance, host) cell: the host's arrival (its last rank's) minus the median of the other hosts' arrivals
     in the instance (ms; 0 where the instance saw one host)."""
-    a_host = ih.max((t["arrival_ns"] - t["arrival_ns"][t["pos"] == 0][t["inst"]]).astype(np.float64))
+    a_host = ih.max(t["behind_first_ns"].astype(np.float64))  # arrivals after the instance's first
     inst_of = ih.step
     n_hosts = np.bincount(inst_of)[inst_of]
     return np.where(n_hosts >= 2, excess_by(inst_of, a_host) / NS_PER_MS, 0.0)
@@ -58,18 +58,20 @@ def _host_blame(w: Waits, host_of: dict[int, str], hosts: np.ndarray) -> np.ndar
     return np.bincount(hk, weights=ms, minlength=hosts.size)
 
 
-def host_table(run: RunSummary, t: Table, skey: np.ndarray, w: Waits, thr: float,
-               rule: StragglerRule) -> list[StragglerHost]:
-    """Host table, one row per host, named first, then by blame (instance rows ``t``, their step keys, the waits)."""
+def host_table(run: RunSummary, t: Table, skey: np.ndarray, w: Waits, thr: float, rule: StragglerRule,
+               ranks: np.ndarray, ridx: np.ndarray) -> list[StragglerHost]:
+    """Host table, one row per host, named first, then by blame (instance rows ``t`` sorted by instance, their step
+    keys, the waits; `ranks` the distinct ranks and `ridx` each row's index among them)."""
     host_of = {int(r): str(h) for r, h in run.hosts.items()}
-    ranks, of_row = np.unique(t["rank"], return_inverse=True)  # each distinct rank's host looked up once
     hosts, of_rank = np.unique(np.array([host_of.get(int(r), "?") for r in ranks.tolist()], dtype=str),
-                               return_inverse=True)
-    hidx = of_rank.reshape(-1)[of_row.reshape(-1)]
+                               return_inverse=True)  # each distinct rank's host looked up once
+    hidx = of_rank.reshape(-1)[ridx]
     nh = hosts.size
     ih = Cells(t["inst"], hidx, nh)  # (instance, host) cells
+    del hidx
     h_lat = _host_lateness_ms(t, ih)
-    inst_first_row = np.unique(t["inst"], return_index=True)[1]
+    inst = t["inst"]
+    inst_first_row = np.flatnonzero(np.r_[True, inst[1:] != inst[:-1]])  # rows are sorted by instance
     cells = Cells(skey[inst_first_row][ih.step], ih.group, nh)  # (step, host) cells
     sl = step_lateness(cells, h_lat)
     n, late_steps, passes = late_in_steps(cells, sl.lateness, nh, thr, rule)
