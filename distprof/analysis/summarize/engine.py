@@ -274,7 +274,8 @@ _TAG = 7301
 
 def _gather_summaries(comm, result: tuple[str, Any], rows: RowsJoiner) -> list[tuple[str, Any]] | None:
     """Every process's ("ok", (summaries, skipped)) or ("error", message) on MPI rank 0, in process order (None
-    elsewhere), and every process's collective rows appended to rank 0's `rows`. Each summary travels as its own
+    elsewhere), and every other process's collective rows (the third item of its "ok" payload: its finished
+    ``RowsJoiner`` table) appended to rank 0's `rows`. Each summary travels as its own
     message and rank 0 takes them one at a time: one gather of everything held every process's pickled share next
     to its unpickled summaries (at 256 ranks on 2 processes, +55 MB on rank 0 for 12 MB of summaries). A process's
     collective rows, joined, go first as one message whose arrays travel out of band (``mpi4py.util.pkl5``: no
@@ -289,9 +290,9 @@ def _gather_summaries(comm, result: tuple[str, Any], rows: RowsJoiner) -> list[t
         if kind != "ok":
             comm.send(("error", payload, 0), dest=0, tag=_TAG)
             return None
-        summaries, skipped = payload
+        summaries, skipped, joined = payload  # joined: this process's rows, finished where a failure is reported
         comm.send(("ok", skipped, len(summaries)), dest=0, tag=_TAG)
-        bulk.send(rows.finish(), dest=0, tag=_TAG)
+        bulk.send(joined, dest=0, tag=_TAG)
         for sm in summaries:
             comm.send(sm, dest=0, tag=_TAG)
         return None
@@ -343,7 +344,8 @@ def _summarize_mpi(comm, run_dir, *, steps, progress, rules, strict=False, store
     result: tuple[str, Any]
     rows = RowsJoiner(len(cat.ranks_read) if me == 0 else len(share))  # rank 0's takes every process's rows
     try:
-        result = ("ok", _summarize_ranks(cat, share, rows, show=show, rules=rules, stored=stored))
+        summaries, skipped = _summarize_ranks(cat, share, rows, show=show, rules=rules, stored=stored)
+        result = ("ok", (summaries, skipped) if me == 0 else (summaries, skipped, rows.finish()))
     except Exception as e:  # noqa: BLE001 -- sent to MPI rank 0, which reports it once
         where = f"MPI process {me} (ranks {rank_ranges(share)} of the run)" if share else f"MPI process {me}"
         msg = f"{e}" if isinstance(e, DistprofError) else f"{type(e).__name__}: {e}"
