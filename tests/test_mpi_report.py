@@ -71,6 +71,17 @@ def test_report_equals_serial_and_prints_once(run_dir, tmp_path):
     assert par.stdout.replace("mpi.json", "X") == serial.stdout.replace("serial.json", "X")
 
 
+def test_three_processes_give_the_serial_report(run_dir, tmp_path):
+    """With three processes, rank 0 appends two other processes' joined collective rows to its own (the ranks dealt
+    out by event count, so the joined table must be put back in rank order): the report is the serial one."""
+    mpi = _mpiexec()
+    serial = _distprof(["report", run_dir, "--json", tmp_path / "serial.json", "--no-progress"], cwd=tmp_path)
+    par = _distprof(["report", run_dir, "--json", tmp_path / "mpi3.json", "--no-progress"], mpi=mpi, n=3,
+                    cwd=tmp_path)
+    assert serial.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
+    assert json.loads((tmp_path / "mpi3.json").read_text()) == json.loads((tmp_path / "serial.json").read_text())
+
+
 def test_timeline_and_export_equal_serial(run_dir, tmp_path):
     mpi = _mpiexec()
     for tag, how in (("serial", None), ("mpi", mpi)):
