@@ -38,12 +38,12 @@ def _analysed(args: argparse.Namespace, steps: tuple[int, int] | None):
     """The run's Report (None on an MPI process other than rank 0). The summaries it was built from are released
     on return, before any renderer runs: at 16k ranks they are a gigabyte the renderers never read."""
     from ..analysis.report.build import build_report
-    from ..analysis.report.parallel import StragglerOffload
+    from ..analysis.report.parallel import Offload
     from ..analysis.summarize.engine import mpi_world
     from ..analysis.summarize.heap import long_lived
 
     # the summaries live until the report is built: the collector's full passes skip them (heap.long_lived)
-    with long_lived(), StragglerOffload(mpi_world()) as offload:  # MPI: process 1 helps (report/parallel.py)
+    with long_lived(), Offload(mpi_world()) as offload:  # MPI: process 1 helps (report/parallel.py)
         run_ = summarize_run(args.run_dir, steps=steps, progress=False if args.no_progress else None,
                              strict=args.strict, stored=not args.from_events)
         if run_ is None:

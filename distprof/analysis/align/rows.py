@@ -61,13 +61,10 @@ def rank_rows(rank: int, c: Table, op_ids: np.ndarray) -> Table:
             **{k: c.get(k, np.full(n, np.nan)) for k in CPU_WAIT_AT}}
 
 
-def _sorted(a: np.ndarray) -> bool:
-    return a.size < 2 or bool(np.all(a[1:] >= a[:-1]))
-
-
 def _by_rank(rows: Table) -> Table:
-    """`rows` sorted by rank, each rank's rows kept in their order (a column at a time)."""
-    if _sorted(rows["rank"]):
+    """`rows` sorted by rank, each rank's rows kept in their order (a column at a time; as they are when sorted)."""
+    r = rows["rank"]
+    if r.size < 2 or bool(np.all(r[1:] >= r[:-1])):
         return rows
     order = np.argsort(rows["rank"], kind="stable")
     for k in list(rows):
@@ -85,8 +82,6 @@ class RowsJoiner:
         self._cols: Table = {}
         self._n = 0  # rows held
         self._ranks = 0  # ranks held
-        self._ordered = True  # the rows came in ascending rank order
-        self._last = -1
 
     def take(self, s: RankSummary) -> None:
         """Move `s`'s collectives into the joiner: the summary is left with an empty table, and its rank's rows
@@ -100,7 +95,7 @@ class RowsJoiner:
 
     def extend(self, rows: Table, names: np.ndarray) -> None:
         """Add another joiner's finished table (`names`: the op names its ``op_id`` indexes)."""
-        n_ranks = int(np.unique(rows["rank"]).size)
+        n_ranks = int(np.count_nonzero(np.diff(rows["rank"]))) + 1 if rows["rank"].size else 0  # sorted by rank
         self._append({**rows, "op_id": self._lut(names)[rows["op_id"]]} if rows["op_id"].size else rows, n_ranks)
 
     def _lut(self, names: np.ndarray) -> np.ndarray:
@@ -111,8 +106,6 @@ class RowsJoiner:
     def _append(self, part: Table, ranks: int) -> None:
         m = int(part["rank"].size)
         if m:
-            self._ordered = self._ordered and int(part["rank"][0]) > self._last and _sorted(part["rank"])
-            self._last = max(self._last, int(part["rank"][-1]))
             self._room(self._n + m, per_rank=m / max(ranks, 1))
             for k, col in self._cols.items():
                 col[self._n:self._n + m] = part[k]
@@ -143,10 +136,8 @@ class RowsJoiner:
         renumber = np.empty(len(order), np.uint32)
         renumber[order] = np.arange(len(order), dtype=np.uint32)
         np.take(renumber, rows["op_id"], out=rows["op_id"])  # in place (mode "raise" buffers the overlap)
-        if not self._ordered:
-            rows = _by_rank(rows)
         self.__init__(self._expect)
-        return rows, names[order]
+        return _by_rank(rows), names[order]  # ranks given out of order (MPI shares) put back in order
 
 
 def joined(parts: list[tuple[int, Table, np.ndarray]]) -> tuple[Table, np.ndarray]:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HelperRun", "Helped", "StragglerOffload", "helped", "helper_inputs"]
+__all__ = ["HelperRun", "Helped", "Offload", "helped", "helper_inputs"]
 
 #: Columns of the matched instances and of the collective rows that the collectives table reads (comm_table.py).
 INSTANCE_COLUMNS = ("inst", "pg", "op_id", "n_ranks", "last_rank", "skew_ns")
@@ -82,7 +82,7 @@ _TAG = 7302
 HELPER = 1
 
 
-class StragglerOffload:
+class Offload:
     """Context manager around summarising and reporting on every MPI process (``comm`` None: serial, a no-op).
 
     On rank 0: :meth:`offer` sends the run's inputs to process 1 and returns the function
@@ -100,7 +100,7 @@ class StragglerOffload:
         self.me = comm.Get_rank() if comm is not None else 0
         self._state = "idle"  # idle -> offered -> collected | released
 
-    def __enter__(self) -> StragglerOffload:
+    def __enter__(self) -> Offload:
         return self
 
     def __exit__(self, *exc) -> None:
