@@ -51,7 +51,7 @@ def memory_churn(ms: list[RankMeasures], rules: FindingRules) -> list[Hit]:
             **{k: getattr(m.churn, k) for k in _CHURN},
             "churn_rate": float(rate >= 1.0), "churn_turnover": float(turn >= 1.0), "churn_swing": float(swing >= 1.0),
             **_thresholds(rules), "times_threshold": worst}, severity="medium" if worst >= 2.0 else "low"))
-    keys = [k for h in hits for k in h.metrics]
+    keys = dict.fromkeys(k for h in hits for k in h.metrics)  # each key once: the fill is hits x keys, not hits^2
     for h in hits:  # ranks with and without history in one run: one key set, so that grouping can average them
         for k in keys:
             h.metrics.setdefault(k, 0.0)
