@@ -1,9 +1,10 @@
-"""groupstats.unique_rows: the distinct rows of integer columns, as np.unique(axis=0) gives them, from one 1-D sort."""
+"""groupstats.unique_rows: the distinct rows of integer columns, as np.unique(axis=0) gives them, from one 1-D sort;
+groupstats.sort_within: each group's rows by value, in np.lexsort's order, from two unstable sorts."""
 
 import numpy as np
 import pytest
 
-from distprof.analysis.groupstats import unique_rows
+from distprof.analysis.groupstats import sort_within, unique_rows
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -28,3 +29,42 @@ def test_columns_too_wide_to_pack_take_numpys_path():
 def test_no_rows():
     uk, inv = unique_rows((np.zeros(0, np.int64), np.zeros(0, np.int64)))
     assert len(uk) == 2 and uk[0].size == 0 and inv.size == 0
+
+
+def _values(rng, kind, n):
+    """Values of one kind, with many ties: small ints, rounded floats with NaNs, wide ints, signed zeros."""
+    if kind == "small":
+        return rng.integers(0, 5, n)
+    if kind == "nan":
+        v = rng.normal(size=n).round(1)
+        v[rng.random(n) < 0.2] = np.nan
+        return v
+    if kind == "wide":
+        return rng.integers(-(1 << 40), 1 << 40, n)
+    return np.where(rng.random(n) < 0.5, -0.0, 0.0)
+
+
+@pytest.mark.parametrize("later_first", [False, True])
+@pytest.mark.parametrize("kind", ["small", "nan", "wide", "zeros"])
+@pytest.mark.parametrize("seed", range(8))
+def test_sort_within_is_lexsorts_order(seed, kind, later_first):
+    """By group, then value (NaN last); equal values in index order, or reversed with later_first — the order
+    np.lexsort gives, ties included (the straggler analysis takes the first or the last row of a tie)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 500))
+    g = rng.integers(-5, int(rng.integers(1, 30)), n)
+    v = _values(rng, kind, n)
+    ref = np.lexsort((-np.arange(n), v, g)) if later_first else np.lexsort((v, g))
+    assert sort_within(g, v, later_first=later_first).tolist() == ref.tolist()
+
+
+def test_sort_within_edge_cases():
+    assert sort_within(np.zeros(0, np.int64), np.zeros(0)).size == 0
+    assert sort_within(np.array([3]), np.array([1.0])).tolist() == [0]
+    # a key too wide for an int64 (groups spread over 2^61, many distinct values): np.lexsort itself
+    g = np.array([1 << 61, 0, 1 << 61, 0], np.int64)
+    v = np.array([2.0, 1.0, 0.5, 1.0])
+    assert sort_within(g, v).tolist() == [1, 3, 2, 0]
+    assert sort_within(g, v, later_first=True).tolist() == [3, 1, 2, 0]
+    # float groups are not packed: np.lexsort's order all the same
+    assert sort_within(np.array([1.5, 0.5, 1.5]), np.array([1, 1, 0])).tolist() == [1, 2, 0]

@@ -1,11 +1,12 @@
 """Statistics per group of a labelled array, vectorised (one sort): what the straggler rule and the step graph's
-replay both take; and the lookup of a steps-table column at (rank, step) pairs."""
+replay both take; the rows of each group sorted by value; and the lookup of a steps-table column at (rank, step)
+pairs."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["group_median", "rank_step_values", "unique_rows"]
+__all__ = ["group_median", "rank_step_values", "sort_within", "unique_rows"]
 
 
 def unique_rows(cols: tuple[np.ndarray, ...] | list[np.ndarray]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
@@ -34,9 +35,48 @@ def unique_rows(cols: tuple[np.ndarray, ...] | list[np.ndarray]) -> tuple[tuple[
     return tuple(reversed(out)), inv.reshape(-1)
 
 
+def sort_within(g: np.ndarray, v: np.ndarray, *, later_first: bool = False) -> np.ndarray:
+    """The order ``np.lexsort((v, g))`` gives: the rows by integer group `g`, then by value `v` (NaN last), rows of
+    equal value in index order — or, `later_first`, in reverse index order (``np.lexsort((-index, v, g))``).
+
+    The same order from two unstable sorts of one key each, which numpy vectorises (x86-simd-sort), where
+    ``lexsort``'s stable indirect sorts compare through the index: 0.12 s against 0.45 s for 1.4 M rows, and the
+    straggler analysis sorts its instances' rows this way four times (1,024 LLM-shaped ranks: 1.2 s of its 2.8 s).
+    Each value's rank among the distinct values (equal values, NaNs among them, share one) makes the key
+    ``group * distinct + rank``; a run of rows with equal keys (equal values in one group) is then put in index order.
+    Left to ``np.lexsort`` when `g` is not integer or the key would not fit an int64."""
+    g, v = np.asarray(g).reshape(-1), np.asarray(v).reshape(-1)
+    n = g.size
+    if n < 2 or g.dtype.kind not in "iub" or v.dtype.kind not in "iubf":
+        return np.lexsort((-np.arange(n), v, g)) if later_first else np.lexsort((v, g))
+    ov = np.argsort(v)
+    vs = v[ov]
+    up = vs[1:] != vs[:-1]  # where the next distinct value starts
+    if vs.dtype.kind == "f":
+        up &= ~(np.isnan(vs[1:]) & np.isnan(vs[:-1]))  # NaNs compare unequal, and lexsort keeps them together
+    rank = np.empty(n, np.int64)
+    rank[ov] = np.r_[0, np.cumsum(up)]
+    del ov, vs, up
+    distinct = int(rank.max()) + 1
+    g0 = int(g.min())
+    if (int(g.max()) - g0 + 1) * distinct >= 1 << 62:
+        return np.lexsort((-np.arange(n), v, g)) if later_first else np.lexsort((v, g))
+    key = (g.astype(np.int64) - g0) * distinct + rank
+    del rank
+    o = np.argsort(key)
+    ks = key[o]
+    tie = ks[1:] == ks[:-1]
+    if tie.any():  # each run of equal keys in index order (the runs are contiguous: reordered in place)
+        pos = np.flatnonzero(np.r_[tie, False] | np.r_[False, tie])
+        run = (np.cumsum(np.r_[True, ~tie]) - 1)[pos]
+        sub = o[pos]
+        o[pos] = sub[np.argsort(run * n + (n - 1 - sub if later_first else sub))]
+    return o
+
+
 def group_median(g: np.ndarray, v: np.ndarray, n_groups: int) -> np.ndarray:
     """Per-group median of v (NaN for empty groups); g in 0..n_groups−1."""
-    o = np.lexsort((v, g))
+    o = sort_within(g, v)
     gs, vs = g[o], np.asarray(v, np.float64)[o]
     cnt = np.bincount(gs, minlength=n_groups)
     first = np.r_[0, np.cumsum(cnt)[:-1]]

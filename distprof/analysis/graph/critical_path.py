@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...record import Record
-from ..groupstats import group_median
+from ..groupstats import group_median, sort_within
 from .links import KIND_COLL, KIND_RECV, KIND_SEND, LINK_ARRIVAL, LINK_END, LINK_START
 from .schedule import replay_scheduled, schedule
 
@@ -222,7 +222,7 @@ def _kept_order(run: RunSummary, rs: dict[str, np.ndarray], e: dict[str, np.ndar
         bad = np.bincount(group[:nc][~keep[:nc]], minlength=len(run.collectives)) > 0
         keep[:nc] &= ~bad[group[:nc]]
     sel = np.flatnonzero(keep)
-    o = sel[np.lexsort((e["arrival"][sel], rsi[sel]))]
+    o = sel[sort_within(rsi[sel], e["arrival"][sel])]
     return o, rsi[o]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...groupstats import sort_within
 from .peers import median_of_others
 from .result import ClockFreeCheck
 
@@ -20,7 +21,7 @@ __all__ = ["clock_free_check", "clock_free_lateness_ns"]
 def clock_free_lateness_ns(inst: np.ndarray, first: np.ndarray, n: np.ndarray, d: np.ndarray) -> np.ndarray:
     """Per instance row (rows sorted by instance; its first row and size): the median of the instance's other
     durations ``d`` minus its own (float ns)."""
-    od = np.lexsort((d, inst))  # durations sorted within the instance
+    od = sort_within(inst, d)  # durations sorted within the instance
     d_sorted = d[od]
     d_pos = np.empty(inst.size, np.int64)
     d_pos[od] = np.arange(inst.size) - first[od]

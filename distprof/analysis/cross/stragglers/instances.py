@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...groupstats import sort_within
 from .clock_free import clock_free_lateness_ns
 from .peers import group_bounds, median_of_others
 
@@ -58,7 +59,7 @@ def collective_instances(run: RunSummary) -> Table:
         return _empty_instances()
     _, inst = np.unique(inst[keep], return_inverse=True)  # renumber 0..n-1
     take = np.flatnonzero(keep)
-    o = np.lexsort((np.asarray(m["start_ns"])[take], inst.reshape(-1)))
+    o = sort_within(inst.reshape(-1), np.asarray(m["start_ns"])[take])
     inst = inst.reshape(-1)[o].astype(np.int64)
     take = take[o]  # each column is gathered once, in its final order: no second copy of the table
     del o, keep

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...groupstats import sort_within
 from .peers import excess_by
 
 __all__ = ["CHANCE_FULL", "CHANCE_NONE", "Cells", "StepLateness", "step_lateness"]
@@ -55,7 +56,7 @@ class Cells:
 
     def argmax(self, v: np.ndarray) -> np.ndarray:
         """Per cell: the row with the largest v (the first such row)."""
-        o = np.lexsort((-np.arange(v.size), v, self.idx))  # by cell, then v; the last row of a cell is its max
+        o = sort_within(self.idx, v, later_first=True)  # by cell, then v; the last row of a cell is its max
         last = np.r_[self.idx[o][1:] != self.idx[o][:-1], True]
         out = np.empty(self.n, np.int64)
         out[self.idx[o][last]] = o[last]

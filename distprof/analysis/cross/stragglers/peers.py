@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...groupstats import sort_within
+
 __all__ = ["MAD_TO_SIGMA", "excess_by", "group_bounds", "median_of_others"]
 
 MAD_TO_SIGMA = 1.4826
@@ -47,7 +49,7 @@ def excess_by(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Each value minus the median of the other values with the same key (0 subtracted where it is alone)."""
     if key.size == 0:
         return np.zeros(0)
-    o = np.lexsort((values, key))
+    o = sort_within(key, values)
     v = values[o]
     first, n, pos = group_bounds(key[o])
     many = n >= 2

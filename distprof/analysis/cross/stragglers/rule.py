@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...groupstats import group_median
+from ...groupstats import group_median, sort_within
 from .lateness import CHANCE_FULL, CHANCE_NONE
 from .peers import MAD_TO_SIGMA
 
@@ -75,7 +75,7 @@ def step_noise_ms(cells: Cells, c_lat: np.ndarray, ng: int) -> float:
         return 0.0
     n = np.bincount(g, minlength=ng)
     med = group_median(g, v, ng)
-    o = np.lexsort((v, g))
+    o = sort_within(g, v)
     rank_in = np.empty(g.size, np.int64)
     rank_in[o] = np.arange(g.size) - np.r_[0, np.cumsum(n)[:-1]][g[o]]
     n_g = n[g]
