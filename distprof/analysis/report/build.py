@@ -106,9 +106,9 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
 
     `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
     `finding_rules` overrides the thresholds of the findings (``analysis/findings/``); `watch_dir`, the run
-    directory, adds the ``watch`` section when it holds a --watch series. `helped` returns the straggler analysis,
-    the pipelines and the collectives table of `run` computed elsewhere (another MPI process, :mod:`.parallel`):
-    the analyses that read none of them run before they are asked for.
+    directory, adds the ``watch`` section when it holds a --watch series. `helped` returns the straggler analysis
+    and the collectives table of `run` computed elsewhere (another MPI process, :mod:`.parallel`): the analyses that
+    read neither run before they are asked for.
     """
     warnings = list(run.warnings)
     bd = run.steps
@@ -127,8 +127,9 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
         general = general_changes(run, est)  # made once: ranking the heaviest ops reads every rank's op totals
         for change in general:
             est.estimate(change)
+        pipes = pipelines(run)
         got = helped()
-        strag, pipes, table = got.stragglers, got.pipelines, got.collectives
+        strag, table = got.stragglers, got.collectives
     par = detect_parallelism(run, table, pipes)
     if strag.info.n_instances == 0 and not pipes:
         warnings.append("no collective was matched across ranks: no straggler analysis")

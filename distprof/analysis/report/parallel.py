@@ -1,14 +1,15 @@
-"""The cross-rank phase under MPI: the straggler analysis, the pipelines and the collectives table run on MPI
-process 1 while rank 0 builds the rest.
+"""The cross-rank phase under MPI: the straggler analysis and the collectives table run on MPI process 1 while
+rank 0 builds the rest.
 
 Once the run is summarised (``analysis/summarize``), MPI rank 0 holds the run summary and the other processes are
 idle. The straggler analysis is the largest part of :func:`~.build.build_report` that the step graph, the critical
 path and the what-ifs do not read (at 1,024 LLM-shaped ranks 2.5–3.1 s, most of it its 1.39 M instance rows); the
-pipelines and the collectives table (0.7 s there) are read by neither either, and with them on process 1 both
-processes' shares are about equal. Rank 0 sends what the three read (:func:`helper_inputs`: ≈ 150 MB of numpy
-columns, sent as out-of-band buffers) to process 1, builds the step graph, the critical path and the what-if
-estimates meanwhile, and takes the results where the findings first need them. The results are the objects a
-serial run computes (the MPI tests compare the reports).
+collectives table (0.24 s there) reads the same rows and is read by neither either. Rank 0 sends what the two read
+(:func:`helper_inputs`: ≈ 150 MB of numpy columns, sent as out-of-band buffers) to process 1, builds the step
+graph, the critical path, the what-if estimates and then the pipelines (0.44 s there; they read the point-to-point
+pairs, which process 1 is not sent) meanwhile, and takes the results where the findings first need them. With the
+pipelines on rank 0 the two shares end within 0.1 s of each other there (on process 1 they left rank 0 waiting
+0.6–0.9 s). The results are the objects a serial run computes (the MPI tests compare the reports).
 
 The exchange never leaves a process waiting: rank 0 always sends process 1 either the inputs or a release (also
 when summarising or reporting fails), and always receives what it asked for (also when the report then fails).
@@ -24,14 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..cross.comm_table import CommRow, comm_table
-from ..cross.pipeline import Pipeline, pipelines
 from ..cross.stragglers import Stragglers, find_stragglers
 from ..cross.stragglers.inputs import StragglerInputs, straggler_inputs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..align.p2p import P2PPairs
     from ..cross.stragglers import StragglerRule
     from ..types import RunSummary
 
@@ -47,9 +46,8 @@ TABLE_ROW_COLUMNS = ("rank", "step", "pg", "op_id", "start_ns", "end_ns", "expos
 @dataclass
 class HelperRun(StragglerInputs):
     """What process 1 reads, by the RunSummary's field names: the straggler analysis's inputs, with the matched
-    instances and the collective-row columns the collectives table reads, and what the pipelines read."""
+    instances, the collective-row columns, the groups and the names the collectives table reads."""
 
-    p2p: P2PPairs | None = None
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     names: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
 
@@ -60,7 +58,7 @@ def helper_inputs(run: RunSummary) -> HelperRun:
     inst, rows = run.collectives.instances, run.collective_rows
     base.collectives.instances = {k: inst[k] for k in INSTANCE_COLUMNS if k in inst}
     base.collective_rows.update({k: rows[k] for k in TABLE_ROW_COLUMNS if k in rows})
-    return HelperRun(**vars(base), p2p=run.p2p, process_groups=list(run.process_groups), names=run.names)
+    return HelperRun(**vars(base), process_groups=list(run.process_groups), names=run.names)
 
 
 @dataclass
@@ -68,13 +66,12 @@ class Helped:
     """Process 1's results: what :func:`helped` computes."""
 
     stragglers: Stragglers
-    pipelines: list[Pipeline]
     collectives: list[CommRow]
 
 
 def helped(run: RunSummary | HelperRun, rule: StragglerRule | None = None) -> Helped:
     """The analyses process 1 runs, on the run summary or on what it is sent (the same results)."""
-    return Helped(find_stragglers(run, rule=rule), pipelines(run), comm_table(run))
+    return Helped(find_stragglers(run, rule=rule), comm_table(run))
 
 #: Message tag of this exchange (the summaries' gather uses its own).
 _TAG = 7302
@@ -113,7 +110,7 @@ class Offload:
             self._receive()
 
     def offer(self, run: RunSummary, rule: StragglerRule | None = None) -> Callable[[], Helped] | None:
-        """On rank 0: hand the straggler analysis, the pipelines and the collectives table of `run` to process 1;
+        """On rank 0: hand the straggler analysis and the collectives table of `run` to process 1;
         the function that returns their results (None without a second process: the report computes them)."""
         if self.comm is None or self.me != 0:
             return None
@@ -124,7 +121,7 @@ class Offload:
             kind, payload = self._receive()
             if kind == "ok":
                 return payload
-            log.warning("MPI process %d could not run the straggler analysis, pipelines and collectives table (%s): "
+            log.warning("MPI process %d could not run the straggler analysis and the collectives table (%s): "
                         "rank 0 runs them instead", HELPER, payload)
             return helped(run, rule)
 
