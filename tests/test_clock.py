@@ -269,3 +269,22 @@ def test_per_host_aggregates_are_each_hosts_own():
         for k in one:
             assert np.array_equal(per[h][k], one[k]), (h, k)
     assert per["empty"]["inst"].size == 0 and per["h0"]["inst"].size > 0
+
+
+@pytest.mark.parametrize("windows", [[0, 3, 3, 7, 0, 1], [-2, 5, 5, -2, 0, 9], [1 << 40, 0, 1 << 40, 2, 2, 0]])
+def test_align_looks_segments_up_by_host_and_window(windows):
+    """Each row gets its own (host, window) segment — window numbers counted through a lookup table, or sorted when
+    negative or huge — and align_all gives align's times for every column from one lookup."""
+    w = np.array(windows, np.int64)
+    rank = np.array([0, 1, 2, 1, 2, 3])  # rank 3: unknown to the model, its times kept
+    segs = {(h, int(x)): Segment(1_000 * int(i), 10.0 * (i + 1) * (1 if h == "B" else -1), 1e-6 * i)
+            for i, x in enumerate(sorted(set(windows))) for h in ("A", "B")}
+    model = ClockModel(reference_host="A", rank_host={0: "A", 1: "B", 2: "B"}, hosts={}, segments=segs)
+    t0 = np.arange(6, dtype=np.int64) * 1_000_000 + 123
+    t1 = t0 + 5_000
+    want = [segs[({0: "A", 1: "B", 2: "B"}[int(r)], int(x))].apply(t[i:i + 1])[0] if r != 3 else t[i]
+            for t in (t0,) for i, (r, x) in enumerate(zip(rank, w))]
+    assert model.align(rank, w, t0).tolist() == want
+    a0, a1 = model.align_all(rank, w, t0, t1)
+    assert a0.tolist() == want and a1.tolist() == model.align(rank, w, t1).tolist()
+    assert [x.size for x in model.align_all(rank[:0], w[:0], t0[:0], t1[:0])] == [0, 0]

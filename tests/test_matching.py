@@ -60,7 +60,7 @@ def test_instances_hand_computed():
 def test_realign_recomputes_aggregates():
     rows, idx = _tables([(0, 0, 0, 0, 0, 8, 1_000, 1_000, 1), (1, 0, 0, 0, 0, 8, 1_500, 500, 1)])
     c = match_collectives(rows)
-    late = realign(c, lambda r, w, t: t + np.where(r == 1, 800, 0))  # rank 1 now [2300, 2800]
+    late = realign(c, lambda r, w, *ts: tuple(t + np.where(r == 1, 800, 0) for t in ts))  # rank 1 now [2300, 2800]
     assert late.instances["start_max"].tolist() == [2_300]
     assert late.instances["violation_ns"].tolist() == [300]
     assert late.instances["last_rank"].tolist() == [1]

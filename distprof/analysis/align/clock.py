@@ -251,17 +251,25 @@ class ClockModel:
         for r, h in self.rank_host.items():
             if r < r_max:
                 host_of[r] = h_idx[h]
-        wins, wi = np.unique(window, return_inverse=True)
-        tref = np.zeros((len(hosts) + 1, len(wins)), dtype=np.int64)
-        off = np.zeros((len(hosts) + 1, len(wins)), dtype=np.float64)
-        slope = np.zeros((len(hosts) + 1, len(wins)), dtype=np.float64)
+        wins, wi = _window_index(window)
+        n_w = len(wins)
+        tref = np.zeros((len(hosts) + 1) * n_w, dtype=np.int64)  # row-major (host, window) tables, flat
+        off = np.zeros(tref.size, dtype=np.float64)
+        slope = np.zeros(tref.size, dtype=np.float64)
         for h, i in h_idx.items():  # per host × window present
             for j, w in enumerate(wins):
                 seg = self.segment(h, int(w))
-                tref[i, j], off[i, j], slope[i, j] = seg.t_ref_ns, seg.offset_ns, seg.slope
-        hi = host_of[rank]
-        wi = wi.reshape(-1)
-        return tref[hi, wi], off[hi, wi], slope[hi, wi]
+                tref[i * n_w + j], off[i * n_w + j], slope[i * n_w + j] = seg.t_ref_ns, seg.offset_ns, seg.slope
+        cell = host_of[rank] * n_w + wi
+        return tref[cell], off[cell], slope[cell]
+
+    def align_all(self, rank: np.ndarray, window: np.ndarray, *ts: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:meth:`align` of several time columns of the same rows (a member's start and end): the rows' segment
+        parameters are looked up once."""
+        if len(np.asarray(rank)) == 0:
+            return tuple(np.asarray(t, dtype=np.int64).copy() for t in ts)
+        params = self._params(rank, window)
+        return tuple(_aligned(np.asarray(t, dtype=np.int64), *params) for t in ts)
 
     def slopes(self, rank: np.ndarray, window: np.ndarray) -> np.ndarray:
         """Per row (rank, window): the slope of its segment (aligned duration = recorded duration × (1 + slope))."""
@@ -277,9 +285,30 @@ class ClockModel:
         t = np.asarray(t, dtype=np.int64)
         if len(t) == 0:
             return t.copy()
-        tref, off, slope = self._params(rank, window)
-        dt = (t - tref).astype(np.float64)
-        return t + np.rint(off + slope * dt).astype(np.int64)
+        return _aligned(t, *self._params(rank, window))
+
+
+def _aligned(t: np.ndarray, tref: np.ndarray, off: np.ndarray, slope: np.ndarray) -> np.ndarray:
+    """Recorded times `t` on the reference clock, from each row's segment parameters."""
+    dt = (t - tref).astype(np.float64)
+    return t + np.rint(off + slope * dt).astype(np.int64)
+
+
+#: Windows are numbered from 0: up to this many, a row's window index comes from a lookup table, not a sort.
+_WINDOW_LUT = 1 << 20
+
+
+def _window_index(window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct windows, sorted, and each row's index among them (``np.unique(.., return_inverse=True)``; by a
+    count and a lookup table where the numbers are small: a sort of every member row cost 0.04 s at 1.4 M rows)."""
+    lo, hi = int(window.min()), int(window.max())
+    if lo < 0 or hi >= _WINDOW_LUT:
+        wins, wi = np.unique(window, return_inverse=True)
+        return wins, wi.reshape(-1)
+    wins = np.flatnonzero(np.bincount(window, minlength=hi + 1))
+    lut = np.zeros(hi + 1, np.int64)
+    lut[wins] = np.arange(wins.size)
+    return wins, lut[window]
 
 
 def reference_of(infos: Mapping[int, RankClockInfo]) -> tuple[int, str | None]:
@@ -664,7 +693,7 @@ def _from_collectives(model: ClockModel, hosts: list[str], host_ranks, c: Collec
     # anchor: every rank already on the reference clock (reference host, hosts aligned by samples), aligned times;
     # the hosts to align still have identity segments, so `a` holds their raw times
     anchors = {ref} | {h for h, hc in model.hosts.items() if hc.method == "ping-pong"}
-    a = realign(c, model.align)
+    a = realign(c, model.align_all)
     r_agg = _host_aggregates(a, model.rank_host, use, anchors)
     empty_windows: list[str] = []
     per_host = _per_host_aggregates(a, model.rank_host, use, hosts)
@@ -689,7 +718,7 @@ def residuals(model: ClockModel, c: Collectives, *, names: np.ndarray | None = N
     """
     if c is None or len(c) == 0:
         return {}
-    a = realign(c, model.align)
+    a = realign(c, model.align_all)
     use = _sync_instances(a, names, model.left_out)
     m, ins = a.members, a.instances
     out: dict[str, tuple[float, float]] = {}

@@ -402,7 +402,8 @@ def with_times(c: Collectives, start_ns: np.ndarray, end_ns: np.ndarray) -> Coll
     return replace(c, instances=instances, members=members)
 
 
-def realign(c: Collectives, align: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> Collectives:
-    """Apply a clock alignment ``align(rank, window, t) -> aligned t`` to the member times (see clock.ClockModel)."""
+def realign(c: Collectives, align_all: Callable[..., tuple[np.ndarray, ...]]) -> Collectives:
+    """Apply a clock alignment ``align_all(rank, window, start, end) -> (aligned start, aligned end)`` to the member
+    times (see clock.ClockModel.align_all)."""
     m = c.members
-    return with_times(c, align(m["rank"], m["window"], m["start_ns"]), align(m["rank"], m["window"], m["end_ns"]))
+    return with_times(c, *align_all(m["rank"], m["window"], m["start_ns"], m["end_ns"]))
