@@ -141,9 +141,10 @@ def test_shards_checked_in_parallel_are_skipped_as_serially(run_dir, tmp_path):
     assert skipped == {"rank00000.w0001.h5", "rank00003.w0000.h5"}
 
 
-#: Runs ``distprof report`` under MPI with one part broken on one process (argv: run dir, JSON path, what breaks).
+#: Runs ``distprof report`` under MPI with one part broken or slowed on one process (argv: run dir, JSON path, what
+#: breaks or is slow). Each process says on stderr when it builds the pipelines.
 _BROKEN_PART = r"""
-import sys
+import sys, time
 from mpi4py import MPI
 import distprof.analysis.report.parallel as parallel
 import distprof.analysis.report.build as build
@@ -155,6 +156,27 @@ me = MPI.COMM_WORLD.Get_rank()
 def boom(*a, **k):
     raise RuntimeError(f"{part} broken on process {me}")
 
+def slowed(f):
+    def g(*a, **k):
+        time.sleep(3)  # the other process finishes its share first, by far more than any load moves it
+        return f(*a, **k)
+    return g
+
+def said(module):
+    f = module.pipelines
+    def g(*a, **k):
+        sys.stderr.write(f"pipelines built on process {me}\n")
+        return f(*a, **k)
+    module.pipelines = g
+
+said(build)
+said(parallel)
+if part in ("rank-0-slow", "helper-pipelines") and me == 0:
+    build.general_changes = slowed(build.general_changes)  # process 1 is free first: it builds the pipelines
+if part == "helper-slow" and me == 1:
+    parallel.comm_table = slowed(parallel.comm_table)  # rank 0 is free first: it builds them
+if part == "helper-pipelines" and me == 1:
+    parallel.pipelines = boom  # process 1 claims them and fails: rank 0 builds them after all
 if part == "helper" and me == 1:
     parallel.find_stragglers = boom  # the helper's analysis fails: rank 0 runs it itself
 elif part == "offer" and me == 0:
@@ -193,3 +215,43 @@ def test_rank_0_failing_around_the_hand_over_leaves_no_process_waiting(run_dir, 
     assert par.returncode != 0
     assert f"{part} broken on process 0" in par.stderr
     assert not (tmp_path / f"{part}.json").exists()
+
+
+@pytest.fixture(scope="module")
+def pp_run_dir(tmp_path_factory) -> Path:
+    """A pipeline-parallel run (2 stages, 4 micro-batches, DDP across): its report has pipelines to build."""
+    synth = _synth()
+    out = tmp_path_factory.mktemp("mpi_pp") / "run"
+    spec = synth.spec_from(synth.parse_args(["--ranks", "4", "--events", "4000", "--shape", "pp", "--pp", "2",
+                                             "--micro-batches", "4", "-o", str(out)]))
+    synth.generate(spec, out)
+    return out
+
+
+@pytest.mark.parametrize("part, builder", [("rank-0-slow", 1), ("helper-slow", 0)])
+def test_the_process_free_first_builds_the_pipelines(pp_run_dir, tmp_path, part, builder):
+    """Whichever of rank 0 and process 1 finishes its own share first builds the pipelines, and only it; the
+    report is the serial one either way."""
+    mpi = _mpiexec()
+    serial = _distprof(["report", pp_run_dir, "--json", tmp_path / "serial.json", "--no-progress"], cwd=tmp_path)
+    par = _broken(mpi, pp_run_dir, tmp_path, part)
+    assert serial.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
+    report = json.loads((tmp_path / f"{part}.json").read_text())
+    assert report == json.loads((tmp_path / "serial.json").read_text())
+    assert len(report["pipelines"]) == 2  # 4 ranks, 2 stages: two pipelines, built and sent back
+    assert par.stderr.count("pipelines built on process") == 1
+    assert f"pipelines built on process {builder}" in par.stderr
+
+
+def test_pipelines_failing_on_process_1_are_built_on_rank_0(pp_run_dir, tmp_path):
+    """Process 1 claims the pipelines and fails to build them: rank 0 says so once and builds them; the report is
+    the serial one."""
+    mpi = _mpiexec()
+    serial = _distprof(["report", pp_run_dir, "--json", tmp_path / "serial.json", "--no-progress"], cwd=tmp_path)
+    par = _broken(mpi, pp_run_dir, tmp_path, "helper-pipelines")
+    assert serial.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
+    assert par.stderr.count("could not build the pipelines (RuntimeError: helper-pipelines broken on process 1): "
+                            "rank 0 builds them") == 1
+    assert "pipelines built on process 0" in par.stderr
+    assert (json.loads((tmp_path / "helper-pipelines.json").read_text())
+            == json.loads((tmp_path / "serial.json").read_text()))

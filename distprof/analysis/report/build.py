@@ -43,10 +43,8 @@ from .watch import rule_of, watch_report
 from .watch_section import WatchSection
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ..types import FindingRules, RunSummary
-    from .parallel import Helped
+    from .parallel import Handover
 
 logger = logging.getLogger(__name__)
 
@@ -101,14 +99,14 @@ def _p2p_section(run: RunSummary) -> P2PCounts:
 
 def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int = 3, rule: StragglerRule | None = None,
                  finding_rules: FindingRules | None = None, watch_dir: str | Path | None = None,
-                 helped: Callable[[], Helped] | None = None) -> Report:
+                 helped: Handover | None = None) -> Report:
     """Run every analysis on `run` and return the :class:`Report` (its JSON: docs/report-format.md).
 
     `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
     `finding_rules` overrides the thresholds of the findings (``analysis/findings/``); `watch_dir`, the run
-    directory, adds the ``watch`` section when it holds a --watch series. `helped` returns the straggler analysis
-    and the collectives table of `run` computed elsewhere (another MPI process, :mod:`.parallel`): the analyses that
-    read neither run before they are asked for.
+    directory, adds the ``watch`` section when it holds a --watch series. `helped` hands over the straggler
+    analysis, the collectives table and perhaps the pipelines of `run` computed elsewhere (another MPI process,
+    :mod:`.parallel`): the analyses that read none of them run before they are asked for.
     """
     warnings = list(run.warnings)
     bd = run.steps
@@ -127,9 +125,12 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
         general = general_changes(run, est)  # made once: ranking the heaviest ops reads every rank's op totals
         for change in general:
             est.estimate(change)
-        pipes = pipelines(run)
-        got = helped()
+        mine = helped.builds_pipelines()  # unless process 1, free first, builds them
+        pipes = pipelines(run) if mine else None
+        got = helped.result()
         strag, table = got.stragglers, got.collectives
+        if pipes is None:
+            pipes = got.pipelines if got.pipelines is not None else pipelines(run)
     par = detect_parallelism(run, table, pipes)
     if strag.info.n_instances == 0 and not pipes:
         warnings.append("no collective was matched across ranks: no straggler analysis")

@@ -1,19 +1,25 @@
 """The cross-rank phase under MPI: the straggler analysis and the collectives table run on MPI process 1 while
-rank 0 builds the rest.
+rank 0 builds the rest; the pipelines go to whichever of the two is free first.
 
 Once the run is summarised (``analysis/summarize``), MPI rank 0 holds the run summary and the other processes are
 idle. The straggler analysis is the largest part of :func:`~.build.build_report` that the step graph, the critical
-path and the what-ifs do not read (at 1,024 LLM-shaped ranks 2.5–3.1 s, most of it its 1.39 M instance rows); the
-collectives table (0.24 s there) reads the same rows and is read by neither either. Rank 0 sends what the two read
-(:func:`helper_inputs`: ≈ 150 MB of numpy columns, sent as out-of-band buffers) to process 1, builds the step
-graph, the critical path, the what-if estimates and then the pipelines (0.44 s there; they read the point-to-point
-pairs, which process 1 is not sent) meanwhile, and takes the results where the findings first need them. With the
-pipelines on rank 0 the two shares end within 0.1 s of each other there (on process 1 they left rank 0 waiting
-0.6–0.9 s). The results are the objects a serial run computes (the MPI tests compare the reports).
+path and the what-ifs do not read (at 1,024 LLM-shaped ranks 2.3–2.9 s, most of it its 1.39 M instance rows); the
+collectives table (0.25 s there) reads the same rows and is read by neither either. Rank 0 sends what they and the
+pipelines read (:func:`helper_inputs`: ≈ 150 MB of numpy columns, sent as out-of-band buffers) to process 1, builds
+the step graph, the critical path and the what-if estimates meanwhile, and takes the results where the findings
+first need them. The results are the objects a serial run computes (the MPI tests compare the reports).
+
+The pipelines (0.25–0.45 s there) read neither the graph nor the straggler rows, so either process can build them,
+and which one finishes its own share first depends on the run's shape. Whichever is first builds them: rank 0,
+done with its share, tells process 1 so (*free*); process 1, done with its share, builds them unless rank 0's
+*free* has arrived, and tells rank 0 which it chose (*claim*). Rank 0 builds them unless process 1's claim has
+arrived and says it does: the two never both skip them, and at worst (the messages cross) both build them and rank
+0 keeps its own.
 
 The exchange never leaves a process waiting: rank 0 always sends process 1 either the inputs or a release (also
-when summarising or reporting fails), and always receives what it asked for (also when the report then fails).
-When process 1 fails, rank 0 logs one warning and computes the three itself.
+when summarising or reporting fails); after an offer each side sends the other its one *free* or *claim*, and
+rank 0 always receives the answer (also when the report then fails). When process 1 fails, rank 0 logs one
+warning and computes what it lacks itself.
 """
 
 from __future__ import annotations
@@ -25,18 +31,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..cross.comm_table import CommRow, comm_table
+from ..cross.pipeline import Pipeline, pipelines
 from ..cross.stragglers import Stragglers, find_stragglers
 from ..cross.stragglers.inputs import StragglerInputs, straggler_inputs
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
+    from ..align.p2p import P2PPairs
     from ..cross.stragglers import StragglerRule
     from ..types import RunSummary
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HelperRun", "Helped", "Offload", "helped", "helper_inputs"]
+__all__ = ["Handover", "HelperRun", "Helped", "Offload", "helped", "helper_inputs"]
 
 #: Columns of the matched instances and of the collective rows that the collectives table reads (comm_table.py).
 INSTANCE_COLUMNS = ("inst", "pg", "op_id", "n_ranks", "last_rank", "skew_ns")
@@ -46,8 +52,10 @@ TABLE_ROW_COLUMNS = ("rank", "step", "pg", "op_id", "start_ns", "end_ns", "expos
 @dataclass
 class HelperRun(StragglerInputs):
     """What process 1 reads, by the RunSummary's field names: the straggler analysis's inputs, with the matched
-    instances, the collective-row columns, the groups and the names the collectives table reads."""
+    instances, the collective-row columns, the groups and the names the collectives table reads, and the
+    point-to-point pairs the pipelines read."""
 
+    p2p: P2PPairs | None = None
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     names: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
 
@@ -58,23 +66,26 @@ def helper_inputs(run: RunSummary) -> HelperRun:
     inst, rows = run.collectives.instances, run.collective_rows
     base.collectives.instances = {k: inst[k] for k in INSTANCE_COLUMNS if k in inst}
     base.collective_rows.update({k: rows[k] for k in TABLE_ROW_COLUMNS if k in rows})
-    return HelperRun(**vars(base), process_groups=list(run.process_groups), names=run.names)
+    return HelperRun(**vars(base), p2p=run.p2p, process_groups=list(run.process_groups), names=run.names)
 
 
 @dataclass
 class Helped:
-    """Process 1's results: what :func:`helped` computes."""
+    """Process 1's results: the straggler analysis, the collectives table and — when it built them — the pipelines."""
 
     stragglers: Stragglers
     collectives: list[CommRow]
+    pipelines: list[Pipeline] | None = None
 
 
 def helped(run: RunSummary | HelperRun, rule: StragglerRule | None = None) -> Helped:
-    """The analyses process 1 runs, on the run summary or on what it is sent (the same results)."""
+    """The analyses process 1 always runs, on the run summary or on what it is sent (the same results)."""
     return Helped(find_stragglers(run, rule=rule), comm_table(run))
 
-#: Message tag of this exchange (the summaries' gather uses its own).
-_TAG = 7302
+
+#: Message tags of this exchange (the summaries' gather uses its own): the request and the answer; rank 0's "my
+#: share is done"; process 1's "I build the pipelines" (or not).
+_TAG, _FREE, _CLAIM = 7302, 7303, 7304
 #: The MPI process that runs the straggler analysis.
 HELPER = 1
 
@@ -82,20 +93,21 @@ HELPER = 1
 class Offload:
     """Context manager around summarising and reporting on every MPI process (``comm`` None: serial, a no-op).
 
-    On rank 0: :meth:`offer` sends the run's inputs to process 1 and returns the function
-    :func:`~.build.build_report` calls for the results; leaving the context releases process 1 if nothing was
-    offered, and collects an unread result. On process 1: :meth:`serve` waits for one request and answers it. Other
-    processes do nothing.
+    On rank 0: :meth:`offer` sends the run's inputs to process 1 and returns the :class:`Handover` that
+    :func:`~.build.build_report` asks for the results; leaving the context releases process 1 if nothing was
+    offered, and completes an unfinished hand-over. On process 1: :meth:`serve` waits for one request and answers
+    it. Other processes do nothing.
     """
 
     def __init__(self, comm: Any | None):
-        self.comm = None
+        self.comm = self.raw = None
         if comm is not None and comm.Get_size() > HELPER:
             from mpi4py.util import pkl5  # numpy buffers travel out of band: no pickled copy of 100 MB
 
-            self.comm = pkl5.Intracomm(comm)
+            self.comm, self.raw = pkl5.Intracomm(comm), comm  # raw: the one-word free and claim messages
         self.me = comm.Get_rank() if comm is not None else 0
-        self._state = "idle"  # idle -> offered -> collected | released
+        self._handover: Handover | None = None
+        self._released = False
 
     def __enter__(self) -> Offload:
         return self
@@ -103,46 +115,96 @@ class Offload:
     def __exit__(self, *exc) -> None:
         if self.comm is None or self.me != 0:
             return
-        if self._state == "idle":
+        if self._handover is not None:
+            self._handover.finish()  # the report failed before it took everything: the exchange still completes
+        elif not self._released:
             self.comm.send(None, dest=HELPER, tag=_TAG)
-            self._state = "released"
-        elif self._state == "offered":  # the report failed before asking: the helper's answer is read all the same
-            self._receive()
+            self._released = True
 
-    def offer(self, run: RunSummary, rule: StragglerRule | None = None) -> Callable[[], Helped] | None:
-        """On rank 0: hand the straggler analysis and the collectives table of `run` to process 1;
-        the function that returns their results (None without a second process: the report computes them)."""
+    def offer(self, run: RunSummary, rule: StragglerRule | None = None) -> Handover | None:
+        """On rank 0: hand the straggler analysis and the collectives table of `run` (and perhaps the pipelines) to
+        process 1; the :class:`Handover` (None without a second process: the report computes them)."""
         if self.comm is None or self.me != 0:
             return None
         self.comm.send((helper_inputs(run), rule), dest=HELPER, tag=_TAG)
-        self._state = "offered"
-
-        def result() -> Helped:
-            kind, payload = self._receive()
-            if kind == "ok":
-                return payload
-            log.warning("MPI process %d could not run the straggler analysis and the collectives table (%s): "
-                        "rank 0 runs them instead", HELPER, payload)
-            return helped(run, rule)
-
-        return result
-
-    def _receive(self) -> tuple[str, Any]:
-        self._state = "collected"
-        return self.comm.recv(source=HELPER, tag=_TAG)
+        self._handover = Handover(self, run, rule)
+        return self._handover
 
     def serve(self) -> None:
-        """On process 1: wait for rank 0's request, run the analysis, send the result back (an error as a message:
-        rank 0 then runs it itself). Returns at once on every other process, and when rank 0 released it."""
+        """On process 1: wait for rank 0's request, run the analyses, build the pipelines if rank 0 is not yet free,
+        send the results back (an error as a message: rank 0 then runs them itself). Returns at once on every other
+        process, and when rank 0 released it."""
         if self.comm is None or self.me != HELPER:
             return
         request = self.comm.recv(source=0, tag=_TAG)
         if request is None:
             return
         inputs, rule = request
+        # posted now, test() below sees rank 0's free if it has come (a bare iprobe can miss it on its first poll)
+        free = self.raw.irecv(source=0, tag=_FREE)
         try:
-            answer: tuple[str, Any] = ("ok", helped(inputs, rule))
+            got: Helped | None = helped(inputs, rule)
+            answer: tuple[str, Any] = ("ok", got)
         except Exception as e:  # noqa: BLE001 -- rank 0 computes it instead, and says so
-            answer = ("error", f"{type(e).__name__}: {e}")
+            got, answer = None, ("error", f"{type(e).__name__}: {e}")
+        rank_0_free, _ = free.test()
+        take = got is not None and not rank_0_free  # rank 0 still busy with its share: build them here
+        claim = self.raw.isend(take, dest=0, tag=_CLAIM)
+        if take:
+            try:
+                got.pipelines = pipelines(inputs)
+            except Exception as e:  # noqa: BLE001 -- rank 0 builds them instead, and says so
+                answer = ("ok", got, f"{type(e).__name__}: {e}")
         del inputs, request
         self.comm.send(answer, dest=0, tag=_TAG)
+        if not rank_0_free:
+            free.wait()
+        claim.wait()
+
+
+class Handover:
+    """Rank 0's side of one offer: :meth:`builds_pipelines` when its own share is done, then :meth:`result`."""
+
+    def __init__(self, offload: Offload, run: RunSummary, rule: StragglerRule | None):
+        self._o, self._run, self._rule = offload, run, rule
+        self._free = None  # the pending send of rank 0's "free"
+        self._claim_req = offload.raw.irecv(source=HELPER, tag=_CLAIM)  # posted now, as in Offload.serve
+        self._claim: bool | None = None  # process 1's claim, once received
+        self._answer: tuple | None = None
+
+    def builds_pipelines(self) -> bool:
+        """Rank 0's share is done: tell process 1, and whether rank 0 builds the pipelines (unless process 1 has
+        already said it does)."""
+        self._send_free()
+        if self._claim is None:
+            done, claim = self._claim_req.test()
+            if done:
+                self._claim = bool(claim)
+        return not self._claim
+
+    def result(self) -> Helped:
+        """Process 1's results (computed here when it failed; `pipelines` None when rank 0 builds them)."""
+        answer = self.finish()
+        if answer[0] == "ok":
+            got = answer[1]
+            if len(answer) > 2:
+                log.warning("MPI process %d could not build the pipelines (%s): rank 0 builds them", HELPER, answer[2])
+                got.pipelines = None
+            return got
+        log.warning("MPI process %d could not run the straggler analysis and the collectives table (%s): "
+                    "rank 0 runs them instead", HELPER, answer[1])
+        return helped(self._run, self._rule)
+
+    def finish(self) -> tuple:
+        """Complete the exchange (rank 0's free sent, process 1's claim and answer received); the answer."""
+        self._send_free()
+        if self._claim is None:
+            self._claim = bool(self._claim_req.wait())
+        if self._answer is None:
+            self._answer = self._o.comm.recv(source=HELPER, tag=_TAG)
+            self._free.wait()
+        return self._answer
+
+    def _send_free(self) -> None:
+        if self._free is None:
+            self._free = self._o.raw.isend(True, dest=HELPER, tag=_FREE)
