@@ -76,6 +76,7 @@ class Helped:
     stragglers: Stragglers
     collectives: list[CommRow]
     pipelines: list[Pipeline] | None = None
+    pipelines_error: str | None = None  # process 1 claimed the pipelines and could not build them
 
 
 def helped(run: RunSummary | HelperRun, rule: StragglerRule | None = None) -> Helped:
@@ -154,7 +155,7 @@ class Offload:
             try:
                 got.pipelines = pipelines(inputs)
             except Exception as e:  # noqa: BLE001 -- rank 0 builds them instead, and says so
-                answer = ("ok", got, f"{type(e).__name__}: {e}")
+                got.pipelines_error = f"{type(e).__name__}: {e}"
         del inputs, request
         self.comm.send(answer, dest=0, tag=_TAG)
         if not rank_0_free:
@@ -187,9 +188,9 @@ class Handover:
         answer = self.finish()
         if answer[0] == "ok":
             got = answer[1]
-            if len(answer) > 2:
-                log.warning("MPI process %d could not build the pipelines (%s): rank 0 builds them", HELPER, answer[2])
-                got.pipelines = None
+            if got.pipelines_error is not None:
+                log.warning("MPI process %d could not build the pipelines (%s): rank 0 builds them", HELPER,
+                            got.pipelines_error)
             return got
         log.warning("MPI process %d could not run the straggler analysis and the collectives table (%s): "
                     "rank 0 runs them instead", HELPER, answer[1])
