@@ -48,7 +48,7 @@ def sort_within(g: np.ndarray, v: np.ndarray, *, later_first: bool = False) -> n
     g, v = np.asarray(g).reshape(-1), np.asarray(v).reshape(-1)
     n = g.size
     if n < 2 or g.dtype.kind not in "iub" or v.dtype.kind not in "iubf":
-        return np.lexsort((-np.arange(n), v, g)) if later_first else np.lexsort((v, g))
+        return _lexsort_within(g, v, later_first)
     ov = np.argsort(v)
     vs = v[ov]
     up = vs[1:] != vs[:-1]  # where the next distinct value starts
@@ -60,7 +60,7 @@ def sort_within(g: np.ndarray, v: np.ndarray, *, later_first: bool = False) -> n
     distinct = int(rank.max()) + 1
     g0 = int(g.min())
     if (int(g.max()) - g0 + 1) * distinct >= 1 << 62:
-        return np.lexsort((-np.arange(n), v, g)) if later_first else np.lexsort((v, g))
+        return _lexsort_within(g, v, later_first)
     key = (g.astype(np.int64) - g0) * distinct + rank
     del rank
     o = np.argsort(key)
@@ -72,6 +72,11 @@ def sort_within(g: np.ndarray, v: np.ndarray, *, later_first: bool = False) -> n
         sub = o[pos]
         o[pos] = sub[np.argsort(run * n + (n - 1 - sub if later_first else sub))]
     return o
+
+
+def _lexsort_within(g: np.ndarray, v: np.ndarray, later_first: bool) -> np.ndarray:
+    """:func:`sort_within`'s order by ``np.lexsort`` itself."""
+    return np.lexsort((-np.arange(g.size), v, g)) if later_first else np.lexsort((v, g))
 
 
 def group_median(g: np.ndarray, v: np.ndarray, n_groups: int) -> np.ndarray:
