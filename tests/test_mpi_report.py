@@ -194,16 +194,24 @@ def _broken(mpi: str, run_dir: Path, tmp_path: Path, part: str) -> subprocess.Co
                            part], cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=240)
 
 
+def _broken_and_serial(run_dir: Path, tmp_path: Path, part: str) -> tuple[dict, dict, str]:
+    """The report of `run_dir` with `part` broken or slowed under MPI, the serial report, and the MPI job's stderr
+    (both runs must succeed)."""
+    mpi = _mpiexec()
+    serial = _distprof(["report", run_dir, "--json", tmp_path / "serial.json", "--no-progress"], cwd=tmp_path)
+    par = _broken(mpi, run_dir, tmp_path, part)
+    assert serial.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
+    return (json.loads((tmp_path / f"{part}.json").read_text()), json.loads((tmp_path / "serial.json").read_text()),
+            par.stderr)
+
+
 def test_the_straggler_analysis_on_process_1_gives_the_serial_report_even_when_it_fails(run_dir, tmp_path):
     """Under MPI the straggler analysis runs on process 1 (analysis/report/parallel.py); when it fails there, rank
     0 says so once and runs it itself: the report is the serial one."""
-    mpi = _mpiexec()
-    serial = _distprof(["report", run_dir, "--json", tmp_path / "serial.json", "--no-progress"], cwd=tmp_path)
-    par = _broken(mpi, run_dir, tmp_path, "helper")
-    assert serial.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
-    assert par.stderr.count("could not run the straggler analysis and the collectives table "
-                            "(RuntimeError: helper broken on process 1)") == 1
-    assert json.loads((tmp_path / "helper.json").read_text()) == json.loads((tmp_path / "serial.json").read_text())
+    report, serial, stderr = _broken_and_serial(run_dir, tmp_path, "helper")
+    assert stderr.count("could not run the straggler analysis and the collectives table "
+                        "(RuntimeError: helper broken on process 1)") == 1
+    assert report == serial
 
 
 @pytest.mark.parametrize("part", ["offer", "report"])
@@ -232,26 +240,18 @@ def pp_run_dir(tmp_path_factory) -> Path:
 def test_the_process_free_first_builds_the_pipelines(pp_run_dir, tmp_path, part, builder):
     """Whichever of rank 0 and process 1 finishes its own share first builds the pipelines, and only it; the
     report is the serial one either way."""
-    mpi = _mpiexec()
-    serial = _distprof(["report", pp_run_dir, "--json", tmp_path / "serial.json", "--no-progress"], cwd=tmp_path)
-    par = _broken(mpi, pp_run_dir, tmp_path, part)
-    assert serial.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
-    report = json.loads((tmp_path / f"{part}.json").read_text())
-    assert report == json.loads((tmp_path / "serial.json").read_text())
+    report, serial, stderr = _broken_and_serial(pp_run_dir, tmp_path, part)
+    assert report == serial
     assert len(report["pipelines"]) == 2  # 4 ranks, 2 stages: two pipelines, built and sent back
-    assert par.stderr.count("pipelines built on process") == 1
-    assert f"pipelines built on process {builder}" in par.stderr
+    assert stderr.count("pipelines built on process") == 1
+    assert f"pipelines built on process {builder}" in stderr
 
 
 def test_pipelines_failing_on_process_1_are_built_on_rank_0(pp_run_dir, tmp_path):
     """Process 1 claims the pipelines and fails to build them: rank 0 says so once and builds them; the report is
     the serial one."""
-    mpi = _mpiexec()
-    serial = _distprof(["report", pp_run_dir, "--json", tmp_path / "serial.json", "--no-progress"], cwd=tmp_path)
-    par = _broken(mpi, pp_run_dir, tmp_path, "helper-pipelines")
-    assert serial.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
-    assert par.stderr.count("could not build the pipelines (RuntimeError: helper-pipelines broken on process 1): "
-                            "rank 0 builds them") == 1
-    assert "pipelines built on process 0" in par.stderr
-    assert (json.loads((tmp_path / "helper-pipelines.json").read_text())
-            == json.loads((tmp_path / "serial.json").read_text()))
+    report, serial, stderr = _broken_and_serial(pp_run_dir, tmp_path, "helper-pipelines")
+    assert stderr.count("could not build the pipelines (RuntimeError: helper-pipelines broken on process 1): "
+                        "rank 0 builds them") == 1
+    assert "pipelines built on process 0" in stderr
+    assert report == serial

@@ -125,12 +125,10 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
         general = general_changes(run, est)  # made once: ranking the heaviest ops reads every rank's op totals
         for change in general:
             est.estimate(change)
-        mine = helped.builds_pipelines()  # unless process 1, free first, builds them
-        pipes = pipelines(run) if mine else None
+        pipes = pipelines(run) if helped.builds_pipelines() else None  # unless process 1, free first, builds them
         got = helped.result()
         strag, table = got.stragglers, got.collectives
-        if pipes is None:
-            pipes = got.pipelines if got.pipelines is not None else pipelines(run)
+        pipes = got.pipelines if pipes is None else pipes
     par = detect_parallelism(run, table, pipes)
     if strag.info.n_instances == 0 and not pipes:
         warnings.append("no collective was matched across ranks: no straggler analysis")

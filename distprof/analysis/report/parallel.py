@@ -171,6 +171,7 @@ class Handover:
         self._free = None  # the pending send of rank 0's "free"
         self._claim_req = offload.raw.irecv(source=HELPER, tag=_CLAIM)  # posted now, as in Offload.serve
         self._claim: bool | None = None  # process 1's claim, once received
+        self._mine = False  # rank 0 builds the pipelines
         self._answer: tuple | None = None
 
     def builds_pipelines(self) -> bool:
@@ -181,16 +182,19 @@ class Handover:
             done, claim = self._claim_req.test()
             if done:
                 self._claim = bool(claim)
-        return not self._claim
+        self._mine = not self._claim
+        return self._mine
 
     def result(self) -> Helped:
-        """Process 1's results (computed here when it failed; `pipelines` None when rank 0 builds them)."""
+        """Process 1's results, with the pipelines wherever rank 0 does not build them itself (computed here what
+        process 1 failed to)."""
         answer = self.finish()
         if answer[0] == "ok":
             got = answer[1]
-            if got.pipelines_error is not None:
+            if got.pipelines_error is not None and not self._mine:
                 log.warning("MPI process %d could not build the pipelines (%s): rank 0 builds them", HELPER,
                             got.pipelines_error)
+                got.pipelines = pipelines(self._run)
             return got
         log.warning("MPI process %d could not run the straggler analysis and the collectives table (%s): "
                     "rank 0 runs them instead", HELPER, answer[1])
