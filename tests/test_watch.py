@@ -390,13 +390,16 @@ def test_store_reads_of_rank_0_are_bounded_whatever_the_job_size():
 # ---- every job style: the waits the watch sees (capture/syncpoints.py) ----------------------------------------------
 STYLE_FROM, STYLE_STEPS = 30, 110
 #: style -> (ranks, tests/watch_job.py arguments, the slow rank's extra ms): every rank sleeps (device-like time that
-#: leaves the loaded machine's CPU to the others); the extra is at least ~40 % of the slowed step.
+#: leaves the loaded machine's CPU to the others). The extra is about the peers' own work per step (measured idle:
+#: ddp 42 ms, fsdp2 53, pipelines 44, mesh2d 151), twice the rule's --watch-threshold 0.5: a slowed step stays flagged
+#: unless noise moves it by half a step's own work. (mesh2d's 100 ms, 0.6 of its own work under CI's load, let one
+#: noisy step in a few break every run of 8 flagged steps until step 82.)
 STYLES = {
     "ddp-one-bucket": (2, ["--style", "ddp", "--sleep-ms", "40", "--where", "before-backward"], 40.0),
     "ddp-many-buckets": (2, ["--style", "ddp", "--bucket-mb", "0.001", "--sleep-ms", "40",
                              "--where", "before-forward"], 40.0),
     "fsdp2": (2, ["--style", "fsdp2", "--sleep-ms", "40"], 60.0),  # more CPU per step than the others: more sleep
-    "mesh2d": (4, ["--style", "mesh2d", "--sleep-ms", "120"], 100.0),  # 4 busy ranks on the 2 cores: longer sleeps
+    "mesh2d": (4, ["--style", "mesh2d", "--sleep-ms", "120"], 150.0),  # 4 busy ranks on the 2 cores: longer sleeps
     "pipeline": (2, ["--style", "pipeline", "--sleep-ms", "40"], 50.0),
     "gpipe": (2, ["--style", "gpipe", "--sleep-ms", "40"], 50.0),
 }
