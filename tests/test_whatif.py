@@ -201,3 +201,77 @@ def test_a_real_pre_forward_delay_predicts_the_rerun(tmp_path_factory):
         predicted = float(np.median(whatif.per_step_time_ms(run)[1] - w.per_step_gain_ms))
         truth = float(np.median(whatif.per_step_time_ms(distprof.load(path, steps=wins[k + 1], progress=False))[1]))
         assert abs(predicted - truth) <= 0.15 * truth, (k, predicted, truth, w.to_json(), w.per_step_gain_ms)
+
+
+# ---- the heaviest ops of the standard table -------------------------------------------------------------------------
+def _ops_rank(names: list[str], kinds: list[str], rows: list[tuple[int, float]]):
+    """What _heaviest_ops reads of one rank's summary: its op names and kinds, and (name index, own ms) rows."""
+    from types import SimpleNamespace
+
+    name = np.array([r[0] for r in rows], dtype=np.int32)
+    dur = np.array([r[1] for r in rows], dtype=np.float32)
+    return SimpleNamespace(op_totals={"name": name, "dur_ms": dur}, op_names=np.array(names, dtype=object),
+                           op_kinds=kinds)
+
+
+def _heaviest_by_definition(ranks: list, k: int) -> list[str]:
+    """Own time per leaf name (a kernel, or an aten:: op) summed per rank, then over ranks; ties in the order first
+    seen (rank by rank, in each rank's order of names)."""
+    tot: dict[str, float] = {}
+    for s in ranks:
+        per: dict[int, float] = {}
+        for i, ms in zip(s.op_totals["name"].tolist(), s.op_totals["dur_ms"].tolist()):
+            per[i] = per.get(i, 0.0) + ms
+        for i in sorted(per):
+            nm, kind = str(s.op_names[i]), (s.op_kinds[i] if i < len(s.op_kinds) else "")
+            if per[i] and (kind == "kernel" or nm.startswith("aten::")):
+                tot[nm] = tot.get(nm, 0.0) + per[i]
+    return [n for n, _ in sorted(tot.items(), key=lambda x: -x[1])[:k]]
+
+
+HEAVIEST_CASES = [
+    # (ranks as (names, kinds, rows), k, expected)
+    ([(["nn.Module: Linear", "aten::mm", "gemm"], ["cpu_op", "cpu_op", "kernel"], [(0, 90.0), (1, 5.0), (2, 7.0)])],
+     2, ["gemm", "aten::mm"]),  # the module holds its ops' time: not a leaf
+    ([(["aten::mm", "aten::add"], ["cpu_op", "cpu_op"], [(0, 5.0), (1, 3.0)]),
+      (["aten::add", "aten::mm"], ["cpu_op", "cpu_op"], [(0, 4.0), (1, 1.0)])],
+     2, ["aten::add", "aten::mm"]),  # names summed across ranks whose lists differ in order
+    ([(["aten::b", "aten::a"], ["cpu_op", "cpu_op"], [(0, 2.0), (1, 2.0)]),
+      (["aten::a", "aten::b"], ["cpu_op", "cpu_op"], [(0, 2.0), (1, 2.0)])],
+     2, ["aten::b", "aten::a"]),  # a tie: the name first seen first
+    ([(["aten::z", "aten::y"], ["cpu_op", "cpu_op"], [(0, 0.0), (1, 1.0)]),
+      (["aten::z", "aten::y"], ["cpu_op", "cpu_op"], [(0, 1.0), (1, 0.0)])],
+     2, ["aten::y", "aten::z"]),  # no time in the first rank: seen only where it has some
+    ([(["aten::mm", "gemm", "my_region"], ["cpu_op"], [(0, 1.0), (1, 9.0), (2, 9.0)])],
+     3, ["aten::mm"]),  # no kind recorded: a leaf only by its aten:: name
+    ([(["aten::mm", "aten::mm"], ["cpu_op", "cpu_op"], [(0, 1.0), (1, 2.0)]),
+      (["aten::add"], ["cpu_op"], [(0, 2.5)])],
+     5, ["aten::mm", "aten::add"]),  # one name twice in a rank's list: both counted
+    ([([], [], []), (["aten::mm"], ["cpu_op"], [(0, 1.0), (0, 2.0)])], 1, ["aten::mm"]),  # a rank with no ops
+    ([([], [], [])], 1, []),
+]
+
+
+@pytest.mark.parametrize("ranks,k,expected", HEAVIEST_CASES)
+def test_heaviest_ops_table(ranks, k, expected):
+    from types import SimpleNamespace
+
+    rs = [_ops_rank(*r) for r in ranks]
+    got = whatif._heaviest_ops(SimpleNamespace(ranks=dict(enumerate(rs))), k)
+    assert got == expected == _heaviest_by_definition(rs, k)
+
+
+def test_heaviest_ops_agree_with_the_definition_on_random_ranks():
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(7)
+    pool = [f"aten::op{i}" for i in range(12)] + [f"kernel{i}" for i in range(6)] + ["region", "nn.Module: M"]
+    kinds_of = {n: ("kernel" if n.startswith("kernel") else "cpu_op") for n in pool}
+    for _ in range(30):
+        rs = []
+        for _r in range(int(rng.integers(1, 8))):
+            names = list(rng.choice(pool, size=int(rng.integers(0, len(pool))), replace=False))
+            rows = [(int(rng.integers(len(names))), float(rng.integers(0, 4))) for _ in range(8)] if names else []
+            rs.append(_ops_rank(names, [kinds_of[n] for n in names], rows))
+        k = int(rng.integers(1, 6))
+        assert whatif._heaviest_ops(SimpleNamespace(ranks=dict(enumerate(rs))), k) == _heaviest_by_definition(rs, k)

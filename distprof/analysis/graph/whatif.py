@@ -51,7 +51,9 @@ from its peers), and a changed op changing others (caches, clocks). docs/whatif.
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Iterable
 
@@ -545,15 +547,30 @@ def general_changes(run: RunSummary, b: Estimator, top_ops: int = 1) -> list[Cha
 
 def _heaviest_ops(run: RunSummary, k: int) -> list[str]:
     """The op names with the most own time summed over ranks and steps, leaves preferred: ``aten::`` ops and
-    kernels (a module's or an annotation's time includes its ops')."""
-    tot: dict[str, float] = {}
+    kernels (a module's or an annotation's time includes its ops'). Ties in the order the names are first seen
+    (rank by rank, in each rank's order of names)."""
+    ids: defaultdict = defaultdict(itertools.count().__next__)  # a name -> its place in the arrays below
+    tot, first = np.zeros(0), np.zeros(0, dtype=np.int64)  # per name: the sum, and when it was first seen (-1)
+    aten = np.zeros(0, dtype=bool)
+    seen = 0
     for s in run.ranks.values():
         if not s.op_totals["name"].size:
             continue
-        w = np.bincount(s.op_totals["name"], weights=s.op_totals["dur_ms"], minlength=len(s.op_names))
-        for i in np.flatnonzero(w).tolist():
-            kind = s.op_kinds[i] if i < len(s.op_kinds) else ""
-            nm = str(s.op_names[i])
-            if kind == "kernel" or nm.startswith("aten::"):
-                tot[nm] = tot.get(nm, 0.0) + float(w[i])
-    return [n for n, _ in sorted(tot.items(), key=lambda x: -x[1])[:k]]
+        gid = np.array([ids[n] for n in s.op_names.tolist()], dtype=np.int64)
+        if len(ids) > tot.size:  # names not seen before: their arrays' room, and which are aten:: ops
+            grow = len(ids) - tot.size
+            tot, first = np.concatenate([tot, np.zeros(grow)]), np.concatenate([first, np.full(grow, -1)])
+            aten = np.concatenate([aten, [str(n).startswith("aten::") for n in itertools.islice(ids, aten.size, None)]])
+        kinds = np.array(s.op_kinds[:gid.size] + [""] * max(gid.size - len(s.op_kinds), 0), dtype=object)
+        leaf = (kinds == "kernel") | aten[gid]
+        w = np.bincount(s.op_totals["name"], weights=s.op_totals["dur_ms"], minlength=gid.size)[:gid.size]
+        local = np.flatnonzero((w != 0) & leaf)
+        g = gid[local]
+        new = g[first[g] < 0]
+        first[new] = seen + np.arange(new.size)
+        seen += new.size
+        np.add.at(tot, g, w[local])  # one name twice in a rank's list: both added, as the loop over names did
+    have = np.flatnonzero(first >= 0)
+    order = have[np.lexsort((first[have], -tot[have]))][:k]
+    names = list(ids)
+    return [str(names[i]) for i in order.tolist()]
