@@ -236,3 +236,18 @@ def test_report_html_and_terminal_show_the_path_and_the_what_ifs(late):
     text = render_console(rep)
     assert "Critical path" in text and "rank 2" in text.split("Critical path")[1].splitlines()[0]
     assert "Estimated gain if fixed" in text and "What if" in text
+
+
+@pytest.mark.parametrize("values", [[], [3], [2, 2, 2], [5, 0, 5, 1, 0, 9], list(range(10))[::-1], [7, 1] * 20])
+def test_the_relaxations_distinct_sets(values):
+    """The frontier's sets of events and instances: the distinct values, each once, and each element's place among
+    them — also when the same helper served other arrays before (its slots hold their positions)."""
+    from distprof.analysis.graph.critical_path import _Distinct
+
+    d = _Distinct(10)
+    d.of(np.arange(10)[::-1])  # an earlier pass's set
+    v = np.array(values, dtype=np.int64)
+    keep = d.of(v)
+    assert sorted(keep.tolist()) == sorted(set(values))
+    keep, inv = d.of(v, inverse=True)
+    assert sorted(keep.tolist()) == sorted(set(values)) and keep[inv].tolist() == values

@@ -447,6 +447,8 @@ def _relax_frontier(g: StepGraph, limit: int) -> tuple[np.ndarray, bool, int]:
     send_to[g.ev_partner[rv]] = rv
     idx, bounds = _group_order(g)
     gend = np.r_[bounds[1:], idx.size] if idx.size else np.zeros(0, np.int64)
+    ev_set = _Distinct(n)  # the passes' sets of events and of instances (groups), each without repeats
+    grp_set = _Distinct(int(g.ev_group.max(initial=-1)) + 1)
     moved, passes = np.arange(n), 0
     while moved.size and passes < limit:
         passes += 1
@@ -458,18 +460,37 @@ def _relax_frontier(g: StepGraph, limit: int) -> tuple[np.ndarray, bool, int]:
             a = a_new
             continue
         # the events whose start S may have moved: every member of a moved member's instance, a moved send's receive
-        grp = np.unique(g.ev_group[moved][g.ev_group[moved] >= 0])
-        s_moved = np.unique(np.r_[moved, idx[_spans(bounds[grp], gend[grp])], send_to[moved][send_to[moved] >= 0]])
+        grp = grp_set.of(g.ev_group[moved][g.ev_group[moved] >= 0])
+        s_moved = ev_set.of(np.r_[moved, idx[_spans(bounds[grp], gend[grp])], send_to[moved][send_to[moved] >= 0]])
         dep = np.r_[nxt[s_moved][link[np.maximum(nxt[s_moved], 0)] == LINK_END],
                     nxt[moved][link[np.maximum(nxt[moved], 0)] == LINK_ARRIVAL]]
-        dep = np.unique(dep[dep >= 0])
+        dep = ev_set.of(dep[dep >= 0])
         p = prev[dep]
-        sp = _starts_at(g, a, p, idx, bounds, gend)
+        sp = _starts_at(g, a, p, idx, bounds, gend, grp_set)
         val = np.where(link[dep] == LINK_START, start_of[dep], np.where(link[dep] == LINK_END, sp + x[p], a[p])) + \
             gap[dep]
         moved = dep[val != a[dep]]
         a[dep] = val
     return a, moved.size == 0, passes
+
+
+class _Distinct:
+    """The distinct values of arrays of indices into 0..size−1, in no particular order (the relaxation's sets: a
+    pass computes the same values whatever their order), each in time linear in the array's length: a slot per
+    index remembers where it was last written."""
+
+    def __init__(self, size: int) -> None:
+        self._slot = np.zeros(max(size, 0), np.int64)
+
+    def of(self, v: np.ndarray, inverse: bool = False):
+        """`v`'s distinct values (and, with `inverse`, each element's place among them)."""
+        pos = np.arange(v.size)
+        self._slot[v] = pos  # the last position of each value wins
+        keep = v[self._slot[v] == pos]
+        if not inverse:
+            return keep
+        self._slot[keep] = np.arange(keep.size)
+        return keep, self._slot[v]
 
 
 def _spans(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -482,13 +503,13 @@ def _spans(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 def _starts_at(g: StepGraph, a: np.ndarray, ev: np.ndarray, idx: np.ndarray, bounds: np.ndarray,
-               gend: np.ndarray) -> np.ndarray:
+               gend: np.ndarray, grp_set: _Distinct) -> np.ndarray:
     """S of the events `ev` from the arrivals `a` (as :func:`_starts` computes it for every event)."""
     s = a[ev].copy()
     gi = g.ev_group[ev]
     coll = gi >= 0
     if coll.any():
-        grp, inv = np.unique(gi[coll], return_inverse=True)
+        grp, inv = grp_set.of(gi[coll], inverse=True)
         lo, hi = bounds[grp], gend[grp]
         mem = _spans(lo, hi)
         latest = np.maximum.reduceat(a[idx[mem]], np.r_[0, np.cumsum(hi - lo)[:-1]])
