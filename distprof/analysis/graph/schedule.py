@@ -201,12 +201,18 @@ def _chain_closer(d: _Deps, g: StepGraph) -> Callable[[np.ndarray], None] | None
             and np.array_equal(prev[prev >= 0], pos[prev >= 0] - 1)):
         return None
     seg = (np.cumsum(prev < 0) - 1).astype(np.int64)
+    off = np.zeros(0, np.int64)  # seg * big − pos: level − position, each rank-step lifted by its own `big`
+    big = 0
 
     def close(a: np.ndarray) -> None:
-        big = int(a.max()) + n + 1  # above any spread of level − position: rank-steps never mix
-        v = a - pos + seg * big
+        nonlocal off, big
+        need = int(a.max()) + n + 1  # above any spread of level − position: rank-steps never mix
+        if need > big:  # made again only as the levels grow past it (doubling): most passes reuse it
+            big = max(2 * big, need)
+            off = seg * big - pos
+        v = a + off
         np.maximum.accumulate(v, out=v)
-        v += pos - seg * big
+        v -= off
         np.maximum(a, v, out=a)
 
     return close
