@@ -109,3 +109,19 @@ def test_each_pipeline_takes_only_its_own_transfers():
     assert set(got) == {(0, 1, 2, 3), (4, 5, 6, 7), (8, 9)}
     assert got[(0, 1, 2, 3)]["src"].tolist() == [0, 1, 2, 3] and got[(0, 1, 2, 3)]["ts"].tolist() == [0, 20, 40, 60]
     assert got[(4, 5, 6, 7)]["dst"].tolist() == [5, 6, 7] and got[(8, 9)]["src"].tolist() == [9]
+
+
+def test_rows_left_unpaired_are_a_set_difference():
+    """The unpaired rows, and those of them not at a sequence's edge, are np.setdiff1d's answer: distinct, sorted,
+    whatever repeats or order the rows and the paired rows come in."""
+    from distprof.analysis.align.p2p import _rows_without
+
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 7, 50):
+        for _ in range(20):
+            rows = rng.integers(0, max(n, 1), size=int(rng.integers(0, 2 * n + 1))) if n else np.zeros(0, np.int64)
+            a = rng.integers(0, max(n, 1), size=int(rng.integers(0, n + 1))) if n else np.zeros(0, np.int64)
+            b = rng.integers(0, max(n, 1), size=int(rng.integers(0, n + 1))) if n else np.zeros(0, np.int64)
+            want = np.setdiff1d(np.setdiff1d(rows, a), b)
+            got = _rows_without(n, rows, a, b)
+            assert got.tolist() == want.tolist() and got.dtype.kind == "i"

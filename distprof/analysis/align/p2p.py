@@ -118,7 +118,17 @@ def _pair_numbered(pg, src, dst, seq, recv, numbered) -> tuple[np.ndarray, np.nd
     s_rows, r_rows = idx[~recv[idx]], idx[recv[idx]]
     _, si, ri = np.intersect1d(kid[~recv[idx]], kid[recv[idx]], return_indices=True)
     s, r = s_rows[si], r_rows[ri]
-    return s, r, np.setdiff1d(idx, np.r_[s, r])
+    return s, r, _rows_without(pg.size, idx, np.r_[s, r])
+
+
+def _rows_without(n: int, rows: np.ndarray, *taken: np.ndarray) -> np.ndarray:
+    """The distinct `rows` (indices below `n`) in none of `taken`, sorted — what ``np.setdiff1d`` gives, from a mask
+    instead of two sorts (≈ 1 M point-to-point rows at 1,024 LLM-shaped ranks)."""
+    mask = np.zeros(n, bool)
+    mask[rows] = True
+    for t in taken:
+        mask[t] = False
+    return np.flatnonzero(mask)
 
 
 def match_p2p(rows: Table, group_ranks: dict[int, list[int]]) -> P2PPairs:
@@ -148,8 +158,8 @@ def match_p2p(rows: Table, group_ranks: dict[int, list[int]]) -> P2PPairs:
     s_idx, r_idx = np.flatnonzero(known & ~recv), np.flatnonzero(known & recv)
     step = np.asarray(rows["step"], np.int64)
     nbytes = np.asarray(rows["bytes"], np.int64)
-    lone = np.setdiff1d(np.r_[s_idx, r_idx], np.r_[s, r])
-    inner = np.setdiff1d(lone, edge_rows)
+    lone = _rows_without(n, np.r_[s_idx, r_idx], np.r_[s, r])  # unpaired
+    inner = _rows_without(n, lone, edge_rows)  # ... and not at a sequence's edge
     unmatched = int(inner.size)
     examples = []
     if unmatched:
