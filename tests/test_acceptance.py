@@ -185,8 +185,8 @@ def test_the_readme_demo_headline_names_the_delay(tmp_path):
     """launch/demo.sh's job (rank 1 made 20 ms slow), run as the script runs it: the headline names rank 1, and its
     extra work is of the injected delay's size: more than half of it, less than twice it. (Within 15 % is the issue's
     bar for the demo on an idle machine, measured there: docs/accuracy.md. A fresh-clone CI run read 16.1 ms; with
-    another process busy on one of the two cores, runs read 15.9–33.5 ms for the 20 ms: a band that a loaded
-    machine's noise crosses is not a test's to hold.)"""
+    another process busy beside the two ranks, runs read 19.3–33.5 ms for the 20 ms: a band that a loaded machine's
+    noise crosses is not a test's to hold.)"""
     words = shlex.split((ROOT / "launch" / "demo.sh").read_text().replace("\\\n", " "), comments=True)
     i = words.index("distprof.launch")
     j = words.index("examples/ddp_mlp.py", i)
