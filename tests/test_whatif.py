@@ -247,6 +247,8 @@ HEAVIEST_CASES = [
     ([(["aten::mm", "aten::mm"], ["cpu_op", "cpu_op"], [(0, 1.0), (1, 2.0)]),
       (["aten::add"], ["cpu_op"], [(0, 2.5)])],
      5, ["aten::mm", "aten::add"]),  # one name twice in a rank's list: both counted
+    ([(["aten::a", "aten::b", "aten::a"], ["cpu_op"] * 3, [(0, 1.0), (1, 2.0), (2, 1.0)])],
+     2, ["aten::a", "aten::b"]),  # ... and first seen at its first place in the list (a tie here)
     ([([], [], []), (["aten::mm"], ["cpu_op"], [(0, 1.0), (0, 2.0)])], 1, ["aten::mm"]),  # a rank with no ops
     ([([], [], [])], 1, []),
 ]

@@ -567,6 +567,7 @@ def _heaviest_ops(run: RunSummary, k: int) -> list[str]:
         local = np.flatnonzero((w != 0) & leaf)
         g = gid[local]
         new = g[first[g] < 0]
+        new = new[np.sort(np.unique(new, return_index=True)[1])]  # a name listed twice: seen at its first place
         first[new] = seen + np.arange(new.size)
         seen += new.size
         np.add.at(tot, g, w[local])  # one name twice in a rank's list: both added, as the loop over names did
