@@ -251,3 +251,20 @@ def test_the_relaxations_distinct_sets(values):
     assert sorted(keep.tolist()) == sorted(set(values))
     keep, inv = d.of(v, inverse=True)
     assert sorted(keep.tolist()) == sorted(set(values)) and keep[inv].tolist() == values
+
+
+def test_ids_in_32_bits_replay_as_in_64():
+    """The graph holds its id and index columns in 32 bits (narrow.py); the same graph with them in 64 bits gives
+    the same replay, bit for bit, and the same critical paths."""
+    from dataclasses import fields, replace
+
+    g = step_graph(simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)}))
+    ids = [f.name for f in fields(g) if f.name.startswith("ev_") and getattr(g, f.name).dtype == np.int32]
+    assert {"ev_rs", "ev_rank", "ev_group", "ev_prev", "ev_partner", "ev_pg", "ev_op"} <= set(ids)
+    wide = replace(g, **{k: getattr(g, k).astype(np.int64) for k in ids})
+    for chain in (False, True):
+        a, b = replay(g, chain=chain), replay(wide, chain=chain)
+        for x, y in ((a.arrival, b.arrival), (a.end, b.end), (a.rs_start, b.rs_start), (a.rs_end, b.rs_end)):
+            assert np.array_equal(x, y)
+        pa, pb = critical_paths(g, a), critical_paths(wide, b)
+        assert np.array_equal(pa.work_ms, pb.work_ms) and pa.segments == pb.segments

@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("analysis.align", ("distprof.analysis.align",)),
     ("analysis.rank", ("distprof.analysis.rank",)),
     ("analysis.load", ("distprof.analysis.load",)),
-    ("analysis.types", ("distprof.analysis.types", "distprof.analysis.names", "distprof.analysis.groupstats")),
+    ("analysis.types", ("distprof.analysis.types", "distprof.analysis.names", "distprof.analysis.groupstats",
+                        "distprof.analysis.narrow")),
     ("capture", ("distprof.capture",)),
     ("drift", ("distprof.drift",)),
     ("events", ("distprof.events",)),
@@ -161,7 +162,8 @@ def test_capture_and_analysis_stay_apart(graph):
 
 
 def test_types_depend_on_nothing_in_analysis(graph):
-    for leaf in ("distprof.analysis.types", "distprof.analysis.names", "distprof.analysis.groupstats"):
+    for leaf in ("distprof.analysis.types", "distprof.analysis.names", "distprof.analysis.groupstats",
+                 "distprof.analysis.narrow"):
         assert {t for t in graph[leaf] if t.startswith("distprof.analysis")} == set(), leaf
 
 

@@ -51,6 +51,7 @@ import numpy as np
 
 from ...record import Record
 from ..groupstats import group_median, sort_within
+from ..narrow import narrow
 from .links import KIND_COLL, KIND_RECV, KIND_SEND, LINK_ARRIVAL, LINK_END, LINK_START
 from .schedule import replay_scheduled, schedule
 
@@ -210,6 +211,10 @@ def _sync_events(run: RunSummary) -> tuple[dict[str, np.ndarray], int, int]:
     return e, nc, npp
 
 
+#: The sync events' columns of ids (not times): held in 32 bits where they fit.
+_ID_COLUMNS = ("rank", "step", "group", "op", "pg", "pair")
+
+
 def _kept_order(run: RunSummary, rs: dict[str, np.ndarray], e: dict[str, np.ndarray],
                 nc: int) -> tuple[np.ndarray, np.ndarray]:
     """The events that are nodes of the graph, as indices into `e` sorted by rank-step then arrival, and the
@@ -228,7 +233,7 @@ def _kept_order(run: RunSummary, rs: dict[str, np.ndarray], e: dict[str, np.ndar
 
 def _partners(kind: np.ndarray, pair: np.ndarray, npp: int) -> np.ndarray:
     """Per event: a receive's send (both kept, matched by pair id), else −1."""
-    partner = np.full(kind.size, -1, np.int64)
+    partner = np.full(kind.size, -1, np.int32 if kind.size < 2**31 else np.int64)
     if npp:
         send_at = np.full(npp, -1, np.int64)
         is_s = kind == KIND_SEND
@@ -241,7 +246,7 @@ def _partners(kind: np.ndarray, pair: np.ndarray, npp: int) -> np.ndarray:
 def _dense_groups(grp: np.ndarray) -> tuple[np.ndarray, int]:
     """Dense group ids of the kept collective instances (−1 for p2p), and how many there are."""
     ug, gi = np.unique(grp[grp >= 0], return_inverse=True)
-    gid = np.full(grp.size, -1, np.int64)
+    gid = np.full(grp.size, -1, np.int32 if ug.size < 2**31 else np.int64)
     gid[grp >= 0] = gi.reshape(-1)
     return gid, int(ug.size)
 
@@ -294,14 +299,17 @@ def step_graph(run: RunSummary) -> StepGraph:
     rs = _rank_steps(run)
     e, nc, npp = _sync_events(run)
     o, ev_rs = _kept_order(run, rs, e, nc)
-    e = {k: v[o] for k, v in e.items()}  # each column once, in the graph's order (1,024 LLM-shaped ranks: the
-    del o  # unsorted events, 117 MB, were held to the end of the build and set its peak)
+    # each column once, in the graph's order (1,024 LLM-shaped ranks: the unsorted events, 117 MB, were held to the
+    # end of the build and set its peak), ids and indices in 32 bits where they fit (narrow.py)
+    e = {k: narrow(v[o]) if k in _ID_COLUMNS else v[o] for k, v in e.items()}
+    ev_rs = narrow(ev_rs)
+    del o
     t0 = int(rs["start"].min()) if rs["start"].size else 0
     a = (e.pop("arrival") - t0).astype(np.float64)
     z = np.maximum(e.pop("end") - t0, a)  # float64, as `a` is
     n = a.size
     new_rs = np.r_[True, ev_rs[1:] != ev_rs[:-1]] if n else np.zeros(0, bool)
-    prev = np.where(new_rs, -1, np.arange(n) - 1)
+    prev = narrow(np.where(new_rs, -1, np.arange(n) - 1))
     del new_rs
     gid, n_groups = _dense_groups(e.pop("group"))
     start_rs = (rs["start"] - t0).astype(np.float64)
@@ -329,7 +337,7 @@ def _group_order(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
     cached = getattr(g, "_order", None)
     if cached is None:
         idx = np.flatnonzero(g.ev_group >= 0)
-        idx = idx[np.argsort(g.ev_group[idx], kind="stable")]
+        idx = narrow(idx[np.argsort(g.ev_group[idx], kind="stable")])
         gg = g.ev_group[idx]
         bounds = np.flatnonzero(np.r_[True, gg[1:] != gg[:-1]]) if idx.size else np.zeros(0, np.int64)
         cached = (idx, bounds)
@@ -597,7 +605,7 @@ def _comm_on_path(g: StepGraph, si: np.ndarray, evs: np.ndarray, d: np.ndarray,
     if not evs.size:
         return comm
     is_coll = g.ev_op[evs] >= 0
-    keys = np.where(is_coll, g.ev_pg[evs] * (len(g.names) + 1) + g.ev_op[evs], -1)
+    keys = np.where(is_coll, g.ev_pg[evs].astype(np.int64) * (len(g.names) + 1) + g.ev_op[evs], -1)
     for k in np.unique(keys).tolist():
         sel = keys == k
         key = (-1, "p2p") if k < 0 else (int(k // (len(g.names) + 1)), str(g.names[int(k % (len(g.names) + 1))]))

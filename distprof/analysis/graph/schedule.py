@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..narrow import narrow
 from .links import LINK_END, LINK_START
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def _units(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     unit[p2p] = g.n_groups + np.arange(p2p.size)
     recv = p2p[g.ev_partner[p2p] >= 0]
     mem_unit = np.r_[unit, unit[recv]]
-    mem_ev = np.r_[np.arange(n), g.ev_partner[recv]]
+    mem_ev = narrow(np.r_[np.arange(n), g.ev_partner[recv]])
     return unit, mem_unit, mem_ev, int(g.n_groups + p2p.size)
 
 
@@ -111,12 +112,14 @@ class _Deps:
 def _deps(g: StepGraph) -> _Deps:
     n, nrs = g.n_events, g.rs_rank.size
     unit, mem_unit, mem_ev, nu = _units(g)
-    o = np.argsort(mem_unit, kind="stable")
+    o = narrow(np.argsort(mem_unit, kind="stable"))
     mu = mem_unit[o]
+    del mem_unit
     bounds = np.flatnonzero(np.r_[True, mu[1:] != mu[:-1]]) if mu.size else np.zeros(0, np.int64)
+    del mu
     prev = np.maximum(g.ev_prev, 0)
     link = g.ev_link
-    a_kind = np.where(link == LINK_START, _AT_B, np.where(link == LINK_END, _AT_Z, _AT_A))
+    a_kind = np.where(link == LINK_START, _AT_B, np.where(link == LINK_END, _AT_Z, _AT_A)).astype(np.int8)
     a_idx = np.where(link == LINK_START, g.ev_rs, prev)
     last = np.maximum(g.rs_last, 0)
     tl = g.rs_tail_link
@@ -134,9 +137,9 @@ def _index(kind: np.ndarray, idx: np.ndarray, unit: np.ndarray, n: int, nu: int,
     at_z = kind == _AT_Z
     z = np.zeros(idx.size, np.int64)
     if at_z.any():  # idx is an event there (a rank-step elsewhere: it may exceed the events)
-        z[at_z] = n + (unit[idx[at_z]] if levels else idx[at_z])
-    b = (n + nu if levels else 2 * n) + idx
-    return np.where(kind == _AT_A, idx, np.where(at_z, z, b)).astype(np.int64)
+        z[at_z] = n + (unit[idx[at_z]] if levels else idx[at_z]).astype(np.int64)
+    b = (n + nu if levels else 2 * n) + idx.astype(np.int64)
+    return narrow(np.where(kind == _AT_A, idx, np.where(at_z, z, b)))
 
 
 def _settle(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, *, chain: bool,
@@ -278,16 +281,19 @@ def _build(g: StepGraph, d: _Deps, lv: np.ndarray, lv_e: np.ndarray) -> Schedule
     lv_a, lv_u, lv_b = lv[:n], lv[n:n + nu], lv[n + nu:]
     top = int(max(lv.max(initial=0), lv_e.max(initial=0)))
     a_ev, a_off = _by_level(lv_a, top)
+    a_ev = narrow(a_ev)  # the schedule's indices in 32 bits where they fit, each as it is made (1,024 LLM-shaped
+    # ranks: the schedule kept with the graph 74 -> 37 MB, its build's peak 100 -> 50 MB over the graph's)
     u_ord, u_off = _by_level(lv_u, top)
     # the units' members and events, unit by unit in level order
     mcount = np.diff(np.r_[d.mem_bounds, d.mem_ev.size]) if nu else np.zeros(0, np.int64)
     u_mem = d.mem_ev[_ranges(d.mem_bounds[u_ord], mcount[u_ord])] if nu else np.zeros(0, np.int64)
-    u_mstart = np.r_[0, np.cumsum(mcount[u_ord])].astype(np.int64)
+    u_mstart = narrow(np.r_[0, np.cumsum(mcount[u_ord])])
     ev_by_unit = d.mem_order[d.mem_order < n]  # the member pairs begin with (unit of e, e) for every event e
     ecount_all = np.bincount(d.unit, minlength=nu) if n else np.zeros(nu, np.int64)
     estart_all = np.r_[0, np.cumsum(ecount_all)][:-1] if nu else np.zeros(0, np.int64)
     u_ev = ev_by_unit[_ranges(estart_all[u_ord], ecount_all[u_ord])] if nu else np.zeros(0, np.int64)
-    u_ecount = ecount_all[u_ord]
+    del ev_by_unit
+    u_ecount = narrow(ecount_all[u_ord])
     u_estart = np.r_[0, np.cumsum(u_ecount)].astype(np.int64)
     e_rs, e_off = _by_level(lv_e, top)
     chained = np.flatnonzero(d.chained)
@@ -301,9 +307,10 @@ def _build(g: StepGraph, d: _Deps, lv: np.ndarray, lv_e: np.ndarray) -> Schedule
         row_of[k] = len(bounds)
         if row[0] < row[1] or row[2] < row[3] or row[6] < row[7] or row[8] < row[9]:
             bounds.append(row)
-    rows = _rows(d, lv, lv_e, row_of, len(bounds))
-    return Schedule(levels=len(bounds), a_ev=a_ev, a_src=d.a_vsrc[a_ev], u_mem=u_mem, u_mstart=u_mstart,
-                    u_ev=u_ev, u_ecount=u_ecount, e_rs=e_rs, e_src=d.e_vsrc[e_rs], b_rs=b_rs, bounds=bounds, **rows)
+    rows = {k: narrow(v) for k, v in _rows(d, lv, lv_e, row_of, len(bounds)).items()}
+    return Schedule(levels=len(bounds), a_ev=a_ev, a_src=d.a_vsrc[a_ev], u_mem=narrow(u_mem), u_mstart=u_mstart,
+                    u_ev=narrow(u_ev), u_ecount=u_ecount, e_rs=e_rs, e_src=d.e_vsrc[e_rs], b_rs=b_rs, bounds=bounds,
+                    **rows)
 
 
 def _rows(d: _Deps, lv: np.ndarray, lv_e: np.ndarray, row_of: np.ndarray, nrows: int) -> dict[str, np.ndarray]:

@@ -61,6 +61,7 @@ import numpy as np
 
 from ...record import Record, not_json
 from ..groupstats import rank_step_values
+from ..narrow import narrow
 from .critical_path import (
     KIND_COLL,
     KIND_RECV,
@@ -255,7 +256,7 @@ def _segment_orders(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
     of sorting again."""
     cached = getattr(g, "_segment_orders", None)
     if cached is None:
-        cached = (np.lexsort((g.ev_gap, g.ev_group)), np.lexsort((g.ev_gap, _position_key(g))))
+        cached = (narrow(np.lexsort((g.ev_gap, g.ev_group))), narrow(np.lexsort((g.ev_gap, _position_key(g)))))
         g._segment_orders = cached
     return cached
 
@@ -264,7 +265,7 @@ def _position_key(g: StepGraph) -> np.ndarray:
     """Per event: its rank and its position in the rank-step, as one key."""
     first = np.r_[0, np.flatnonzero(g.ev_rs[1:] != g.ev_rs[:-1]) + 1] if g.n_events else np.zeros(0, np.int64)
     pos = np.arange(g.n_events) - np.repeat(first, np.diff(np.r_[first, g.n_events]))
-    return g.ev_rank * (int(pos.max(initial=0)) + 1) + pos
+    return g.ev_rank.astype(np.int64) * (int(pos.max(initial=0)) + 1) + pos
 
 
 def _subset_medians(order: np.ndarray, sel: np.ndarray, key: np.ndarray, v: np.ndarray,

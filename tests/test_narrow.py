@@ -1,0 +1,28 @@
+"""narrow(): integer columns in 32 bits only where every value fits, the values unchanged."""
+
+import numpy as np
+import pytest
+
+from distprof.analysis.narrow import narrow
+
+I32 = np.iinfo(np.int32)
+
+
+@pytest.mark.parametrize("values, dtype, want", [
+    ([0, 1, -1], np.int64, np.int32),
+    ([I32.min, I32.max], np.int64, np.int32),
+    ([I32.max + 1], np.int64, np.int64),  # one value too wide: the column stays as it is
+    ([I32.min - 1, 0], np.int64, np.int64),
+    ([], np.int64, np.int32),
+    ([7], np.uint32, np.int32),
+    ([2**32 - 1], np.uint32, np.uint32),
+    ([2**63 - 1], np.uint64, np.uint64),
+    ([3], np.int16, np.int16),  # already narrower: unchanged
+    ([3], np.int32, np.int32),
+    ([1.5], np.float64, np.float64),  # not integers: unchanged
+])
+def test_narrow_table(values, dtype, want):
+    a = np.array(values, dtype)
+    got = narrow(a)
+    assert got.dtype == want
+    assert got.tolist() == a.tolist()
