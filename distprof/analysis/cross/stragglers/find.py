@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...groupstats import group_median
+from ...narrow import narrow
 from .blame import Waits, union_ms, waits
 from .clock_free import clock_free_check
 from .cost import cost_ms
@@ -44,7 +45,7 @@ def find_stragglers(run: RunSummary | StragglerInputs, *, rule: StragglerRule | 
         return Stragglers([], StragglerInfo(_rule_info(rule, thr, parts)))
     t["cpu_wait_before_ns"] = cpu_wait_before_ns(run, t)
     ranks, ridx = np.unique(t["rank"], return_inverse=True)
-    ridx = ridx.reshape(-1)
+    ridx = narrow(ridx.reshape(-1))
     skey = step_keys(t)
     cells = Cells(skey, ridx, ranks.size)  # (step, rank) cells; a collective outside every step is a step of its own
     sl = step_lateness(cells, t["lateness_ns"] / NS_PER_MS)

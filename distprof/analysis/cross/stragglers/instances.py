@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...groupstats import sort_within
+from ...narrow import narrow
 from .clock_free import clock_free_lateness_ns
 from .peers import group_bounds, median_of_others
 
@@ -60,16 +61,18 @@ def collective_instances(run: RunSummary) -> Table:
     _, inst = np.unique(inst[keep], return_inverse=True)  # renumber 0..n-1
     take = np.flatnonzero(keep)
     o = sort_within(inst.reshape(-1), np.asarray(m["start_ns"])[take])
-    inst = inst.reshape(-1)[o].astype(np.int64)
+    inst = narrow(inst.reshape(-1)[o])
     take = take[o]  # each column is gathered once, in its final order: no second copy of the table
     del o, keep
     cols = {k: np.asarray(m[src])[take].astype(_NARROW.get(k, np.int64), copy=False) for k, src in _MEMBER_COLUMNS}
-    cols["rank"], cols["step"] = rank[take], step[take]
+    cols["rank"], cols["step"], cols["row"] = narrow(rank[take]), narrow(step[take]), narrow(cols["row"])
     cols["dur_ns"] = cols["end_ns"] - cols["arrival_ns"]
     return {"inst": inst, **cols, **_arrival_columns(inst, cols)}
 
 
 #: Columns only compared, sorted on or listed, never in arithmetic: int32 (1.39 M rows at 1,024 LLM-shaped ranks).
+#: The ids and indices ``inst``, ``rank``, ``step`` and ``row`` are int32 too where their values fit (narrow.py):
+#: keys built from them widen first (``groupstats.rank_step_values``, ``lateness.Cells``).
 _NARROW = {"window": np.int32, "pg": np.int32, "seq": np.int32, "pos": np.int32, "n_ranks": np.int32}
 
 #: Columns taken from the matched collectives' members: (column, member column).
@@ -134,7 +137,7 @@ def inside_steps(t: Table) -> Table:
     keep = n_out[t["inst"]] == 0  # whole instances: every rank inside a step
     _, inst = np.unique(t["inst"][keep], return_inverse=True)
     out = {k: v[keep] for k, v in t.items()}
-    out["inst"] = inst.reshape(-1).astype(np.int64)
+    out["inst"] = narrow(inst.reshape(-1))
     return out
 
 
