@@ -448,3 +448,19 @@ def test_the_inputs_another_process_is_sent_give_the_same_analysis():
     assert set(inputs.collectives.members) == {"inst", "rank", "window", "pg", "seq", "row", "start_ns", "end_ns"}
     assert set(inputs.collective_rows) == {"rank", "step", "cpu_wait_at_start_ns", "cpu_wait_at_end_ns"}
     assert not hasattr(inputs, "ranks")
+
+
+@pytest.mark.parametrize("sort", [True, False])
+def test_cells_keys_sorted_or_not_are_np_unique(sort):
+    """The cells' distinct keys skip np.unique's sort when the keys come sorted; either way they are np.unique's."""
+    from distprof.analysis.cross.stragglers.lateness import Cells, _distinct
+
+    rng = np.random.default_rng(3)
+    key = rng.integers(-5, 40, 500)
+    key = np.sort(key) if sort else key
+    u, inv = _distinct(key)
+    wu, winv = np.unique(key, return_inverse=True)
+    assert np.array_equal(u, wu) and np.array_equal(inv, winv.reshape(-1))
+    g = rng.integers(0, 3, key.size)
+    c = Cells(key, g, 3)
+    assert np.array_equal(c.step[c.idx], key) and np.array_equal(c.group[c.idx], g)
