@@ -54,7 +54,7 @@ def collective_instances(run: RunSummary) -> Table:
     if m["inst"].size == 0:
         return _empty_instances()
     inst = np.asarray(m["inst"], np.int64)
-    rank = np.asarray(m["rank"], np.int64)
+    rank = np.asarray(m["rank"])  # compared only: as the members hold it (int32), no copy
     keep = _kept_members(inst, rank)
     if not np.any(keep):
         return _empty_instances()
@@ -66,6 +66,7 @@ def collective_instances(run: RunSummary) -> Table:
     del o, keep
     cols = {k: np.asarray(m[src])[take].astype(_NARROW.get(k, np.int64), copy=False) for k, src in _MEMBER_COLUMNS}
     cols["rank"], cols["step"], cols["row"] = narrow(rank[take]), narrow(step[take]), narrow(cols["row"])
+    del rank, step, take  # the members' order is done with: freed before the arrival columns' temporaries
     cols["dur_ns"] = cols["end_ns"] - cols["arrival_ns"]
     return {"inst": inst, **cols, **_arrival_columns(inst, cols)}
 
@@ -83,7 +84,7 @@ _MEMBER_COLUMNS = (("window", "window"), ("pg", "pg"), ("seq", "seq"), ("row", "
 def _selected_members(run: RunSummary) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The matched collectives' members and each one's step, only those inside the steps selection if there is one."""
     m = run.collectives.members
-    step = np.asarray(run.collective_rows["step"], np.int64)[np.asarray(m["row"], np.int64)]
+    step = narrow(np.asarray(run.collective_rows["step"], np.int64)[np.asarray(m["row"], np.int64)])
     if run.steps_selection is not None:
         lo, hi = run.steps_selection
         inside = (step >= lo) & (step <= hi)

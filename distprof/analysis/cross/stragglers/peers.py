@@ -20,13 +20,14 @@ MAD_TO_SIGMA = 1.4826
 def group_bounds(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For a sorted, non-empty key: per row (its group's first row, its group's size, its position in the group)."""
     new = np.r_[True, key[1:] != key[:-1]]
-    f_of = np.flatnonzero(new)
-    n_of = np.diff(np.r_[f_of, key.size])
+    dt = np.int32 if key.size < 2**31 else np.int64  # row numbers and counts (not times): 32 bits where they fit
+    f_of = np.flatnonzero(new).astype(dt)
+    n_of = np.diff(np.r_[f_of, key.size]).astype(dt)
     gi = np.cumsum(new)
     gi -= 1  # in place, as below: these run over every instance row (1.4 M at 1,024 LLM-shaped ranks)
     first, n = f_of[gi], n_of[gi]
     del gi
-    pos = np.arange(key.size)
+    pos = np.arange(key.size, dtype=dt)
     pos -= first
     return first, n, pos
 
