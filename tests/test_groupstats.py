@@ -68,3 +68,16 @@ def test_sort_within_edge_cases():
     assert sort_within(g, v, later_first=True).tolist() == [3, 1, 2, 0]
     # float groups are not packed: np.lexsort's order all the same
     assert sort_within(np.array([1.5, 0.5, 1.5]), np.array([1, 1, 0])).tolist() == [1, 2, 0]
+
+
+@pytest.mark.parametrize("dtypes", [(np.int32, np.uint32, np.int64), (np.uint64, np.int8, np.bool_),
+                                    (np.float64, np.int16, np.uint8)])
+def test_unique_rows_of_mixed_dtypes_is_np_unique(dtypes):
+    """The key is built in place from columns of any integer dtype (and integral floats): the rows and the inverse
+    are np.unique's over the columns as int64."""
+    rng = np.random.default_rng(5)
+    cols = [rng.integers(0, 2 if t is np.bool_ else 50, 300).astype(t) for t in dtypes]
+    got, inv = unique_rows(cols)
+    want, winv = np.unique(np.stack([c.astype(np.int64) for c in cols], 1), axis=0, return_inverse=True)
+    assert all(np.array_equal(g, want[:, j]) for j, g in enumerate(got))
+    assert np.array_equal(inv, winv.reshape(-1))
