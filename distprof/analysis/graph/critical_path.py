@@ -349,7 +349,7 @@ def _starts(g: StepGraph, a: np.ndarray, *, who: bool = True) -> tuple[np.ndarra
     """S of every event from the arrivals `a`, and (`who`) the event whose arrival set it."""
     n = a.size
     s = a.copy()
-    last = np.arange(n) if who else None
+    last = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64) if who else None
     idx, bounds = _group_order(g)
     if idx.size:
         av = a[idx]
@@ -447,10 +447,11 @@ def _relax_frontier(g: StepGraph, limit: int) -> tuple[np.ndarray, bool, int]:
     prev = np.maximum(g.ev_prev, 0)
     start_of = g.rs_start[g.ev_rs]
     link, gap, x = g.ev_link, g.ev_gap, g.ev_transfer
-    nxt = np.full(n, -1, np.int64)  # the event after each in its rank-step
+    idt = np.int32 if n < 2**31 else np.int64  # event indices: 32 bits where they fit
+    nxt = np.full(n, -1, idt)  # the event after each in its rank-step
     has = g.ev_prev >= 0
     nxt[g.ev_prev[has]] = np.flatnonzero(has)
-    send_to = np.full(n, -1, np.int64)  # a send's receive
+    send_to = np.full(n, -1, idt)  # a send's receive
     rv = np.flatnonzero((g.ev_kind == KIND_RECV) & (g.ev_partner >= 0))
     send_to[g.ev_partner[rv]] = rv
     idx, bounds = _group_order(g)

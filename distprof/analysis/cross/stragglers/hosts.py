@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...groupstats import group_median
+from ...narrow import narrow
 from .blame import union_ms
 from .lateness import Cells, step_lateness
 from .peers import excess_by
@@ -65,7 +66,7 @@ def host_table(run: RunSummary, t: Table, skey: np.ndarray, w: Waits, thr: float
     host_of = {int(r): str(h) for r, h in run.hosts.items()}
     hosts, of_rank = np.unique(np.array([host_of.get(int(r), "?") for r in ranks.tolist()], dtype=str),
                                return_inverse=True)  # each distinct rank's host looked up once
-    hidx = of_rank.reshape(-1)[ridx]
+    hidx = narrow(of_rank.reshape(-1))[ridx]  # per instance row: int32 (hosts are few)
     nh = hosts.size
     ih = Cells(t["inst"], hidx, nh)  # (instance, host) cells
     del hidx

@@ -40,8 +40,10 @@ class Cells:
 
     def __init__(self, skey: np.ndarray, gidx: np.ndarray, ng: int):
         skeys, sidx = _distinct(skey)
-        code = sidx.astype(np.int64) * ng + gidx
+        code = sidx.astype(np.int64, copy=False)  # in place below: these run over every instance row
         del sidx
+        code *= ng
+        code += gidx
         ucode, idx = np.unique(code, return_inverse=True)
         del code
         self.idx = narrow(idx.reshape(-1))
