@@ -172,7 +172,7 @@ def _rs_index(rs: dict[str, np.ndarray], rank: np.ndarray, step: np.ndarray) -> 
         return np.full(rank.size, -1, np.int64)
     span = int(max(rs["step"].max(), step.max(), 0)) + 2
     key = rs["rank"] * span + rs["step"] + 1
-    q = rank.astype(np.int64) * span + np.clip(step, -1, span - 2) + 1
+    q = rank.astype(np.int64) * span + np.clip(step.astype(np.int64), -1, span - 2) + 1
     i = np.clip(np.searchsorted(key, q), 0, key.size - 1)
     return np.where(key[i] == q, i, -1)
 
@@ -194,25 +194,22 @@ def _sync_events(run: RunSummary) -> tuple[dict[str, np.ndarray], int, int]:
                  np.full(2 * npp, np.nan)]
     cw_z = np.r_[np.asarray(cr.get("cpu_wait_at_end_ns", np.full(len(cr["step"]), np.nan)), np.float64)[rows],
                  np.full(2 * npp, np.nan)]
-    e = {
-        "rank": np.r_[c_rank, np.asarray(p.src, np.int64), np.asarray(p.dst, np.int64)],
-        "step": np.r_[c_step, np.asarray(p.send_step, np.int64), np.asarray(p.recv_step, np.int64)],
+    e = {  # ids in 32 bits where they fit (narrow.py), as the graph holds them: the unsorted columns are held
+        # beside the sorting's temporaries (1,024 LLM-shaped ranks: 1.5 M events, 12 MB per int64 column)
+        "rank": narrow(np.r_[c_rank, np.asarray(p.src, np.int64), np.asarray(p.dst, np.int64)]),
+        "step": narrow(np.r_[c_step, np.asarray(p.send_step, np.int64), np.asarray(p.recv_step, np.int64)]),
         "arrival": np.r_[np.asarray(m["start_ns"], np.int64), np.asarray(p.send_start_ns, np.int64),
                          np.asarray(p.recv_start_ns, np.int64)],
         "end": np.r_[np.asarray(m["end_ns"], np.int64), np.asarray(p.send_end_ns, np.int64),
                      np.asarray(p.recv_end_ns, np.int64)],
         "kind": np.r_[np.full(nc, KIND_COLL), np.full(npp, KIND_SEND), np.full(npp, KIND_RECV)].astype(np.int8),
-        "group": np.r_[np.asarray(m["inst"], np.int64), np.full(2 * npp, -1, np.int64)],
-        "op": np.r_[np.asarray(m["op_id"], np.int64), np.full(2 * npp, -1, np.int64)],
-        "pg": np.r_[np.asarray(m["pg"], np.int64), np.asarray(p.pg, np.int64), np.asarray(p.pg, np.int64)],
-        "pair": np.r_[np.full(nc, -1, np.int64), np.arange(npp), np.arange(npp)],
+        "group": narrow(np.r_[np.asarray(m["inst"], np.int64), np.full(2 * npp, -1, np.int64)]),
+        "op": narrow(np.r_[np.asarray(m["op_id"], np.int64), np.full(2 * npp, -1, np.int64)]),
+        "pg": narrow(np.r_[np.asarray(m["pg"], np.int64), np.asarray(p.pg, np.int64), np.asarray(p.pg, np.int64)]),
+        "pair": narrow(np.r_[np.full(nc, -1, np.int64), np.arange(npp), np.arange(npp)]),
         "cw_a": cw_a, "cw_z": cw_z,
     }
     return e, nc, npp
-
-
-#: The sync events' columns of ids (not times): held in 32 bits where they fit.
-_ID_COLUMNS = ("rank", "step", "group", "op", "pg", "pair")
 
 
 def _kept_order(run: RunSummary, rs: dict[str, np.ndarray], e: dict[str, np.ndarray],
@@ -260,11 +257,14 @@ def _work_segments(a: np.ndarray, z: np.ndarray, prev: np.ndarray, ev_rs: np.nda
     pa = np.where(prev >= 0, a[np.maximum(prev, 0)], 0.0)
     link = np.where(prev < 0, LINK_START, np.where(a >= pz - END_SLACK_NS, LINK_END, LINK_ARRIVAL)).astype(np.int8)
     anchor = np.where(link == LINK_START, start_rs[ev_rs] if n else 0.0, np.where(link == LINK_END, pz, pa))
+    del pz, pa  # these run over every event: each freed once read
     gap = np.maximum(a - anchor, 0.0) if n else np.zeros(0)
+    del anchor
     pcz = np.where(prev >= 0, cw_z[np.maximum(prev, 0)], np.nan) if n else np.zeros(0)
     pca = np.where(prev >= 0, cw_a[np.maximum(prev, 0)], np.nan) if n else np.zeros(0)
     cw_anchor = np.where(link == LINK_START, cw_start[ev_rs] if n else 0.0,
                          np.where(link == LINK_END, pcz, pca))
+    del pcz, pca
     ev_cpu_wait = np.clip(cw_a - cw_anchor, 0.0, gap) if n else np.zeros(0)
     return link, gap, ev_cpu_wait
 
@@ -300,8 +300,9 @@ def step_graph(run: RunSummary) -> StepGraph:
     e, nc, npp = _sync_events(run)
     o, ev_rs = _kept_order(run, rs, e, nc)
     # each column once, in the graph's order (1,024 LLM-shaped ranks: the unsorted events, 117 MB, were held to the
-    # end of the build and set its peak), ids and indices in 32 bits where they fit (narrow.py)
-    e = {k: narrow(v[o]) if k in _ID_COLUMNS else v[o] for k, v in e.items()}
+    # end of the build and set its peak)
+    for k in list(e):  # a column at a time, each unsorted one freed as its sorted copy is made
+        e[k] = e[k][o]
     ev_rs = narrow(ev_rs)
     del o
     t0 = int(rs["start"].min()) if rs["start"].size else 0
