@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...record import Record
+from ..narrow import narrow
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,10 +70,10 @@ def comm_table(run: RunSummary) -> list[CommRow]:
         return []
     groups = {int(g["index"]): g for g in run.process_groups}
     kind_of = {i: group_kind(g) for i, g in groups.items()}
-    pg = np.asarray(rows["pg"], np.int64)[keep]
-    op = np.asarray(rows["op_id"], np.int64)[keep]
-    rank = np.asarray(rows["rank"], np.int64)[keep]
-    dur = (np.asarray(rows["end_ns"], np.int64) - np.asarray(rows["start_ns"], np.int64))[keep] / NS_PER_MS
+    # ids as the rows hold them (int32, uint32: compared only, no int64 copies of 1.4 M rows at 1,024 LLM-shaped ranks)
+    pg, op, rank = (np.asarray(rows[k])[keep] for k in ("pg", "op_id", "rank"))
+    dur = np.asarray(rows["end_ns"], np.int64)[keep] - np.asarray(rows["start_ns"], np.int64)[keep]
+    dur = dur / NS_PER_MS
     exposed = np.asarray(rows.get("exposed_ns", np.zeros(keep.size)), np.float64)[keep] / NS_PER_MS
     nbytes = np.asarray(rows["bytes"], np.int64)[keep]
     st = run.steps
@@ -106,7 +107,7 @@ def _kind_of_rows(pg: np.ndarray, kind: Callable[[int], str]) -> tuple[list[str]
     per row: 1.4 M collective rows at 1,024 LLM-shaped ranks)."""
     pgs, of_row = np.unique(pg, return_inverse=True)
     names, of_pg = np.unique(np.array([kind(int(g)) for g in pgs.tolist()], dtype=str), return_inverse=True)
-    return names.tolist(), of_pg.reshape(-1)[of_row.reshape(-1)]
+    return names.tolist(), narrow(of_pg.reshape(-1))[of_row.reshape(-1)]
 
 
 def _last_arrivers(run: RunSummary, keep_row: np.ndarray) -> dict[tuple[str, int], tuple[int, float, float]]:
