@@ -338,7 +338,7 @@ def _group_order(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
     cached = getattr(g, "_order", None)
     if cached is None:
         idx = np.flatnonzero(g.ev_group >= 0)
-        idx = narrow(idx[np.argsort(g.ev_group[idx], kind="stable")])
+        idx = idx[np.argsort(g.ev_group[idx], kind="stable")]
         gg = g.ev_group[idx]
         bounds = np.flatnonzero(np.r_[True, gg[1:] != gg[:-1]]) if idx.size else np.zeros(0, np.int64)
         cached = (idx, bounds)
@@ -406,7 +406,7 @@ def _relax(g: StepGraph, *, chain: bool, max_passes: int | None) -> Replay:
     rs_start = g.rs_start
     chained = np.flatnonzero(g.rs_prev >= 0) if chain else np.zeros(0, np.int64)
     limit = max_passes if max_passes is not None else n + 2 + (2 * g.rs_rank.size if chained.size else 0)
-    prev = np.maximum(g.ev_prev, 0)
+    prev = np.maximum(g.ev_prev, 0).astype(np.intp)  # indexes every pass: intp, not converted on each use
     converged, passes = False, 0
     finite = all(np.isfinite(v).all() for v in (a, rs_start, g.ev_gap, g.ev_transfer))
     if not chained.size and n and limit > 0 and finite:
@@ -445,14 +445,13 @@ def _relax_frontier(g: StepGraph, limit: int) -> tuple[np.ndarray, bool, int]:
     only."""
     n = g.n_events
     a = g.ev_arrival.copy()
-    prev = np.maximum(g.ev_prev, 0)
+    prev = np.maximum(g.ev_prev, 0).astype(np.intp)  # indexes every pass: intp, not converted on each use
     start_of = g.rs_start[g.ev_rs]
     link, gap, x = g.ev_link, g.ev_gap, g.ev_transfer
-    idt = np.int32 if n < 2**31 else np.int64  # event indices: 32 bits where they fit
-    nxt = np.full(n, -1, idt)  # the event after each in its rank-step
+    nxt = np.full(n, -1, np.intp)  # the event after each in its rank-step
     has = g.ev_prev >= 0
     nxt[g.ev_prev[has]] = np.flatnonzero(has)
-    send_to = np.full(n, -1, idt)  # a send's receive
+    send_to = np.full(n, -1, np.intp)  # a send's receive
     rv = np.flatnonzero((g.ev_kind == KIND_RECV) & (g.ev_partner >= 0))
     send_to[g.ev_partner[rv]] = rv
     idx, bounds = _group_order(g)

@@ -85,7 +85,7 @@ def _units(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     unit[p2p] = g.n_groups + np.arange(p2p.size)
     recv = p2p[g.ev_partner[p2p] >= 0]
     mem_unit = np.r_[unit, unit[recv]]
-    mem_ev = narrow(np.r_[np.arange(n), g.ev_partner[recv]])
+    mem_ev = np.r_[np.arange(n), g.ev_partner[recv]].astype(np.intp)  # indexes every settling pass: intp
     return unit, mem_unit, mem_ev, int(g.n_groups + p2p.size)
 
 
@@ -127,8 +127,11 @@ def _deps(g: StepGraph) -> _Deps:
     e_idx = np.where(tl == LINK_START, np.arange(nrs), last)
     return _Deps(
         n=n, nu=nu, nrs=nrs, unit=unit, mem_order=o, mem_ev=mem_ev[o], mem_bounds=bounds,
-        a_lsrc=_index(a_kind, a_idx, unit, n, nu, levels=True), a_vsrc=_index(a_kind, a_idx, unit, n, nu, levels=False),
-        e_lsrc=_index(e_kind, e_idx, unit, n, nu, levels=True), e_vsrc=_index(e_kind, e_idx, unit, n, nu, levels=False),
+        # the levels' sources index every settling pass (intp); the values' are read once, by the build (32 bits)
+        a_lsrc=_index(a_kind, a_idx, unit, n, nu, levels=True).astype(np.intp),
+        a_vsrc=_index(a_kind, a_idx, unit, n, nu, levels=False),
+        e_lsrc=_index(e_kind, e_idx, unit, n, nu, levels=True).astype(np.intp),
+        e_vsrc=_index(e_kind, e_idx, unit, n, nu, levels=False),
         e_from_b=e_kind == _AT_B, chained=g.rs_prev >= 0)
 
 
@@ -281,19 +284,17 @@ def _build(g: StepGraph, d: _Deps, lv: np.ndarray, lv_e: np.ndarray) -> Schedule
     lv_a, lv_u, lv_b = lv[:n], lv[n:n + nu], lv[n + nu:]
     top = int(max(lv.max(initial=0), lv_e.max(initial=0)))
     a_ev, a_off = _by_level(lv_a, top)
-    a_ev = narrow(a_ev)  # the schedule's indices in 32 bits where they fit, each as it is made (1,024 LLM-shaped
-    # ranks: the schedule kept with the graph 74 -> 37 MB, its build's peak 100 -> 50 MB over the graph's)
     u_ord, u_off = _by_level(lv_u, top)
     # the units' members and events, unit by unit in level order
     mcount = np.diff(np.r_[d.mem_bounds, d.mem_ev.size]) if nu else np.zeros(0, np.int64)
     u_mem = d.mem_ev[_ranges(d.mem_bounds[u_ord], mcount[u_ord])] if nu else np.zeros(0, np.int64)
-    u_mstart = narrow(np.r_[0, np.cumsum(mcount[u_ord])])
+    u_mstart = np.r_[0, np.cumsum(mcount[u_ord])].astype(np.intp)
     ev_by_unit = d.mem_order[d.mem_order < n]  # the member pairs begin with (unit of e, e) for every event e
     ecount_all = np.bincount(d.unit, minlength=nu) if n else np.zeros(nu, np.int64)
     estart_all = np.r_[0, np.cumsum(ecount_all)][:-1] if nu else np.zeros(0, np.int64)
     u_ev = ev_by_unit[_ranges(estart_all[u_ord], ecount_all[u_ord])] if nu else np.zeros(0, np.int64)
     del ev_by_unit
-    u_ecount = narrow(ecount_all[u_ord])
+    u_ecount = ecount_all[u_ord]
     u_estart = np.r_[0, np.cumsum(u_ecount)].astype(np.int64)
     e_rs, e_off = _by_level(lv_e, top)
     chained = np.flatnonzero(d.chained)
@@ -307,10 +308,14 @@ def _build(g: StepGraph, d: _Deps, lv: np.ndarray, lv_e: np.ndarray) -> Schedule
         row_of[k] = len(bounds)
         if row[0] < row[1] or row[2] < row[3] or row[6] < row[7] or row[8] < row[9]:
             bounds.append(row)
-    rows = {k: narrow(v) for k, v in _rows(d, lv, lv_e, row_of, len(bounds)).items()}
-    return Schedule(levels=len(bounds), a_ev=a_ev, a_src=d.a_vsrc[a_ev], u_mem=narrow(u_mem), u_mstart=u_mstart,
-                    u_ev=narrow(u_ev), u_ecount=u_ecount, e_rs=e_rs, e_src=d.e_vsrc[e_rs], b_rs=b_rs, bounds=bounds,
-                    **rows)
+    # the rows each input is first read at (read once per what-if) in 32 bits where they fit; the replay's own index
+    # arrays stay intp: numpy converts any other index dtype on every use, and the replay indexes with them level by
+    # level for every what-if (int32 there: the replays 1.5 x slower at 1,024 LLM-shaped ranks)
+    rows = _rows(d, lv, lv_e, narrow(row_of), len(bounds))  # gathered from 32-bit rows: no int64 copy first
+    return Schedule(levels=len(bounds), a_ev=a_ev, a_src=d.a_vsrc[a_ev].astype(np.intp),
+                    u_mem=u_mem.astype(np.intp, copy=False), u_mstart=u_mstart,
+                    u_ev=u_ev.astype(np.intp, copy=False), u_ecount=u_ecount, e_rs=e_rs,
+                    e_src=d.e_vsrc[e_rs].astype(np.intp), b_rs=b_rs, bounds=bounds, **rows)
 
 
 def _rows(d: _Deps, lv: np.ndarray, lv_e: np.ndarray, row_of: np.ndarray, nrows: int) -> dict[str, np.ndarray]:
