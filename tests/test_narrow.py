@@ -26,3 +26,11 @@ def test_narrow_table(values, dtype, want):
     got = narrow(a)
     assert got.dtype == want
     assert got.tolist() == a.tolist()
+
+
+@pytest.mark.parametrize("n, want", [(0, np.int32), (I32.max, np.int32), (I32.max + 1, np.int64)])
+def test_index_dtype_table(n, want):
+    """Indices 0..n−1 (and −1) in 32 bits exactly while n − 1 fits with room for n itself (a count or an end)."""
+    from distprof.analysis.narrow import index_dtype
+
+    assert index_dtype(n) is want

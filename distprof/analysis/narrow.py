@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["narrow"]
+__all__ = ["index_dtype", "narrow"]
 
 _LO, _HI = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
 
@@ -23,3 +23,8 @@ def narrow(a: np.ndarray) -> np.ndarray:
     if a.size == 0 or (int(a.min()) >= _LO and int(a.max()) <= _HI):
         return a.astype(np.int32)
     return a
+
+
+def index_dtype(n: int) -> type:
+    """The dtype for indices 0..n−1 (and −1 for none): int32 where they fit, else int64."""
+    return np.int32 if n <= _HI else np.int64

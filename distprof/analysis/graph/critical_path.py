@@ -51,7 +51,7 @@ import numpy as np
 
 from ...record import Record
 from ..groupstats import group_median, sort_within
-from ..narrow import narrow
+from ..narrow import index_dtype, narrow
 from .links import KIND_COLL, KIND_RECV, KIND_SEND, LINK_ARRIVAL, LINK_END, LINK_START
 from .schedule import replay_scheduled, schedule
 
@@ -230,7 +230,7 @@ def _kept_order(run: RunSummary, rs: dict[str, np.ndarray], e: dict[str, np.ndar
 
 def _partners(kind: np.ndarray, pair: np.ndarray, npp: int) -> np.ndarray:
     """Per event: a receive's send (both kept, matched by pair id), else −1."""
-    partner = np.full(kind.size, -1, np.int32 if kind.size < 2**31 else np.int64)
+    partner = np.full(kind.size, -1, index_dtype(kind.size))
     if npp:
         send_at = np.full(npp, -1, np.int64)
         is_s = kind == KIND_SEND
@@ -243,7 +243,7 @@ def _partners(kind: np.ndarray, pair: np.ndarray, npp: int) -> np.ndarray:
 def _dense_groups(grp: np.ndarray) -> tuple[np.ndarray, int]:
     """Dense group ids of the kept collective instances (−1 for p2p), and how many there are."""
     ug, gi = np.unique(grp[grp >= 0], return_inverse=True)
-    gid = np.full(grp.size, -1, np.int32 if ug.size < 2**31 else np.int64)
+    gid = np.full(grp.size, -1, index_dtype(ug.size))
     gid[grp >= 0] = gi.reshape(-1)
     return gid, int(ug.size)
 
@@ -350,7 +350,7 @@ def _starts(g: StepGraph, a: np.ndarray, *, who: bool = True) -> tuple[np.ndarra
     """S of every event from the arrivals `a`, and (`who`) the event whose arrival set it."""
     n = a.size
     s = a.copy()
-    last = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64) if who else None
+    last = np.arange(n, dtype=index_dtype(n)) if who else None
     idx, bounds = _group_order(g)
     if idx.size:
         av = a[idx]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...groupstats import sort_within
+from ...narrow import index_dtype
 
 __all__ = ["MAD_TO_SIGMA", "excess_by", "group_bounds", "median_of_others"]
 
@@ -20,7 +21,7 @@ MAD_TO_SIGMA = 1.4826
 def group_bounds(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For a sorted, non-empty key: per row (its group's first row, its group's size, its position in the group)."""
     new = np.r_[True, key[1:] != key[:-1]]
-    dt = np.int32 if key.size < 2**31 else np.int64  # row numbers and counts (not times): 32 bits where they fit
+    dt = index_dtype(key.size)  # row numbers and counts (not times): 32 bits where they fit
     f_of = np.flatnonzero(new).astype(dt)
     n_of = np.diff(np.r_[f_of, key.size]).astype(dt)
     gi = np.cumsum(new)
