@@ -159,14 +159,24 @@ def test_a_rank_not_late_gains_nothing_and_others_changes_chain_too():
 PLACED_DELAY_MS = 0.75 * PLACED_DEVICE_MS
 
 
-def _rank1_excess_ms(run) -> float:
-    """What the trace shows: rank 1's own time per step (its work segments and its tail, waits excluded) less rank
-    0's, the median over steps (ms)."""
+def _own_ms(run) -> dict[tuple[int, int], float]:
+    """What the trace shows: each rank's own time in each step (its work segments and its tail, waits excluded), ms
+    by (rank, step)."""
     g = step_graph(run)
     own = g.rs_tail + np.bincount(g.ev_rs, weights=g.ev_gap, minlength=g.rs_rank.size)
-    steps = np.intersect1d(g.rs_step[g.rs_rank == 0], g.rs_step[g.rs_rank == 1])
-    by = {(int(r), int(s)): o for r, s, o in zip(g.rs_rank, g.rs_step, own)}
-    return float(np.median([by[(1, int(s))] - by[(0, int(s))] for s in steps])) / MS
+    return {(int(r), int(s)): float(o) / MS for r, s, o in zip(g.rs_rank, g.rs_step, own)}
+
+
+def _rank1_excess_ms(run) -> float:
+    """Rank 1's own time per step less rank 0's, the median over the steps both have (ms)."""
+    own = _own_ms(run)
+    steps = sorted({s for r, s in own if r == 0} & {s for r, s in own if r == 1})
+    return float(np.median([own[(1, s)] - own[(0, s)] for s in steps]))
+
+
+def _peer_own_ms(run) -> float:
+    """Rank 0's own time per step, the median over steps (ms)."""
+    return float(np.median([o for (r, _), o in _own_ms(run).items() if r == 0]))
 
 
 @pytest.mark.slow
@@ -192,15 +202,23 @@ def test_a_real_pre_forward_delay_predicts_the_rerun(tmp_path_factory):
     """The pre-forward case against the same job without the delay: one job whose windows alternate with and without
     it (re-runs launched apart drifted apart here by 10 ms of CPU contention on every rank). In each delayed window,
     the predicted step (per step the measured step less the gain; the median over steps) is the next window's (the
-    median of its steps) within 15 % — the old replay was off by half the delay, 15 ms on a ~48 ms step."""
+    median of its steps) within 15 % — the old replay was off by half the delay, 15 ms on a ~48 ms step.
+
+    The what-if holds the other rank's own time as measured. On a loaded 2-core machine that time itself moves with
+    the delay (rank 0's own time 51 ms per step in the delayed windows, 45-46 ms in the others, in one CI run: woken
+    from a 30 ms wait, it waits for a core), and the re-run's step moves with it; a GPU rank's kernels do not. So the
+    prediction is compared after taking out the peer's own-time drift between the two windows, which the trace
+    shows (that CI run: off by 6.2 and 8.4 ms uncorrected, 0.1 and 3.1 ms corrected)."""
     path = placed_job(tmp_path_factory, "ddp", "pre", PLACED_DELAY_MS, alternate=4)
     wins = alternate_windows(4)
     for k in (0, 2):
         run = distprof.load(path, steps=wins[k], progress=False)
+        rerun = distprof.load(path, steps=wins[k + 1], progress=False)
         w = whatif.estimate(run, whatif.Straggler(ranks=(1,)))
         predicted = float(np.median(whatif.per_step_time_ms(run)[1] - w.per_step_gain_ms))
-        truth = float(np.median(whatif.per_step_time_ms(distprof.load(path, steps=wins[k + 1], progress=False))[1]))
-        assert abs(predicted - truth) <= 0.15 * truth, (k, predicted, truth, w.to_json(), w.per_step_gain_ms)
+        truth = float(np.median(whatif.per_step_time_ms(rerun)[1]))
+        drift = _peer_own_ms(run) - _peer_own_ms(rerun)
+        assert abs(predicted - drift - truth) <= 0.15 * truth, (k, predicted, drift, truth, w.per_step_gain_ms)
 
 
 # ---- the heaviest ops of the standard table -------------------------------------------------------------------------
