@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distprof.analysis.align.rows import ROW_COLUMNS, RowsJoiner, joined
+from distprof.analysis.align.rows import CPU_WAIT_AT, ROW_COLUMNS, RowsJoiner, joined
 
 OPS = np.array(["all_gather", "all_reduce", "broadcast", "reduce_scatter", "send"], dtype=object)
 
@@ -98,6 +98,33 @@ def test_take_moves_the_rows_out_of_the_summary():
         assert set(s.collectives) == set(c)
         assert all(v.size == 0 and v.dtype == c[k].dtype and v.base is None for k, v in s.collectives.items())
     _same(j.finish(), _reference(parts))
+
+
+def _unsampled(parts, ranks):
+    """`parts` with no CPU wait sampled on `ranks` (GPU ranks, imported traces: NaN)."""
+    return {r: ({**c, **{k: np.full(c["seq"].size, np.nan) for k in CPU_WAIT_AT}} if r in ranks else c, n)
+            for r, (c, n) in parts.items()}
+
+
+def test_cpu_wait_columns_no_rank_sampled_are_left_out():
+    """No rank sampled its CPU wait: the columns are left out (readers take them as NaN); one rank that did keeps
+    them, NaN on the others — also where another process's finished table left them out."""
+    parts = _unsampled(_parts([30, 60, 10, 45]), {0, 1, 2, 3})
+    rows, _ = joined([(r, c, n) for r, (c, n) in parts.items()])
+    assert set(rows) == set(ROW_COLUMNS) - set(CPU_WAIT_AT)
+    parts = _unsampled(_parts([30, 60, 10, 45]), {1, 2, 3})
+    want = _reference(parts)
+    other = RowsJoiner(2)
+    for r in (1, 3):
+        other.add(r, *parts[r])
+    part = other.finish()
+    assert not set(CPU_WAIT_AT) & set(part[0])
+    j = RowsJoiner(4)
+    for r in (0, 2):
+        j.add(r, *parts[r])
+    j.extend(*part)
+    _same(j.finish(), want)
+    assert np.isnan(want[0]["cpu_wait_at_start_ns"][30:]).all()
 
 
 def test_nothing_joined_is_an_empty_table_of_the_columns():
