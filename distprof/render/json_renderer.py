@@ -6,9 +6,12 @@ same functions write ``distprof diff``'s document, which is plain JSON already (
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import math
 import os
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -32,6 +35,53 @@ ROWS_PER_PART = 2048
 
 def _dumps(doc: Any) -> str:
     return json.dumps(doc, indent=1, allow_nan=False, ensure_ascii=False)
+
+
+def _scalar_text(x: Any) -> str | None:
+    """A plain JSON scalar's text as ``json.dumps`` writes it; None for anything else (containers, subclasses,
+    non-finite floats: json's own encoder takes them, and raises where it does)."""
+    t = type(x)
+    if t is str:
+        return encode_basestring(x)
+    if t is int:
+        return int.__repr__(x)
+    if t is float:
+        return float.__repr__(x) if math.isfinite(x) else None
+    if x is None:
+        return "null"
+    if x is True:
+        return "true"
+    if x is False:
+        return "false"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_text(key: str) -> str:
+    return encode_basestring(key) + ": "
+
+
+def _text(x: Any, depth: int) -> str:
+    """The text of ``json.dumps(x, indent=1, allow_nan=False, ensure_ascii=False)`` as it reads `depth` levels deep
+    (:func:`_nested` applied `depth` times), made by joining its items' texts: json's own encoder takes its
+    pure-Python path whenever it indents (a generator per container, a yield per token), 3-5 x slower on the
+    report's per-rank lists (at 1,024 ranks, 16 k values each)."""
+    s = _scalar_text(x)
+    if s is not None:
+        return s
+    t = type(x)
+    if t is list or t is tuple:
+        if not x:
+            return "[]"
+        nl = "\n" + " " * (depth + 1)
+        return "[" + nl + ("," + nl).join([_text(v, depth + 1) for v in x]) + "\n" + " " * depth + "]"
+    if t is dict and all(type(k) is str for k in x):
+        if not x:
+            return "{}"
+        nl = "\n" + " " * (depth + 1)
+        return ("{" + nl + ("," + nl).join([_key_text(k) + _text(v, depth + 1) for k, v in x.items()])
+                + "\n" + " " * depth + "}")
+    return _dumps(x).replace("\n", "\n" + " " * depth)  # anything else: json's own (and its errors)
 
 
 def _nested(text: str) -> str:
@@ -87,7 +137,7 @@ def iter_json(report: Report | dict[str, Any]) -> Iterator[str]:
                 yield ("\n  " if j == 0 else ",\n  ") + _nested(body[3:-2])
             yield "\n ]"
         else:
-            yield _nested(_dumps(jsonable(v)))
+            yield _text(jsonable(v), 1)
     yield "\n}\n"
 
 
