@@ -64,14 +64,19 @@ def test_no_delay_names_nobody_or_says_the_host_held_it_back(tmp_path):
     # contention is reported, not tuned away). Kept runs of this job named a rank in 3 of 8 (2026-12-04, identical
     # under the lateness before and after its chance change), so "one of two runs names nobody" failed about one CI
     # run in seven. What must hold in every run: a rank named without any injected delay comes with the host's
-    # oversubscribed cores said (cpu_contention).
+    # oversubscribed cores said (cpu_contention). The training threads' run-queue wait alone did not always say it
+    # (a CI run: 6-10 % of the step on every rank, under the rule's 10 %, with rank 2 named); the shards' CPU budget
+    # does: 4 CPU ranks of one intra-op thread on fewer than 4 CPUs are oversubscribed whatever the wait.
+    few_cpus = len(os.sched_getaffinity(0)) < 4
     for attempt in ("quiet", "quiet2"):
         (tmp_path / attempt).mkdir()
         rep = _run(tmp_path / attempt, attempt, [])
         named = [s.rank for s in rep.stragglers if s.named]
-        if named:
-            assert any(f.id == "cpu_contention" for f in rep.findings), (
-                attempt, [(s.rank, round(s.lateness_ms, 2)) for s in rep.stragglers], rep.verdict)
+        contention = [f for f in rep.findings if f.id == "cpu_contention"]
+        if named or few_cpus:
+            assert contention, (attempt, [(s.rank, round(s.lateness_ms, 2)) for s in rep.stragglers], rep.verdict)
+        if few_cpus:
+            assert "intra-op thread(s) in all on" in contention[0].evidence, contention[0].evidence
 
 
 def test_uneven_batch_shows_in_flops_and_compute(tmp_path):

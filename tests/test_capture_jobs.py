@@ -340,7 +340,8 @@ def test_balanced_mesh_names_nobody_and_matches_within_groups(mesh):
         assert set(np.asarray(m["rank"])[sel].tolist()) <= groups[pgs.pop()]
     # 4 CPU-bound ranks share 2 cores here: the host can hold one rank back for the whole window, and the rule takes
     # arrivals as they are (a fresh-clone CI run named rank 2, 6.1 ms late in 4 of 5 steps, while every training
-    # thread waited for a CPU 24 % of the step). A rank named in this balanced job must come with that said.
+    # thread waited for a CPU 24 % of the step). A rank named in this balanced job must come with that said (the
+    # shards' CPU budget says it whatever the wait: 4 CPU ranks on fewer CPUs).
     if rep.straggler_info.named:
         assert any(f.id == "cpu_contention" for f in rep.findings), (rep.stragglers, rep.verdict)
     assert not any("disagree" in w for w in rep.warnings), rep.warnings

@@ -145,6 +145,49 @@ def test_the_rule_fires_from_its_thresholds():
     assert cpu_contention(_steps([np.nan] * 3), rules) == []  # unknown (imports, older shards): silent
 
 
+def _cpu(device="cpu", threads=1, affinity=2, cpus=2, host="h", real_host="vm"):
+    return {"device_type": device, "intra_op_threads": threads, "cpu_affinity": affinity, "host_cpus": cpus,
+            "host": host, "real_host": real_host}
+
+
+OVERSUBSCRIBED_CASES = [
+    # (attrs per rank, expected rank -> (the host's ranks, their threads, the CPUs))
+    ([_cpu()] * 4, {r: (4, 4, 2) for r in range(4)}),  # 4 CPU ranks on 2 cores: the acceptance test's job
+    ([_cpu()] * 2, {}),  # 2 on 2: within the cores
+    ([_cpu(threads=2)] * 2, {0: (2, 4, 2), 1: (2, 4, 2)}),  # 2 ranks of 2 intra-op threads on 2 cores
+    ([_cpu("cuda", threads=64, affinity=64, cpus=64)] * 8, {}),  # GPU ranks: their threads wait on the device
+    ([_cpu(threads=2, affinity=2, cpus=8)] * 4, {}),  # each bound to 2 CPUs of 8 (numactl), 2 threads each
+    ([_cpu(threads=3, affinity=2, cpus=8)] * 4, {r: (4, 12, 8) for r in range(4)}),  # ... 3 threads each
+    ([_cpu(host=f"sim-host{r % 2}") for r in range(4)], {r: (4, 4, 2) for r in range(4)}),  # one OS host, simulated two
+    ([_cpu(real_host="a"), _cpu(real_host="a"), _cpu(real_host="b"), _cpu(real_host="b")], {}),  # 2 per host
+    ([_cpu(), _cpu(), {"device_type": "cpu", "host": "h"}, _cpu()], {}),  # one shard without them: unknown
+]
+
+
+@pytest.mark.parametrize("attrs, expected", OVERSUBSCRIBED_CASES)
+def test_oversubscribed_hosts(attrs, expected):
+    from distprof.analysis.findings.cpu import oversubscribed
+
+    assert oversubscribed(SimpleNamespace(attrs=dict(enumerate(attrs)))) == expected
+
+
+def test_cpu_ranks_on_an_oversubscribed_host_are_reported_whatever_their_wait():
+    """4 CPU ranks on 2 cores waiting 6-10 % of their steps (a CI run: rank 2 named, no finding): reported, and the
+    text says why."""
+    run = SimpleNamespace(steps={"rank": np.repeat(np.arange(4), 3), "step": np.tile(np.arange(3), 4),
+                                 "step_ms": np.full(12, 20.0), "cpu_wait_ms": np.full(12, 1.5),
+                                 "cpu_run_ms": np.full(12, 8.0)},
+                          hosts=dict.fromkeys(range(4), "vm"), attrs=dict.fromkeys(range(4), _cpu()))
+    hits = cpu_contention(run, FindingRules())
+    assert sorted(h.rank for h in hits) == [0, 1, 2, 3] and hits[0].impact_pct == pytest.approx(7.5)
+    from distprof.analysis.findings.cpu import cpu_contention_text
+
+    assert "4 rank(s) computing on the CPU with 4 intra-op thread(s) in all on 2 CPU(s)" in \
+        cpu_contention_text({**hits[0].metrics, "impact_pct": 7.5}, "all 4 ranks", hits[0])[1]
+    run.attrs = dict.fromkeys(range(4), _cpu(cpus=4, affinity=4))  # 4 cores: the wait rule alone, 7.5 % < 10 %
+    assert cpu_contention(run, FindingRules()) == []
+
+
 def _interval_wait(t: np.ndarray, w: np.ndarray, at: np.ndarray) -> np.ndarray:
     """The wait gathered in the sample interval holding each time of `at` (0 on a sample)."""
     i = np.clip(np.searchsorted(t, at, side="right"), 1, t.size - 1)

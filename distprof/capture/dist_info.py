@@ -52,6 +52,21 @@ class RankInfo:
         }
 
 
+def cpu_budget() -> dict[str, int]:
+    """The calling thread's CPU budget, as a shard's attributes record it: the CPUs this process may run on
+    (``cpu_affinity``: taskset, numactl, a cgroup's cpuset), the host's CPUs (``host_cpus``) and torch's intra-op
+    threads (``intra_op_threads``: what ``torch.set_num_threads`` set on this thread). The report compares a host's
+    busy threads with its cores (analysis/findings/cpu.py). Read on the training thread at each window's end."""
+    import torch
+
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        affinity = os.cpu_count() or 0
+    out = {"cpu_affinity": affinity, "host_cpus": os.cpu_count() or 0, "intra_op_threads": torch.get_num_threads()}
+    return {k: int(v) for k, v in out.items() if int(v) > 0}
+
+
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))

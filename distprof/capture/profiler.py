@@ -551,7 +551,7 @@ class RankProfiler:
             groups.gloo_thread_pg(), groups.process_groups(), groups.backend_name(self._info.device_type),
             groups.backend_config(), dict(self._step_end_ns), memsnap=memsnap, memhist=memhist,
             cpu_marks=dict(self._cpu_marks), cpu_opt_marks=dict(self._cpu_opt_marks), cpu_samples=samples,
-            p2p_calls=p2p.drain(), trigger=self._trigger_attr(window), steps=(first, last)))
+            p2p_calls=p2p.drain(), trigger=self._trigger_attr(window), steps=(first, last), cpus=dist_info.cpu_budget()))
 
     def _trigger_attr(self, window: int) -> dict[str, Any] | None:
         """A triggered window's request and why it was asked for (its shards' ``trigger`` attribute)."""

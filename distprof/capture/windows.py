@@ -65,6 +65,7 @@ class WindowJob:
     cpu_samples: dict[str, np.ndarray] | None = None  # the training thread's CPU waits while recording (cpu/samples)
     trigger: dict[str, Any] | None = None  # a triggered window: request_id, reason, plan (capture/trigger.py)
     steps: tuple[int, int] = (-1, -1)  # first and last step the window was to record (for a lost window's message)
+    cpus: dict[str, int] = field(default_factory=dict)  # the training thread's CPU budget (dist_info.cpu_budget)
     t_queued: float = field(default_factory=time.perf_counter)
 
     def lost(self, stage: str, reason: str) -> LostWindow:
@@ -299,6 +300,7 @@ class ShardWriter:
         steps = ex.steps_covered
         attrs: dict[str, Any] = {
             **info.attrs(),
+            **job.cpus,
             "run_id": self._setup.run_id,
             **({"job": self._setup.job.to_dict()} if self._setup.job is not None else {}),
             "backend": job.backend,

@@ -53,6 +53,8 @@ __all__ = ["check_shard", "check_image", "check_attrs", "check_values", "MAX_WOR
 MAX_WORLD_SIZE = 1 << 20
 #: Largest window index a shard may claim.
 MAX_WINDOW = 1 << 20
+#: Largest CPU count or thread count a shard may claim (cpu_affinity, host_cpus, intra_op_threads).
+MAX_CPUS = 1 << 16
 #: Largest process-group index (the merger builds a lookup table that long).
 MAX_PG_INDEX = 1 << 16
 _I32 = (-(1 << 31), (1 << 31) - 1)
@@ -186,6 +188,8 @@ def check_attrs(path: os.PathLike | str, attrs: Mapping[str, Any]) -> None:
     _want_int(path, attrs, "rank", 0, ws - 1)
     _want_int(path, attrs, "local_rank", 0, MAX_WORLD_SIZE - 1)
     _want_int(path, attrs, "local_world_size", 0, MAX_WORLD_SIZE, optional=True, blank_ok=True)
+    for key in ("cpu_affinity", "host_cpus", "intra_op_threads"):
+        _want_int(path, attrs, key, 1, MAX_CPUS, optional=True)
     _want_int(path, attrs, "window", 0, MAX_WINDOW - 1)
     _want_int(path, attrs, "first_step", -1, _I32[1])
     _want_int(path, attrs, "last_step", -1, _I32[1])
