@@ -133,7 +133,7 @@ def _steps(wait_ms, step_ms=20.0):
                                   "step_ms": np.full(2 * n, step_ms),
                                   "cpu_wait_ms": np.r_[np.asarray(wait_ms, float), np.full(n, 0.1)],
                                   "cpu_run_ms": np.full(2 * n, 10.0)},
-                           hosts={0: "h", 1: "h"})
+                           hosts={0: "h", 1: "h"}, attrs={})
 
 
 def test_the_rule_fires_from_its_thresholds():

@@ -46,8 +46,8 @@ ROW_COLUMNS: dict[str, type] = {
     "op_id": np.uint32, "bytes": np.int64, "start_ns": np.int64, "end_ns": np.int64, "step": np.int64,
     "ev_row": np.int64, "exposed_ns": np.int64, **{k: np.float64 for k in CPU_WAIT_AT}}
 
-#: What a column holds where a rank's table does not have it: no CPU wait sampled, no torch sequence number.
-_UNKNOWN: dict[str, float] = {"nccl_seq": -1, **{k: np.nan for k in CPU_WAIT_AT}}
+#: What a CPU-wait column holds where another process's finished table left it out: none sampled.
+_UNKNOWN: dict[str, float] = dict.fromkeys(CPU_WAIT_AT, np.nan)
 
 #: Spare room when the columns are first sized (the first rank's rows times the ranks expected); past it they grow
 #: by half again.

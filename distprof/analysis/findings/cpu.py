@@ -47,7 +47,7 @@ def oversubscribed(run: RunSummary) -> dict[int, tuple[int, int, int]]:
     (``real_host``), and ranks bound to CPUs of their own (affinity below the host's) are taken to be bound to
     different ones. Unknown (older shards, imports, GPU ranks, whose threads mostly wait on the device): none."""
     keys = ("cpu_affinity", "host_cpus", "intra_op_threads")
-    attrs = getattr(run, "attrs", None) or {}
+    attrs = run.attrs
     if not all(all(type(a.get(k)) is int for k in keys) and isinstance(a.get("real_host"), str)
                for a in attrs.values()):
         return {}  # a shard without them: the run's hosts are not known
