@@ -64,6 +64,28 @@ def _event_comm_args(ev):
     return comm_args(args) if isinstance(args, dict) else None
 
 
+def _activity_kind(e, cpu) -> str:
+    """An event's Kineto activity type on a torch whose `_KinetoEvent` does not say it (`activity_type()` came with
+    torch 2.12; 2.11 has only the device type and the user-annotation flag): the kinds the analyses tell apart, read
+    from those two and the name, as torch's own exporter names them."""
+    name = e.name()
+    if e.device_type() != cpu:
+        if name.startswith("Memcpy"):
+            return "gpu_memcpy"
+        if name.startswith("Memset"):
+            return "gpu_memset"
+        return "gpu_user_annotation" if e.is_user_annotation() else "kernel"
+    if name.startswith("[") and name.endswith("]"):  # [memory], [OutOfMemory]
+        return "cpu_instant_event"
+    if e.is_user_annotation():
+        return "user_annotation"
+    if name.startswith("cuda") and name[4:5].isupper():  # cudaLaunchKernel, cudaMemcpyAsync, cudaStreamSynchronize
+        return "cuda_runtime"
+    if name.startswith("cu") and name[2:3].isupper():  # cuLaunchKernel, cuLaunchKernelEx
+        return "cuda_driver"
+    return "cpu_op"
+
+
 @dataclass
 class _Raw:
     """One window's Kineto events in input order, memory events included."""
@@ -90,9 +112,10 @@ def _read_events(events: Iterable[Any]) -> _Raw:
     device: dict[int, int] = {}  # event index -> device index, device events only
     mem: dict[int, int] = {}  # event index -> bytes allocated (< 0: freed), ``[memory]`` events only
     comm: list[int] = []  # indices of communication events
+    typed = n == 0 or hasattr(evs[0], "activity_type")
     for i, e in enumerate(evs):
         name = e.name()
-        k = kind_code.get(e.activity_type(), 0)
+        k = kind_code.get(e.activity_type() if typed else _activity_kind(e, cpu), 0)
         info = seen.get(name)
         if info is None or info[1] != k:  # the role depends on the kind too (a name rarely has two)
             info = seen[name] = (strings.id(name), k, comm_role(name, k), name == "[memory]")
