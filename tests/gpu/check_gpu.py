@@ -6,17 +6,22 @@
 
 Runs (each with --memory-history, schedule wait 1 / warmup 1 / active 3, 8 steps of a small MLP):
   1. one process on cuda:0 (`python -m distprof.launch`);
-  2. two ranks sharing cuda:0 under torchrun: NCCL first; if NCCL refuses two ranks on one device (it normally does:
-     "Duplicate GPU detected"), gloo over CUDA tensors.
+  2. two ranks sharing cuda:0 under torchrun: NCCL first, each rank with an NCCL_HOSTID of its own where the ranks
+     outnumber the GPUs (NCCL refuses two ranks on one device as "Duplicate GPU detected"; as two "hosts" they connect
+     over loopback sockets); if NCCL still refuses, gloo over CUDA tensors.
 Asserts per run: a shard per rank, kernels, device_stream threads, FLOPs, CUDA [memory] events, the cuda_memory and
 cuda_memory_blocks tables with the raw .memsnap.pickle beside each shard, communication events for two ranks, and a
 clean `distprof report --json`. Prints one summary line per run; exit 1 with the failed check otherwise.
 
-  3. `watch-nccl` (`watch-gloo` with --allow-cpu): `--watch --schedule none` on a DDP job (WATCH_JOB), one rank per
-     GPU (one, or two when there are two GPUs; two gloo ranks on CPU), rank 1 sleeping 30 ms more per step from
-     half-way. NCCL: every step after the first few carries the device time of its collectives (ProcessGroupNCCL's
+  3. `straggle-*` and `even-*` (the backend that run 2 used): the same two ranks in a data-loading-shaped loop (5 ms of
+     host work per step, the loss read back every step), rank 1 sleeping 20 ms more before its forward pass, then a
+     re-run without the delay. Asserts: rank 1 alone named in the delayed run, nobody in the re-run, and (CUDA) the
+     what-if's predicted step for the delayed run within 15 % or 2 ms of the re-run's measured step.
+  4. `watch-nccl` (`watch-gloo` with --allow-cpu): `--watch --schedule none` on a DDP job (WATCH_JOB), two ranks (one
+     per GPU where there are two, else sharing one GPU as in run 2; two gloo ranks on CPU), rank 1 sleeping 30 ms more
+     per step from half-way. NCCL: every step after the first few carries the device time of its collectives (ProcessGroupNCCL's
      completion hook, `dev_comm_ms`), the job's own completion hook registered after the watch's is still called,
-     NCCL never aborts, the job exits 0; with two ranks rank 0 waits on the device and rank 1 alone drifts. gloo:
+     NCCL never aborts, the job exits 0; rank 0 waits on the device and rank 1 alone drifts. gloo:
      no device time (NaN), rank 0's wait at the end of backward is seen (DDP's reducer) and rank 1 alone drifts.
 """
 
@@ -62,20 +67,34 @@ def job_env() -> dict[str, str]:
     return env
 
 
-def run_job(nproc: int, out: Path, run_id: str, backend: str, device: str, timeout: float):
-    launch = ["-m", "distprof.launch", "--out", str(out), "--run-id", run_id, *SCHEDULE, "--memory-history",
-              str(TRAIN), str(STEPS), backend, device]
+def run_job(nproc: int, out: Path, run_id: str, backend: str, device: str, timeout: float, *, steps: int = STEPS,
+            schedule: list[str] = SCHEDULE, memory: bool = True, job_args: tuple[str, ...] = (),
+            threads: int | None = None):
+    launch = ["-m", "distprof.launch", "--out", str(out), "--run-id", run_id, *schedule,
+              *(["--memory-history"] if memory else []), str(TRAIN), str(steps), backend, device, *job_args]
     if nproc == 1:
         cmd = [sys.executable, *launch]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *launch]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout)
+        env = job_env() if threads is None else {**job_env(), "OMP_NUM_THREADS": str(threads)}
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         rc, err = proc.returncode, proc.stdout[-2000:] + proc.stderr[-6000:]
     except subprocess.TimeoutExpired as e:
         rc, err = 124, f"timed out after {timeout} s: {(e.stderr or b'')[-3000:]!r}"
     return rc, err, time.perf_counter() - t0
+
+
+def make_report(run_dir: Path) -> tuple[dict, float]:
+    """`distprof report --json` on a run, as a user runs it: the parsed report.json and the seconds it took."""
+    t0 = time.perf_counter()
+    rep_path = run_dir / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "distprof", "report", str(run_dir), "--json", str(rep_path),
+                           "--no-progress", "--color", "never"], cwd=ROOT, env=job_env(), capture_output=True,
+                          text=True, timeout=120)
+    need(proc.returncode == 0, f"distprof report failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(rep_path.read_text()), time.perf_counter() - t0
 
 
 def check_run(run_dir: Path, *, world: int, cuda: bool, backend: str, stderr: str) -> dict:
@@ -141,13 +160,7 @@ def check_run(run_dir: Path, *, world: int, cuda: bool, backend: str, stderr: st
         need(any(n.lower().startswith(prefix) for n in comm_names),
              f"no {prefix}* communication executions among {sorted(comm_names)[:6]}")
 
-    t0 = time.perf_counter()
-    rep_path = run_dir / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "distprof", "report", str(run_dir), "--json", str(rep_path),
-                           "--no-progress", "--color", "never"], cwd=ROOT, env=job_env(), capture_output=True,
-                          text=True, timeout=120)
-    need(proc.returncode == 0, f"distprof report failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    report = json.loads(rep_path.read_text())
+    report, report_s = make_report(run_dir)
     need(len(report["imbalance"]["per_rank"]) == world, "report: imbalance lacks ranks")
     if cuda:
         need("reserved_peak_bytes" in report["imbalance"]["metrics"], "report: no reserved_peak_bytes metric")
@@ -157,8 +170,81 @@ def check_run(run_dir: Path, *, world: int, cuda: bool, backend: str, stderr: st
         "alloc_peak_mib": round(float(cm["alloc_peak_bytes"].max()) / 2**20, 1) if len(cm["step"]) else None,
         "reserved_peak_mib": round(float(cm["reserved_peak_bytes"].max()) / 2**20, 1) if len(cm["step"]) else None,
         "snapshot_kib": round(sum(p.stat().st_size for p in snaps if p) / 1024, 1),
-        "comm": sorted(comm_names)[:3], "report_s": round(time.perf_counter() - t0, 1),
+        "comm": sorted(comm_names)[:3], "report_s": round(report_s, 1),
     }
+
+
+def check_kinds(out: Path, cuda: bool) -> str:
+    """The capture's activity kinds on this torch: `activity_type()` where it has it, else the fallback read from the
+    device flag and the name (capture/extract.py), checked per name against the categories of torch's own Chrome
+    export of the same profile."""
+    from collections import defaultdict
+
+    import torch
+    from torch._C._autograd import DeviceType
+
+    from distprof.capture.extract import _activity_kind
+
+    dev = torch.device("cuda" if cuda else "cpu")
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(dev)
+    with torch.profiler.profile(activities=acts, profile_memory=True, record_shapes=True) as prof:
+        for _ in range(2):
+            with torch.profiler.record_function("check_region"):
+                x = torch.randn(64, 256).to(dev)  # a host-to-device copy on CUDA
+                model(x).sum().backward()
+                torch.zeros(1024, device=dev).sum().item()  # a memset and a device-to-host copy on CUDA
+            prof.step()
+    trace = out / "kinds_trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = list(prof.profiler.kineto_results.events())
+    typed = hasattr(events[0], "activity_type")
+    ours = defaultdict(set)
+    for e in events:
+        ours[e.name()].add(e.activity_type() if typed else _activity_kind(e, DeviceType.CPU))
+    theirs = defaultdict(set)
+    for t in json.loads(trace.read_text())["traceEvents"]:
+        if t.get("ph") in ("X", "i") and "cat" in t:
+            theirs[t["name"]].add(t["cat"])
+    wrong = {n: (sorted(ours[n]), sorted(theirs[n])) for n in ours.keys() & theirs.keys() if ours[n] != theirs[n]}
+    need(not wrong, f"kinds differ from torch's export (ours, torch's): {dict(list(wrong.items())[:6])}")
+    counts = defaultdict(int)
+    for n in ours.keys() & theirs.keys():
+        for k in ours[n]:
+            counts[k] += 1
+    need(not cuda or {"kernel", "gpu_memcpy", "cuda_runtime"} <= counts.keys(), f"CUDA kinds missing: {dict(counts)}")
+    return f"{'activity_type()' if typed else 'fallback'}: names per kind {dict(sorted(counts.items()))}"
+
+
+STRAGGLE_STEPS = 16
+STRAGGLE_SCHEDULE = ["--wait", "2", "--warmup", "1", "--active", "10", "--repeat", "1"]
+STRAGGLE_DELAY_MS = 20
+
+
+def check_straggle(out: Path, backend: str, device: str) -> str:
+    """A 20 ms pre-forward delay on rank 1: named alone, and the what-if's step against a re-run without it."""
+    runs = {}
+    for label, delay in (("straggle", STRAGGLE_DELAY_MS), ("even", 0)):
+        run_id = f"{label}-{backend}"
+        rc, err, _ = run_job(2, out, run_id, backend, device, JOB_TIMEOUT_S, steps=STRAGGLE_STEPS,
+                             schedule=STRAGGLE_SCHEDULE, memory=False, job_args=(str(delay),),
+                             threads=None if device == "cuda" else 1)  # on CPU: a core per rank, as in watch-gloo
+        need(rc == 0, f"{run_id}: job failed (exit {rc}):\n{err}")
+        runs[label], _ = make_report(out / run_id)
+    slow, even = runs["straggle"], runs["even"]
+    row = {r["rank"]: r for r in slow["stragglers"]}[1]
+    whatif = [w for w in slow["whatif"] if w["change"] == "straggler"]
+    rerun_ms = even["summary"]["step_ms_mean"]
+    figures = (f"delayed step {slow['summary']['step_ms_mean']:.1f} ms, rank 1 late {row['lateness_ms']:.1f} ms, "
+               f"what-if {whatif[0]['predicted_step_ms']:.1f} ms" if whatif else "no straggler what-if") + \
+              f", re-run {rerun_ms:.1f} ms; verdict: {slow['verdict'][:160]}"
+    need(slow["straggler_info"]["named"] == [1], f"delayed run named {slow['straggler_info']['named']}: {figures}")
+    need(even["straggler_info"]["named"] == [], f"re-run named {even['straggler_info']['named']}: {figures}")
+    need(bool(whatif) and whatif[0]["gain_ms_per_step"] > 0, figures)
+    error = abs(whatif[0]["predicted_step_ms"] - rerun_ms)
+    if device == "cuda":  # on CPU the steps are a few ms of sleep on a shared machine: the figures are printed only
+        need(error <= max(0.15 * rerun_ms, 2.0), f"what-if off by {error:.1f} ms: {figures}")
+    return figures
 
 
 WATCH_JOB = """
@@ -170,6 +256,8 @@ local = int(os.environ.get("LOCAL_RANK", "0"))
 dev = torch.device("cuda", local % torch.cuda.device_count()) if kind == "cuda" else torch.device("cpu")
 if dev.type == "cuda":
     torch.cuda.set_device(dev)
+if backend == "nccl" and torch.cuda.device_count() < int(os.environ["WORLD_SIZE"]):  # ranks share a GPU: as train_small
+    os.environ.update(NCCL_HOSTID=f"distprof-gpu-check-{local}", NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1")
 dist.init_process_group(backend, **({"device_id": dev} if backend == "nccl" else {}))
 rank = dist.get_rank()
 torch.manual_seed(0)
@@ -205,7 +293,7 @@ def check_watch(out: Path, cuda: bool) -> str:
     import torch
 
     backend = "nccl" if cuda else "gloo"
-    nproc = min(torch.cuda.device_count(), 2) if cuda else 2
+    nproc = 2
     job = out / "watch_job.py"
     job.write_text(WATCH_JOB)
     run_id = f"watch-{backend}"
@@ -237,12 +325,11 @@ def check_watch(out: Path, cuda: bool) -> str:
         a = late[late["step"] >= half + 3]
         figures.append(f"r{r} own {np.median(own_ms(a)):.1f} host {np.median(a['comm_ms']):.1f} "
                        f"dev {np.nanmedian(a['dev_comm_ms']) if cuda else float('nan'):.1f} ms")
-    if nproc > 1:
-        drifts = wf.read_drifts(run_dir)
-        # two ranks: rank 1's peers' median is rank 0's own work alone, which a loaded CPU inflates now and then and
-        # so hides a few of rank 1's late steps (CI, 2026-12-04: the first flagged step 37 for a change at 30)
-        need(bool(drifts) and {d["rank"] for d in drifts} == {1} and half - 2 <= drifts[0]["first_step"] <= half + 10,
-             f"drifts {drifts}; {figures}")
+    drifts = wf.read_drifts(run_dir)
+    # two ranks: rank 1's peers' median is rank 0's own work alone, which a loaded CPU inflates now and then and
+    # so hides a few of rank 1's late steps (CI, 2026-12-04: the first flagged step 37 for a change at 30)
+    need(bool(drifts) and {d["rank"] for d in drifts} == {1} and half - 2 <= drifts[0]["first_step"] <= half + 10,
+         f"drifts {drifts}; {figures}")
     return "; ".join(figures)
 
 
@@ -266,7 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     failures = 0
     plan = [("1gpu", 1, ["none"]), ("2rank", 2, ["nccl", "gloo"] if cuda else ["gloo"])]
+    two_rank_backend = "gloo"
     try:
+        try:
+            print(f"ok   kinds        {check_kinds(out, cuda)}", flush=True)
+        except CheckFailed as e:
+            failures += 1
+            print(f"FAIL kinds {e}", flush=True)
         for label, nproc, backends in plan:
             notes = []
             for backend in backends:
@@ -282,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
                     res = check_run(out / run_id, world=nproc, cuda=cuda, backend=backend, stderr=err)
                     print(f"ok   {run_id:12s} job {wall:5.1f}s  " + "  ".join(f"{k}={v}" for k, v in res.items())
                           + (f"  [{'; '.join(notes)}]" if notes else ""), flush=True)
+                    if nproc == 2:
+                        two_rank_backend = backend
                 except CheckFailed as e:
                     failures += 1
                     print(f"FAIL {run_id:12s} {e}", flush=True)
@@ -289,6 +384,13 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 failures += 1
                 print(f"FAIL {label}: no backend worked: {'; '.join(notes)}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            res = check_straggle(out, two_rank_backend, device)
+            print(f"ok   straggle-{two_rank_backend:5s} jobs {time.perf_counter() - t0:5.1f}s  {res}", flush=True)
+        except (CheckFailed, subprocess.TimeoutExpired) as e:
+            failures += 1
+            print(f"FAIL straggle-{two_rank_backend} {e}", flush=True)
         t0 = time.perf_counter()
         try:
             res = check_watch(out, cuda)
