@@ -1,7 +1,10 @@
-"""The activity kind of a Kineto event on a torch without `_KinetoEvent.activity_type()` (torch 2.11 and older).
+"""Kineto events of older torch: no `_KinetoEvent.activity_type()` (torch <= 2.11), no `is_user_annotation()` and
+no nanosecond times (torch 2.3).
 
-On this torch the real activity types are there, so every event of a real profile checks the fallback; the CUDA
-kinds, which a CPU machine cannot record, are a table (tests/gpu/check_gpu.py checks them against a CUDA trace).
+On this torch the real activity types are there, so every event of a real profile checks the fallback, and the same
+profile read through a stand-in that offers only what torch 2.3 offers must give the same tables; the CUDA kinds,
+which a CPU machine cannot record, are a table (tests/gpu/check_gpu.py checks them against a CUDA trace). The whole
+capture was run on torch 2.3.1, 2.11.0 and 2.14.1 with `tests/gpu/check_gpu.py --allow-cpu` (2026-12-06).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import pytest
 import torch
 from torch._C._autograd import DeviceType
 
-from distprof.capture.extract import _activity_kind
+from distprof.capture.extract import _activity_kind, _read_events
 from distprof.storage import schema
 
 
@@ -32,6 +35,27 @@ class Ev:
 
     def is_user_annotation(self):
         return self.annotation
+
+
+class Torch23Ev:
+    """A real event as torch 2.3 shows it: a scope instead of the user-annotation flag, microsecond times."""
+
+    def __init__(self, e):
+        self._e = e
+
+    def __getattr__(self, attr):
+        if attr in ("activity_type", "is_user_annotation", "start_ns", "duration_ns", "end_ns", "metadata_json"):
+            raise AttributeError(attr)
+        return getattr(self._e, attr)
+
+    def scope(self):
+        return 7 if self._e.is_user_annotation() else 0
+
+    def start_us(self):
+        return self._e.start_ns() // 1000
+
+    def duration_us(self):
+        return self._e.duration_ns() // 1000
 
 
 CUDA = DeviceType.CUDA
@@ -54,13 +78,25 @@ TABLE = [
 ]
 
 
-@pytest.mark.parametrize("ev,kind", TABLE, ids=[e.label[:24] for e, _ in TABLE])
+class ScopeEv(Ev):
+    """torch 2.3: no is_user_annotation(); record_function regions have RecordScope.USER_SCOPE (7)."""
+
+    is_user_annotation = None
+
+    def scope(self):
+        return 7 if self.annotation else 0
+
+
+TABLE += [(ScopeEv(e.label, e.device, e.annotation), kind) for e, kind in TABLE]
+
+
+@pytest.mark.parametrize("ev,kind", TABLE, ids=[f"{type(e).__name__}-{e.label[:24]}" for e, _ in TABLE])
 def test_the_kind_of_an_event_from_its_device_flag_and_name(ev, kind):
     assert kind in schema.KIND_CODE
     assert _activity_kind(ev, DeviceType.CPU) == kind
 
 
-def test_the_fallback_agrees_with_torch_on_a_real_cpu_profile():
+def _profile():
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                                 record_shapes=True) as prof:
@@ -68,7 +104,11 @@ def test_the_fallback_agrees_with_torch_on_a_real_cpu_profile():
             with torch.profiler.record_function("my_region"):
                 model(torch.randn(8, 16)).sum().backward()
             prof.step()
-    events = list(prof.profiler.kineto_results.events())
+    return list(prof.profiler.kineto_results.events())
+
+
+def test_the_fallback_agrees_with_torch_on_a_real_cpu_profile():
+    events = _profile()
     if not hasattr(events[0], "activity_type"):
         pytest.skip("this torch has no activity_type() to compare with")
     kinds = {e.activity_type() for e in events}
@@ -76,3 +116,17 @@ def test_the_fallback_agrees_with_torch_on_a_real_cpu_profile():
     wrong = [(e.name(), e.activity_type(), _activity_kind(e, DeviceType.CPU)) for e in events
              if _activity_kind(e, DeviceType.CPU) != e.activity_type()]
     assert not wrong, wrong[:5]
+
+
+def test_a_torch_2_3_profile_gives_the_same_columns_to_the_microsecond():
+    events = _profile()
+    if not hasattr(events[0], "activity_type"):
+        pytest.skip("this torch is an old one itself")
+    new, old = _read_events(events), _read_events([Torch23Ev(e) for e in events])
+    assert old.strings.list() == new.strings.list()
+    for col in ("name_id", "kind", "tid", "device", "flops", "corr", "msg_bytes"):
+        assert (getattr(old.cols, col) == getattr(new.cols, col)).all(), col
+    assert (abs(old.cols.ts - new.cols.ts) < 1000).all() and (abs(old.cols.dur - new.cols.dur) < 1000).all()
+    assert (old.is_mem == new.is_mem).all() and (old.nbytes == new.nbytes).all() and old.is_mem.any()
+    kinds = {schema.KINDS[k] for k in old.cols.kind.tolist()}
+    assert {"cpu_op", "user_annotation"} <= kinds

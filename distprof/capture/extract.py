@@ -64,20 +64,29 @@ def _event_comm_args(ev):
     return comm_args(args) if isinstance(args, dict) else None
 
 
+_USER_SCOPE = 7  # torch's RecordScope.USER_SCOPE: record_function regions, ProfilerStep# included
+
+
+def _user_annotation(e) -> bool:
+    """A record_function region (or a GPU user annotation): torch's flag, or on torch < 2.4 the event's scope."""
+    flag = getattr(e, "is_user_annotation", None)
+    return flag() if flag is not None else e.scope() == _USER_SCOPE
+
+
 def _activity_kind(e, cpu) -> str:
     """An event's Kineto activity type on a torch whose `_KinetoEvent` does not say it (`activity_type()` came with
-    torch 2.12; 2.11 has only the device type and the user-annotation flag): the kinds the analyses tell apart, read
-    from those two and the name, as torch's own exporter names them."""
+    torch 2.12; older ones have only the device type and the user-annotation flag or scope): the kinds the analyses
+    tell apart, read from those and the name, as torch's own exporter names them."""
     name = e.name()
     if e.device_type() != cpu:
         if name.startswith("Memcpy"):
             return "gpu_memcpy"
         if name.startswith("Memset"):
             return "gpu_memset"
-        return "gpu_user_annotation" if e.is_user_annotation() else "kernel"
+        return "gpu_user_annotation" if _user_annotation(e) else "kernel"
     if name.startswith("[") and name.endswith("]"):  # [memory], [OutOfMemory]
         return "cpu_instant_event"
-    if e.is_user_annotation():
+    if _user_annotation(e):
         return "user_annotation"
     if name.startswith("cuda") and name[4:5].isupper():  # cudaLaunchKernel, cudaMemcpyAsync, cudaStreamSynchronize
         return "cuda_runtime"
@@ -113,6 +122,7 @@ def _read_events(events: Iterable[Any]) -> _Raw:
     mem: dict[int, int] = {}  # event index -> bytes allocated (< 0: freed), ``[memory]`` events only
     comm: list[int] = []  # indices of communication events
     typed = n == 0 or hasattr(evs[0], "activity_type")
+    in_ns = n == 0 or hasattr(evs[0], "start_ns")  # torch < 2.4: microseconds only
     for i, e in enumerate(evs):
         name = e.name()
         k = kind_code.get(e.activity_type() if typed else _activity_kind(e, cpu), 0)
@@ -122,8 +132,12 @@ def _read_events(events: Iterable[Any]) -> _Raw:
         name_id[i] = info[0]
         kind[i] = k
         tid[i] = e.device_resource_id()
-        ts[i] = e.start_ns()
-        dur[i] = e.duration_ns()
+        if in_ns:
+            ts[i] = e.start_ns()
+            dur[i] = e.duration_ns()
+        else:
+            ts[i] = e.start_us() * 1000
+            dur[i] = e.duration_us() * 1000
         if e.device_type() != cpu:
             device[i] = e.device_index()
         if info[3]:
