@@ -8,6 +8,7 @@ re-parsing chrome JSON (≈64k events/s and no FLOPs). One Python pass fills pre
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
@@ -65,6 +66,11 @@ def _event_comm_args(ev):
 
 
 _USER_SCOPE = 7  # torch's RecordScope.USER_SCOPE: record_function regions, ProfilerStep# included
+#: Kineto's names of its own CUPTI overhead records (a CPU row) and of its CUDA synchronisation records (a device row)
+_OVERHEAD_NAMES = frozenset(("Activity Buffer Request", "Buffer Flush", "Instrumentation", "Resource", "Driver Compiler"))
+_CUDA_SYNC_NAMES = frozenset(("Event Sync", "Stream Sync", "Stream Wait Event", "Context Sync"))
+#: torch's Python tracer (with_stack): "file.py(12): fn", "<built-in method ...>", "nn.Module: Linear_0"
+_PYTHON_CALL = re.compile(r"^(?:.+\(\d+\): |<built-in |nn\.Module: |nn\.Optimizer: )")
 
 
 def _user_annotation(e) -> bool:
@@ -83,11 +89,17 @@ def _activity_kind(e, cpu) -> str:
             return "gpu_memcpy"
         if name.startswith("Memset"):
             return "gpu_memset"
+        if name in _CUDA_SYNC_NAMES:
+            return "cuda_sync"
         return "gpu_user_annotation" if _user_annotation(e) else "kernel"
     if name.startswith("[") and name.endswith("]"):  # [memory], [OutOfMemory]
         return "cpu_instant_event"
     if _user_annotation(e):
         return "user_annotation"
+    if name in _OVERHEAD_NAMES:
+        return "overhead"
+    if _PYTHON_CALL.match(name):
+        return "python_function"
     if name.startswith("cuda") and name[4:5].isupper():  # cudaLaunchKernel, cudaMemcpyAsync, cudaStreamSynchronize
         return "cuda_runtime"
     if name.startswith("cu") and name[2:3].isupper():  # cuLaunchKernel, cuLaunchKernelEx

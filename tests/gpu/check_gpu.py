@@ -188,7 +188,7 @@ def check_kinds(out: Path, cuda: bool) -> str:
     dev = torch.device("cuda" if cuda else "cpu")
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(dev)
-    with torch.profiler.profile(activities=acts, profile_memory=True, record_shapes=True) as prof:
+    with torch.profiler.profile(activities=acts, profile_memory=True, record_shapes=True, with_stack=True) as prof:
         for _ in range(2):
             with torch.profiler.record_function("check_region"):
                 x = torch.randn(64, 256).to(dev)  # a host-to-device copy on CUDA
@@ -203,7 +203,8 @@ def check_kinds(out: Path, cuda: bool) -> str:
     for e in events:
         ours[e.name()].add(e.activity_type() if typed else _activity_kind(e, DeviceType.CPU))
     theirs = defaultdict(set)
-    for t in json.loads(trace.read_text())["traceEvents"]:
+    # torch 2.3 writes stray bytes and raw control characters into some names
+    for t in json.loads(trace.read_bytes().decode("utf-8", "replace"), strict=False)["traceEvents"]:
         if t.get("ph") in ("X", "i") and "cat" in t:
             theirs[t["name"]].add(t["cat"])
     wrong = {n: (sorted(ours[n]), sorted(theirs[n])) for n in ours.keys() & theirs.keys() if ours[n] != theirs[n]}
