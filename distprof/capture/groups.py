@@ -6,8 +6,10 @@ in one internal call, ``torch.distributed.distributed_c10d._register_pg_in_world
 global at each call. distprof wraps that one point (:func:`install`): right after a group is registered, the
 ``pt_gloo_runloop`` threads its gloo backend started (``_threads`` of them, 2 by default) are tied to its name, and
 the default group's registration — where every rank of the job is, inside ``init_process_group`` — is announced to
-the listener set by :func:`set_default_group_listener` (the capture agrees its run id and host roles there). On a
-torch without that function, ``init_process_group`` and ``new_group`` are wrapped instead (groups made elsewhere are
+the listener set by :func:`set_default_group_listener` (the capture agrees its run id and host roles there). Older
+torch (2.3–2.11) has no such function; every group there is registered by
+``_register_process_group(group_name, pg)``, looked up the same way, and that is wrapped instead. Only on a torch
+with neither are ``init_process_group`` and ``new_group`` wrapped (groups made elsewhere, as by a DeviceMesh, are
 then missed).
 
 Membership, names (``pg_name``: the same on every rank), descriptions and backends are read from the registry when
@@ -182,6 +184,29 @@ def _wrap_register(fn):
     return wrapper
 
 
+def _wrap_register_name(fn):
+    """torch < 2.12 (no _register_pg_in_world): ``_register_process_group(group_name, pg)``, which every way of making a
+    group calls once the group is in the registry (init_process_group and new_group through their helper,
+    split_group, and so DeviceMesh, which holds its own references to the public factories)."""
+
+    @functools.wraps(fn)
+    def wrapper(group_name, pg, *args, **kwargs):
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        is_default = not dist.is_initialized()  # the default group registers before init_process_group returns
+        result = fn(group_name, pg, *args, **kwargs)
+        try:
+            store = c10d._world.pg_map.get(pg, (None, None))[1]
+        except Exception:  # noqa: BLE001 -- the registry's layout changed: only the default group's listener needs it
+            store = None
+        _on_registered(pg, store, str(group_name), is_default)
+        return result
+
+    wrapper.__distprof_wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
 def _wrap_factory(fn, returns_group: bool):
     """Fallback for a torch without _register_pg_in_world: the public factories."""
 
@@ -249,9 +274,13 @@ def install() -> None:
         if getattr(dist, "destroy_process_group", None) is destroy:
             dist.destroy_process_group = wrapped
     orig = getattr(c10d, "_register_pg_in_world", None)
+    by_name = getattr(c10d, "_register_process_group", None)
     if orig is not None:
         if not getattr(orig, "__distprof_wrapped__", None):
             c10d._register_pg_in_world = _wrap_register(orig)
+    elif by_name is not None:
+        if not getattr(by_name, "__distprof_wrapped__", None):
+            c10d._register_process_group = _wrap_register_name(by_name)
     else:
         for name, returns_group in (("init_process_group", False), ("new_group", True)):
             f = getattr(c10d, name)
