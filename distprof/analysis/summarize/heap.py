@@ -121,7 +121,8 @@ _long_lived = [False]
 @contextmanager
 def long_lived() -> Iterator[None]:
     """A phase whose objects mostly live to its end: ``settle()`` freezes them (see the module docstring); leaving
-    unfreezes everything, so that the caller's next collection finds what has died meanwhile."""
+    unfreezes everything, so that the caller's next collection finds what has died meanwhile (what Python 3.12 froze
+    itself at startup too: gc cannot unfreeze only some objects, and only the command line enters this)."""
     if _long_lived[0]:  # nested: the outer one unfreezes
         yield
         return
