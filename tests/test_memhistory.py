@@ -319,6 +319,21 @@ def test_memory_history_hooks_turn_recording_on_and_off():
     assert bad.calls[-1][:2] == ("record", None) and not mh.recording  # turned off even when the snapshot fails
 
 
+class Torch23CudaMemory(FakeCudaMemory):
+    """torch 2.3's signature: no clear_history (an unknown keyword is a TypeError there)."""
+
+    def _record_memory_history(self, enabled="all", context="all", stacks="all", max_entries=2**63 - 1, device=None):
+        self.calls.append(("record", enabled, {"context": context, "stacks": stacks, "max_entries": max_entries}))
+
+
+def test_memory_history_on_a_torch_that_cannot_clear_it():
+    fake = Torch23CudaMemory()
+    mh = MemoryHistory(1234, memory=fake)
+    mh.begin()
+    assert fake.calls[0] == ("record", "all", {"context": "all", "stacks": "python", "max_entries": 1234})
+    assert mh.end() is not None and fake.calls[-1][:2] == ("record", None)
+
+
 def test_config_flag_and_env(monkeypatch):
     from distprof.launch import config_from_args, get_args_parser
 

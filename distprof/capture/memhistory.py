@@ -15,6 +15,7 @@ the levels before each entry are rebuilt backwards (exact even when the ring buf
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import pickle
@@ -248,6 +249,15 @@ def _device_stats(dt: _DeviceTrace, in_step: np.ndarray) -> dict[str, Any]:
     return stats
 
 
+def _takes(fn: Callable[..., Any], name: str) -> bool:
+    """Whether `fn` takes the keyword `name` (True where its signature cannot be read: the call says so itself)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def summarize_snapshot(
     snapshot: Mapping[str, Any],
     step_spans: Any,
@@ -334,9 +344,12 @@ class MemoryHistory:
         return self._memory
 
     def begin(self) -> None:
-        """Window start: record every alloc/free from now on, forgetting earlier history."""
-        self._mod()._record_memory_history(enabled="all", context="all", stacks=self.stacks,
-                                           max_entries=self.max_entries, clear_history=True)
+        """Window start: record every alloc/free from now on, forgetting earlier history (torch 2.3 cannot forget
+        it: its `_record_memory_history` has no `clear_history`; the summary assigns entries to steps by time, so
+        earlier ones are left out of the tables, and only the raw snapshot beside the shard holds them)."""
+        record = self._mod()._record_memory_history
+        clear = {"clear_history": True} if _takes(record, "clear_history") else {}
+        record(enabled="all", context="all", stacks=self.stacks, max_entries=self.max_entries, **clear)
         self.recording = True
 
     def end(self) -> dict | None:
