@@ -2,7 +2,8 @@
 
     python train_small.py STEPS BACKEND DEVICE [DELAY_MS]   BACKEND: nccl | gloo | none, DEVICE: cuda | cpu
 
-Every rank uses cuda:0 (two ranks share one GPU in the check). A rank-1 extra matmul makes the ranks' work differ.
+Every rank uses cuda:0 (two ranks share one GPU in the check). A rank-1 extra matmul makes the ranks' work differ
+(not in the delay jobs).
 With DELAY_MS (0 included) every step is shaped like a data-loading training loop: 5 ms of host work on every rank
 (a sleep), rank 1 sleeping DELAY_MS more before its forward pass, and the loss read back (`.item()`, as a logging loop
 does), so each step's collectives are where the ranks meet.
@@ -39,7 +40,7 @@ def main() -> None:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60), **kw)
     rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(0)
-    # the delay jobs on CPU: a small model, so that the sleeps and not two ranks' arithmetic on shared cores make the step
+    # the delay jobs on CPU: a small model, so that the sleeps (not two ranks' arithmetic on shared cores) make the step
     d, h = (32, 64) if delay_s is not None and dev.type == "cpu" else (512, 1024)
     model = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, d), nn.ReLU(), nn.Linear(d, 10)).to(dev)
     if world > 1:
@@ -54,7 +55,7 @@ def main() -> None:
             time.sleep(0.005 + (delay_s if rank == 1 else 0.0))
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
-        if rank == 1:
+        if rank == 1 and delay_s is None:  # the delay jobs: the ranks differ by the delay alone
             loss = loss + (extra @ extra).mean() * 0.0
         loss.backward()
         opt.step()
