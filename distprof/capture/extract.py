@@ -67,7 +67,8 @@ def _event_comm_args(ev):
 
 _USER_SCOPE = 7  # torch's RecordScope.USER_SCOPE: record_function regions, ProfilerStep# included
 #: Kineto's names of its own CUPTI overhead records (a CPU row) and of its CUDA synchronisation records (a device row)
-_OVERHEAD_NAMES = frozenset(("Activity Buffer Request", "Buffer Flush", "Instrumentation", "Resource", "Driver Compiler"))
+_OVERHEAD_NAMES = frozenset(("Activity Buffer Request", "Buffer Flush", "Instrumentation", "Resource",
+                             "Driver Compiler"))
 _CUDA_SYNC_NAMES = frozenset(("Event Sync", "Stream Sync", "Stream Wait Event", "Context Sync"))
 #: torch's Python tracer (with_stack): "file.py(12): fn", "<built-in method ...>", "nn.Module: Linear_0"
 _PYTHON_CALL = re.compile(r"^(?:.+\(\d+\): |<built-in |nn\.Module: |nn\.Optimizer: )")

@@ -10,7 +10,8 @@ the listener set by :func:`set_default_group_listener` (the capture agrees its r
 torch (2.3–2.11) has no such function; every group there is registered by
 ``_register_process_group(group_name, pg)``, looked up the same way, and that is wrapped instead. Only on a torch
 with neither are ``init_process_group`` and ``new_group`` wrapped (groups made elsewhere, as by a DeviceMesh, are
-then missed).
+then missed). Workers are found by their thread name, which torch 2.3 and 2.6 do not set (their workers keep the
+main thread's): there no gloo collective is tied to its group's workers (docs/testing.md).
 
 Membership, names (``pg_name``: the same on every rank), descriptions and backends are read from the registry when
 asked (:func:`process_groups`), so they are complete whenever a window ends. What a framework uses a group for
