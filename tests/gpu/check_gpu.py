@@ -188,7 +188,7 @@ def check_kinds(out: Path, cuda: bool) -> str:
     dev = torch.device("cuda" if cuda else "cpu")
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(dev)
-    with torch.profiler.profile(activities=acts, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    with torch.profiler.profile(activities=acts, profile_memory=True, record_shapes=True) as prof:
         for _ in range(2):
             with torch.profiler.record_function("check_region"):
                 x = torch.randn(64, 256).to(dev)  # a host-to-device copy on CUDA
