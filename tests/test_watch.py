@@ -666,3 +666,36 @@ def test_version_1_series_still_read(tmp_path):
     rows = wf.read_rank_series(tmp_path, 0)
     assert rows.dtype == wf.SERIES_DTYPE and rows["step"].tolist() == list(range(5))
     assert np.isnan(rows["dev_comm_ms"]).all() and own_ms(rows).tolist() == [30.0] * 5
+
+
+def _series(first: int, own: list[float]) -> np.ndarray:
+    rows = np.zeros(len(own), wf.SERIES_DTYPE)
+    rows["step"] = np.arange(first, first + len(own))
+    rows["step_ms"] = own
+    rows["dev_comm_ms"] = np.nan
+    return rows
+
+
+def test_publications_rank_0_never_read_leave_no_holes_in_its_table():
+    """Rank 1 publishes twice before rank 0 reads its key once (rank 0's reads are paced, and a busy host delays
+    them): the steps of the overwritten publication still reach rank 0, so the drift starts at its first step. Before,
+    each publication carried only the steps since the last one; on a loaded CI host the watch's own sleeper job
+    started its drift 4-8 steps late (at step 64, 66, 68 for 60) with every step of the series slow."""
+    from torch.distributed import HashStore
+
+    from distprof.capture.watch import Watch
+    from distprof.config import ProfileConfig, WatchConfig
+
+    cfg = ProfileConfig(watch=WatchConfig(enabled=True, threshold=0.5, steps=5))
+    store = HashStore()
+    w0, w1 = (Watch(cfg, None, trigger=None, step=lambda: 0, on_error=lambda s, e: None) for _ in range(2))
+    for r, w in enumerate((w0, w1)):
+        w._world, w._store, w._prefix = 2, store, "t/"
+        w._join(r)
+    slow = [42.0] * 3 + [72.0] * 9  # rank 1 slow from step 3 on
+    for lo, hi in ((0, 6), (6, 12)):  # two publications, no read between them
+        w1._remember(_series(lo, slow[lo:hi]))
+        w1._publish()
+    w0._remember(_series(0, [42.0] * 12))
+    w0._compare(now=1.0, final=False)
+    assert [(d["rank"], d["first_step"], d["flagged_steps"]) for d in w0._drifts] == [(1, 3, 9)]

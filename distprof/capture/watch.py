@@ -13,8 +13,10 @@ Side thread (:class:`Watch`), every ``--watch-interval`` seconds:
 * takes the new rows from the ring (on NCCL, once the device time of the collectives each step issued has come in
   through the completion hook: :data:`SETTLE_S`) and rewrites the rank's current segment file atomically
   (storage/watchfile.py): a crash loses at most what came after the last flush;
-* publishes its own work (step time minus time blocked) of the steps since its last publication under one c10d store
-  key of its own (one ``set``, at most :data:`MAX_PUBLISH` floats: O(1) per rank per interval);
+* publishes its own work (step time minus time blocked) of its latest steps, at most :data:`MAX_PUBLISH` of them, under
+  one c10d store key of its own (one ``set`` per interval with new steps: O(1) per rank per interval). Each ``set``
+  replaces the last, so it carries the steps rank 0 may not have read yet, not only those since the last one: rank 0
+  reads a key once per :func:`read_interval_s`, and a publication it never read must not leave holes in its table;
 * rank 0 reads the other ranks' keys (``check`` + ``get``, never a blocking wait for a missing key), at most
   :data:`STORE_READS_PER_S` per second for the whole job (a 1,000-rank job: every 10 s), feeds the steps every
   fresh rank has covered to the drift rule (distprof/drift.py) and, when a rank's drift is confirmed, asks the
@@ -506,9 +508,11 @@ class Watch:
         last = self._recent_first + self._recent_own.size - 1
         if last <= self._published_to:
             return
-        start = max(self._recent_first, self._published_to + 1)
-        vals = self._recent_own[start - self._recent_first:]
-        payload = _PUB.pack(start, vals.size) + vals.astype("<f4").tobytes()
+        # the latest MAX_PUBLISH steps, not only those since the last set: it overwrites the key, and a set rank 0 did
+        # not read before the next one (its reads are paced; a busy host delays them) would otherwise be lost, its
+        # steps a hole in rank 0's table that breaks a drift's run of flagged steps (it then starts late or never)
+        vals = self._recent_own
+        payload = _PUB.pack(self._recent_first, vals.size) + vals.astype("<f4").tobytes()
         self._store.set(f"{self._prefix}r/{self._rank}", payload)
         self._published_to = last
 
