@@ -668,7 +668,7 @@ def test_version_1_series_still_read(tmp_path):
     assert np.isnan(rows["dev_comm_ms"]).all() and own_ms(rows).tolist() == [30.0] * 5
 
 
-def _series(first: int, own: list[float]) -> np.ndarray:
+def _own_rows(first: int, own: list[float]) -> np.ndarray:
     rows = np.zeros(len(own), wf.SERIES_DTYPE)
     rows["step"] = np.arange(first, first + len(own))
     rows["step_ms"] = own
@@ -694,8 +694,8 @@ def test_publications_rank_0_never_read_leave_no_holes_in_its_table():
         w._join(r)
     slow = [42.0] * 3 + [72.0] * 9  # rank 1 slow from step 3 on
     for lo, hi in ((0, 6), (6, 12)):  # two publications, no read between them
-        w1._remember(_series(lo, slow[lo:hi]))
+        w1._remember(_own_rows(lo, slow[lo:hi]))
         w1._publish()
-    w0._remember(_series(0, [42.0] * 12))
+    w0._remember(_own_rows(0, [42.0] * 12))
     w0._compare(now=1.0, final=False)
     assert [(d["rank"], d["first_step"], d["flagged_steps"]) for d in w0._drifts] == [(1, 3, 9)]
