@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from torch._C._autograd import DeviceType
@@ -136,3 +137,31 @@ def test_a_torch_2_3_profile_gives_the_same_columns_to_the_microsecond():
     assert (old.is_mem == new.is_mem).all() and (old.nbytes == new.nbytes).all() and old.is_mem.any()
     kinds = {schema.KINDS[k] for k in old.cols.kind.tolist()}
     assert {"cpu_op", "user_annotation"} <= kinds
+
+
+class UndecodableEv:
+    """An event whose name() raises as torch 2.13's did for a Python-tracer frame (byte 0x8f), in a --stack profile."""
+
+    def __init__(self, e):
+        self._e = e
+
+    def __getattr__(self, attr):
+        return getattr(self._e, attr)
+
+    def name(self):
+        raise UnicodeDecodeError("utf-8", b"\x8f", 0, 1, "invalid start byte")
+
+
+def test_an_event_whose_name_torch_cannot_decode_is_kept_under_a_placeholder():
+    """Before, the UnicodeDecodeError lost the whole window (one warning); now only that event's name is lost."""
+    from distprof.capture.extract import UNDECODABLE_NAME
+
+    events = _profile()
+    bad = len(events) // 2
+    raw = _read_events([UndecodableEv(e) if i == bad else e for i, e in enumerate(events)])
+    good = _read_events(events)
+    names = raw.strings.list()
+    assert names[raw.cols.name_id[bad]] == UNDECODABLE_NAME
+    keep = np.arange(len(events)) != bad
+    assert [names[j] for j in raw.cols.name_id[keep]] == [good.strings.list()[j] for j in good.cols.name_id[keep]]
+    assert (raw.cols.ts == good.cols.ts).all() and (raw.cols.kind == good.cols.kind).all()

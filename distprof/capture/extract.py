@@ -23,6 +23,9 @@ from ..events.tables import Columns, Strings, build_tables
 
 #: Names whose Kineto metadata (the trace's ``args``) carries collective arguments worth parsing.
 _ARG_NAMES = ("record_param_comms",)
+#: The name of an event whose name torch cannot decode (its Python tracer, seen on torch 2.13 with --stack): the event
+#: is kept under this name rather than losing the window.
+UNDECODABLE_NAME = "[name not UTF-8]"
 
 
 @dataclass
@@ -137,7 +140,10 @@ def _read_events(events: Iterable[Any]) -> _Raw:
     typed = n == 0 or hasattr(evs[0], "activity_type")
     in_ns = n == 0 or hasattr(evs[0], "start_ns")  # torch < 2.4: microseconds only
     for i, e in enumerate(evs):
-        name = e.name()
+        try:
+            name = e.name()
+        except UnicodeDecodeError:  # torch 2.13's Python tracer can hand out a name that is not UTF-8 (--stack)
+            name = UNDECODABLE_NAME
         k = kind_code.get(e.activity_type() if typed else _activity_kind(e, cpu), 0)
         info = seen.get(name)
         if info is None or info[1] != k:  # the role depends on the kind too (a name rarely has two)
@@ -170,10 +176,11 @@ def _read_events(events: Iterable[Any]) -> _Raw:
     is_mem, nbytes = np.zeros(n, bool), np.zeros(n, np.int64)
     is_mem[list(mem)] = True
     nbytes[list(mem)] = list(mem.values())
+    names = strings.list() if comm else []
     for i in comm:
         e = evs[i]
         cols.msg_bytes[i] = _message_bytes(e)
-        if e.name() in _ARG_NAMES or kind[i] == k_kernel:
+        if names[name_id[i]] in _ARG_NAMES or kind[i] == k_kernel:
             meta = _event_comm_args(e)
             if meta is not None:
                 cols.comm_meta[i] = meta
