@@ -17,7 +17,7 @@ import sys
 
 import pytest
 from cluster import find_mpiexec, mpi_flavour, unavailable
-from conftest import EXAMPLES, ROOT, job_env, only_run_dir
+from conftest import EXAMPLES, ROOT, job_env, only_run_dir, rerun_once_if_aborted
 
 from distprof.capture import env as launch_env
 from distprof.capture.env import (
@@ -207,8 +207,9 @@ def mpirun(mpiexec: str, np: int, args: list[str], *, cwd, env: dict[str, str], 
     e = {**env, "MPIEXEC": mpiexec, "NP": str(np)}
     if mpi_flavour(mpiexec) == "openmpi":
         e["MPIEXEC_ARGS"] = "--oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else "")
-    return subprocess.run(["bash", str(ROOT / "launch" / "mpirun.sh"), *args], cwd=cwd, env=e, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return rerun_once_if_aborted(lambda: subprocess.run(["bash", str(ROOT / "launch" / "mpirun.sh"), *args], cwd=cwd,
+                                                        env=e, capture_output=True, text=True, timeout=timeout,
+                                                        check=False), cwd)
 
 
 @pytest.mark.slow
