@@ -33,7 +33,10 @@ def _run(tmp_path, tag, script_args, **env):
 
 
 def test_straggler_with_skewed_simulated_clocks(tmp_path):
-    rep = _run(tmp_path, "slow", ["--slow-rank", "2", "--slow-ms", "40"],
+    # every rank sleeps 30 ms of "device time" per step, so the 4 ranks mostly leave the 2 cores alone: CPU-bound
+    # only, the contention moved rank 2's lateness away from its clock-free estimate (49 against 31 ms, 1 run in 6
+    # here) or below the floor in 2 of the 5 recorded steps (a CI run on a slow host)
+    rep = _run(tmp_path, "slow", ["--slow-rank", "2", "--slow-ms", "40", "--base-ms", "30"],
                DISTPROF_SIM_HOSTS="0,0,1,1", DISTPROF_SIM_CLOCKS="0,3.25@40")
     top = rep.stragglers[0]
     assert top.rank == 2 and top.named
