@@ -28,14 +28,12 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
-#: A worker aborting in C++ teardown after its script finished (see the closing notes of issues 2-5: ~1 in 50
-#: four-rank runs with capture, not yet explained). torchrun() reruns a job once on exactly this message.
-EXIT_ABORT = "terminate called without an active exception"
-#: glibc's abort on a corrupted heap, seen once in a CI run of a 2-rank mpiexec job with capture, after both ranks
-#: stopped their window (2026-12-06; not reproduced in ~130 local runs of that job and a 4-rank one, with
-#: MALLOC_PERTURB_ and beside busy loops). Like EXIT_ABORT: rerun once, a second abort stands.
-HEAP_ABORT = "malloc(): "
-ABORTS = (EXIT_ABORT, HEAP_ABORT, "double free or corruption")
+#: What a job's stderr says when a worker aborted in C++ or glibc, not in distprof's or the script's Python: C++'s
+#: terminate in teardown after the script finished (closing notes of issues 2-5: ~1 in 50 four-rank runs with
+#: capture), and glibc's heap checks (once in a CI run of a 2-rank mpiexec job with capture, 2026-12-06; not reproduced
+#: in ~130 local runs with MALLOC_PERTURB_ and beside busy loops). Neither is explained: the job helpers rerun such a
+#: job once (rerun_once_if_aborted), and a second abort stands.
+ABORTS = ("terminate called without an active exception", "malloc(): ", "double free or corruption")
 
 
 def aborted_in_cpp(proc: subprocess.CompletedProcess) -> bool:
