@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .gathered import GatheredTable
 from .numbering import instance_numbers
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ VARIABLE_SIZE_OPS = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_t
                                "send", "recv", "send_recv"})
 
 _MEMBER_COLS = ("inst", "rank", "window", "pg", "seq", "op_id", "bytes", "row", "start_ns", "end_ns")
+#: Member columns that are the collective rows' own values, read through ``row`` (:class:`.gathered.GatheredTable`).
+_GATHERED = {"rank": np.int32, "window": np.int32, "pg": np.int32, "seq": np.int32, "op_id": np.uint32,
+             "bytes": np.int64}
 
 
 @dataclass
@@ -134,24 +138,19 @@ def _sorted_members(rows: Table, sel: np.ndarray, key: np.ndarray
     rank = np.asarray(rows["rank"])[sel].astype(np.int32)
     window = np.asarray(rows["window"])[sel].astype(np.int32)
     pg = np.asarray(rows["pg"])[sel].astype(np.int32)
-    seq = np.asarray(rows["seq"])[sel].astype(np.int32)
     order = np.lexsort((rank, key, window, pg))
-    sel, rank, window, pg, seq, key = sel[order], rank[order], window[order], pg[order], seq[order], key[order]
+    sel, rank, window, pg, key = sel[order], rank[order], window[order], pg[order], key[order]
     n = len(sel)
     new = np.ones(n, dtype=bool)
     new[1:] = (pg[1:] != pg[:-1]) | (window[1:] != window[:-1]) | (key[1:] != key[:-1])
-    members = {
-        "inst": (np.cumsum(new) - 1).astype(np.int64),
-        "rank": rank,
-        "window": window,
-        "pg": pg,
-        "seq": seq,
-        "op_id": np.asarray(rows["op_id"])[sel].astype(np.uint32),
-        "bytes": np.asarray(rows["bytes"])[sel].astype(np.int64),
-        "row": sel.astype(np.int64),
-        "start_ns": np.asarray(rows["start_ns"])[sel].astype(np.int64),
-        "end_ns": np.asarray(rows["end_ns"])[sel].astype(np.int64),
-    }
+    row = sel.astype(np.int64)
+    # the rows' own values are read through `row` (not held: 39 MB at 1,024 LLM-shaped ranks); times are held, as
+    # alignment replaces them
+    members = GatheredTable(
+        {"inst": (np.cumsum(new) - 1).astype(np.int64), "row": row,
+         "start_ns": np.asarray(rows["start_ns"])[sel].astype(np.int64),
+         "end_ns": np.asarray(rows["end_ns"])[sel].astype(np.int64)},
+        rows, row, _GATHERED, _MEMBER_COLS)
     first = np.flatnonzero(new)
     return members, new, first, key[first].astype(np.int32)
 
@@ -394,9 +393,9 @@ def _incomplete_reports(c: Collectives, group_ranks, ranks_by_window, rows, name
 
 def with_times(c: Collectives, start_ns: np.ndarray, end_ns: np.ndarray) -> Collectives:
     """A copy of `c` whose member times are `start_ns`/`end_ns` (aligned to members' rows), aggregates recomputed."""
-    members = dict(c.members)
-    members["start_ns"] = np.asarray(start_ns, dtype=np.int64)
-    members["end_ns"] = np.asarray(end_ns, dtype=np.int64)
+    times = {"start_ns": np.asarray(start_ns, dtype=np.int64), "end_ns": np.asarray(end_ns, dtype=np.int64)}
+    m = c.members
+    members = m.with_columns(**times) if isinstance(m, GatheredTable) else {**m, **times}
     instances = dict(c.instances)
     instances.update(_time_aggregates(members, c.instances["first"]))
     return replace(c, instances=instances, members=members)
