@@ -402,15 +402,16 @@ def _relax(g: StepGraph, *, chain: bool, max_passes: int | None) -> Replay:
     """The replay by repeated relaxation of every value at once, from the measured ones: one pass when nothing
     changed (the measured graph), at most the graph's depth otherwise (chained: its depth over a whole window)."""
     n = g.n_events
-    a = g.ev_arrival.copy()
+    a = g.ev_arrival
     rs_start = g.rs_start
     chained = np.flatnonzero(g.rs_prev >= 0) if chain else np.zeros(0, np.int64)
     limit = max_passes if max_passes is not None else n + 2 + (2 * g.rs_rank.size if chained.size else 0)
-    prev = np.maximum(g.ev_prev, 0).astype(np.intp)  # indexes every pass: intp, not converted on each use
     converged, passes = False, 0
     finite = all(np.isfinite(v).all() for v in (a, rs_start, g.ev_gap, g.ev_transfer))
     if not chained.size and n and limit > 0 and finite:
         a, converged, passes = _relax_frontier(g, limit)
+    if passes < limit and not converged:  # the passes below replace `a`, never write into it
+        prev = np.maximum(g.ev_prev, 0).astype(np.intp)  # indexes every pass: intp, not converted on each use
     while passes < limit and not converged:
         passes += 1
         s, _ = _starts(g, a, who=False)
@@ -424,6 +425,8 @@ def _relax(g: StepGraph, *, chain: bool, max_passes: int | None) -> Replay:
             start_new[chained] = _tail_ends(g, a, z, rs_start)[g.rs_prev[chained]] + g.rs_between[chained]
         converged = np.array_equal(a_new, a) and np.array_equal(start_new, rs_start)
         a, rs_start = a_new, start_new
+    if a is g.ev_arrival:  # no pass ran (max_passes 0): the replay's arrays are its own
+        a = a.copy()
     if not converged:
         log.warning("critical path: the step graph did not settle in %d passes (collectives in a different order "
                     "on different ranks?); the replay uses the last pass", passes)
@@ -442,31 +445,35 @@ def _relax_frontier(g: StepGraph, limit: int) -> tuple[np.ndarray, bool, int]:
     each, as relaxing every value at once, but a pass after the first recomputes only the arrivals whose inputs the
     previous pass changed (the next event after an arrival or a start that moved) when they are few — a deep step
     (hundreds of collectives) takes as many passes as before, each over the few values still moving. Finite values
-    only."""
+    only.
+
+    Memory (a row per event: 1.5 M at 1,024 LLM-shaped ranks): the arrays only the frontier's passes read (each
+    event's next, a send's receive, the sets' slots) are made after the first pass, whose temporaries are gone by
+    then, and hold 32-bit indices (they are read at the few moving events: converting those costs nothing)."""
     n = g.n_events
-    a = g.ev_arrival.copy()
-    prev = np.maximum(g.ev_prev, 0).astype(np.intp)  # indexes every pass: intp, not converted on each use
-    start_of = g.rs_start[g.ev_rs]
+    prev = np.maximum(g.ev_prev, 0).astype(np.intp)  # indexes every full pass: intp, not converted on each use
+    a, moved = _full_pass(g, g.ev_arrival, prev)
+    passes = 1
+    if not moved.size or passes >= limit:
+        return a, moved.size == 0, passes
     link, gap, x = g.ev_link, g.ev_gap, g.ev_transfer
-    nxt = np.full(n, -1, np.intp)  # the event after each in its rank-step
+    it = index_dtype(n)
+    nxt = np.full(n, -1, it)  # the event after each in its rank-step
     has = g.ev_prev >= 0
     nxt[g.ev_prev[has]] = np.flatnonzero(has)
-    send_to = np.full(n, -1, np.intp)  # a send's receive
+    del has
+    send_to = np.full(n, -1, it)  # a send's receive
     rv = np.flatnonzero((g.ev_kind == KIND_RECV) & (g.ev_partner >= 0))
     send_to[g.ev_partner[rv]] = rv
+    del rv
     idx, bounds = _group_order(g)
     gend = np.r_[bounds[1:], idx.size] if idx.size else np.zeros(0, np.int64)
     ev_set = _Distinct(n)  # the passes' sets of events and of instances (groups), each without repeats
     grp_set = _Distinct(int(g.ev_group.max(initial=-1)) + 1)
-    moved, passes = np.arange(n), 0
     while moved.size and passes < limit:
         passes += 1
-        if passes == 1 or moved.size > n // FRONTIER_SHARE:  # the first pass, or many moving: a pass over all
-            s, _ = _starts(g, a, who=False)
-            a_new = np.where(link == LINK_START, start_of, np.where(link == LINK_END, s[prev] + x[prev], a[prev])) + \
-                gap
-            moved = np.flatnonzero(a_new != a)
-            a = a_new
+        if moved.size > n // FRONTIER_SHARE:  # many moving: a pass over all
+            a, moved = _full_pass(g, a, prev)
             continue
         # the events whose start S may have moved: every member of a moved member's instance, a moved send's receive
         grp = grp_set.of(g.ev_group[moved][g.ev_group[moved] >= 0])
@@ -476,11 +483,29 @@ def _relax_frontier(g: StepGraph, limit: int) -> tuple[np.ndarray, bool, int]:
         dep = ev_set.of(dep[dep >= 0])
         p = prev[dep]
         sp = _starts_at(g, a, p, idx, bounds, gend, grp_set)
-        val = np.where(link[dep] == LINK_START, start_of[dep], np.where(link[dep] == LINK_END, sp + x[p], a[p])) + \
-            gap[dep]
+        val = np.where(link[dep] == LINK_START, g.rs_start[g.ev_rs[dep]],
+                       np.where(link[dep] == LINK_END, sp + x[p], a[p])) + gap[dep]
         moved = dep[val != a[dep]]
         a[dep] = val
     return a, moved.size == 0, passes
+
+
+def _full_pass(g: StepGraph, a: np.ndarray, prev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every arrival recomputed from the arrivals `a` (a new array: `a` is not written), and the events whose
+    arrival moved. Each value is its anchor (the previous event's arrival or end, or the rank-step's start) plus its
+    gap, filled by anchor kind into one array (a select over three full-size candidates held 4 of them at once)."""
+    link = g.ev_link
+    new = a[prev]  # anchored on the previous arrival (LINK_ARRIVAL), replaced below where not
+    at_end = np.flatnonzero(link == LINK_END)
+    if at_end.size:
+        s, _ = _starts(g, a, who=False)
+        p = prev[at_end]
+        new[at_end] = s[p] + g.ev_transfer[p]
+        del s, p
+    at_start = np.flatnonzero(link == LINK_START)
+    new[at_start] = g.rs_start[g.ev_rs[at_start]]
+    new += g.ev_gap
+    return new, np.flatnonzero(new != a)
 
 
 class _Distinct:
@@ -489,10 +514,12 @@ class _Distinct:
     index remembers where it was last written."""
 
     def __init__(self, size: int) -> None:
-        self._slot = np.zeros(max(size, 0), np.int64)
+        self._slot = np.zeros(max(size, 0), index_dtype(size))  # positions in a set: below `size`
 
     def of(self, v: np.ndarray, inverse: bool = False):
         """`v`'s distinct values (and, with `inverse`, each element's place among them)."""
+        if v.size > np.iinfo(self._slot.dtype).max:  # positions past 32 bits
+            self._slot = self._slot.astype(np.int64)
         pos = np.arange(v.size)
         self._slot[v] = pos  # the last position of each value wins
         keep = v[self._slot[v] == pos]
