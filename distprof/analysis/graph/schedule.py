@@ -97,14 +97,15 @@ class _Deps:
     n: int
     nu: int
     nrs: int
-    unit: np.ndarray
-    mem_order: np.ndarray  # member pairs sorted by unit
-    mem_ev: np.ndarray
-    mem_bounds: np.ndarray
-    a_lsrc: np.ndarray
-    a_vsrc: np.ndarray
-    e_lsrc: np.ndarray
-    e_vsrc: np.ndarray
+    # (the build lets each array go once it has read it: None then)
+    unit: np.ndarray | None
+    mem_order: np.ndarray | None  # member pairs sorted by unit
+    mem_ev: np.ndarray | None
+    mem_bounds: np.ndarray | None
+    a_lsrc: np.ndarray | None
+    a_vsrc: np.ndarray | None
+    e_lsrc: np.ndarray | None
+    e_vsrc: np.ndarray | None
     e_from_b: np.ndarray  # the tail hangs off the rank-step's start (its end one level after it)
     chained: np.ndarray
 
@@ -128,21 +129,23 @@ def _deps(g: StepGraph) -> _Deps:
     return _Deps(
         n=n, nu=nu, nrs=nrs, unit=unit, mem_order=o, mem_ev=mem_ev[o], mem_bounds=bounds,
         # the levels' sources index every settling pass (intp); the values' are read once, by the build (32 bits)
-        a_lsrc=_index(a_kind, a_idx, unit, n, nu, levels=True).astype(np.intp),
+        a_lsrc=_index(a_kind, a_idx, unit, n, nu, levels=True),
         a_vsrc=_index(a_kind, a_idx, unit, n, nu, levels=False),
-        e_lsrc=_index(e_kind, e_idx, unit, n, nu, levels=True).astype(np.intp),
+        e_lsrc=_index(e_kind, e_idx, unit, n, nu, levels=True),
         e_vsrc=_index(e_kind, e_idx, unit, n, nu, levels=False),
         e_from_b=e_kind == _AT_B, chained=g.rs_prev >= 0)
 
 
 def _index(kind: np.ndarray, idx: np.ndarray, unit: np.ndarray, n: int, nu: int, *, levels: bool) -> np.ndarray:
-    """Anchors as indices into the levels [A | U | B] or into the values [A | Z | B]."""
+    """Anchors as indices into the levels [A | U | B] (intp: every settling pass indexes with them) or into the
+    values [A | Z | B] (32 bits where they fit: read once, by the build). Filled by kind into one array."""
+    out = idx.astype(np.int64)  # an arrival: the event itself
     at_z = kind == _AT_Z
-    z = np.zeros(idx.size, np.int64)
     if at_z.any():  # idx is an event there (a rank-step elsewhere: it may exceed the events)
-        z[at_z] = n + (unit[idx[at_z]] if levels else idx[at_z]).astype(np.int64)
-    b = (n + nu if levels else 2 * n) + idx.astype(np.int64)
-    return narrow(np.where(kind == _AT_A, idx, np.where(at_z, z, b)))
+        out[at_z] = n + (unit[idx[at_z]] if levels else idx[at_z]).astype(np.int64)
+    del at_z
+    out[kind == _AT_B] += n + nu if levels else 2 * n
+    return out.astype(np.intp, copy=False) if levels else narrow(out)
 
 
 def _settle(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, *, chain: bool,
@@ -166,60 +169,82 @@ def _settle_every_hop(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, 
 
 
 def _until_settled(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, chain: bool, max_passes: int,
-                   close: Callable[[np.ndarray], None] | None) -> tuple[np.ndarray, np.ndarray] | None:
+                   close: Callable[[np.ndarray], bool] | None) -> tuple[np.ndarray, np.ndarray] | None:
     """Passes until one changes nothing (the levels), or None after `max_passes`."""
     for _ in range(max_passes):
-        old, old_e = lv.copy(), lv_e.copy()
-        lv, lv_e = _pass(d, g, lv, lv_e, chain, close)
-        if np.array_equal(old, lv) and np.array_equal(old_e, lv_e):
+        lv, lv_e, changed = _pass(d, g, lv, lv_e, chain, close)
+        if not changed:
             return lv, lv_e
     return None
 
 
 def _pass(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, chain: bool,
-          close: Callable[[np.ndarray], None] | None) -> tuple[np.ndarray, np.ndarray]:
+          close: Callable[[np.ndarray], bool] | None) -> tuple[np.ndarray, np.ndarray, bool]:
     """One pass over every value: arrivals from their anchors (chains closed when `close` is given), units from
-    their members, ends, chained starts."""
+    their members, ends, chained starts; and whether any level rose. Levels only rise (each value takes the maximum
+    of what it holds and what it reads, an unchained start stays 0), so a pass that raised none changed nothing: no
+    copy of the levels is kept to compare with (1,024 LLM-shaped ranks: 18 MB), and the arrivals are raised in
+    place."""
     n, nu = d.n, d.nu
+    changed = False
     if n:
-        lv[:n] = np.maximum(lv[:n], lv[d.a_lsrc] + 1)
+        arr = lv[:n]
+        got = lv[d.a_lsrc]
+        got += 1
+        if (got > arr).any():
+            changed = True
+            np.maximum(arr, got, out=arr)
+        del got
         if close is not None:
-            close(lv[:n])
+            changed |= close(arr)
         if d.mem_ev.size:
-            lv[n:n + nu] = np.maximum(lv[n:n + nu], np.maximum.reduceat(lv[d.mem_ev], d.mem_bounds))
-    lv_e = np.maximum(lv_e, lv[d.e_lsrc] + d.e_from_b)
+            units = lv[n:n + nu]
+            got = np.maximum.reduceat(lv[d.mem_ev], d.mem_bounds)
+            if (got > units).any():
+                changed = True
+                np.maximum(units, got, out=units)
+    new_e = np.maximum(lv_e, lv[d.e_lsrc] + d.e_from_b)
+    changed |= not np.array_equal(new_e, lv_e)
     if chain:
         prev = np.maximum(g.rs_prev, 0)
-        lv[n + nu:] = np.where(d.chained, np.maximum(lv[n + nu:], lv_e[prev] if prev.size else 0), 0)
-    return lv, lv_e
+        b = np.where(d.chained, np.maximum(lv[n + nu:], new_e[prev] if prev.size else 0), 0)
+        changed |= not np.array_equal(b, lv[n + nu:])
+        lv[n + nu:] = b
+    return lv, new_e, changed
 
 
-def _chain_closer(d: _Deps, g: StepGraph) -> Callable[[np.ndarray], None] | None:
+def _chain_closer(d: _Deps, g: StepGraph) -> Callable[[np.ndarray], bool] | None:
     """A function raising, in place, each arrival's level to at least one more than the one before it in its
-    rank-step (a running maximum of level − position, per rank-step); None where the events are not laid out
-    rank-step by rank-step with each one's previous event just before it (then passes close the chains)."""
+    rank-step (a running maximum of level − position, per rank-step), and saying whether it raised any; None where
+    the events are not laid out rank-step by rank-step with each one's previous event just before it (then passes
+    close the chains)."""
     n = d.n
     if not n:
         return None
-    pos = np.arange(n)
     prev = g.ev_prev
+    pos = np.arange(n)
     if not (np.array_equal(prev >= 0, np.r_[False, g.ev_rs[1:] == g.ev_rs[:-1]])
             and np.array_equal(prev[prev >= 0], pos[prev >= 0] - 1)):
         return None
-    seg = (np.cumsum(prev < 0) - 1).astype(np.int64)
+    del pos
     off = np.zeros(0, np.int64)  # seg * big − pos: level − position, each rank-step lifted by its own `big`
     big = 0
 
-    def close(a: np.ndarray) -> None:
+    def close(a: np.ndarray) -> bool:
         nonlocal off, big
         need = int(a.max()) + n + 1  # above any spread of level − position: rank-steps never mix
         if need > big:  # made again only as the levels grow past it (doubling): most passes reuse it
             big = max(2 * big, need)
-            off = seg * big - pos
+            off = (np.cumsum(prev < 0) - 1).astype(np.int64)  # each event's rank-step, in order
+            off *= big
+            off -= np.arange(n)
         v = a + off
         np.maximum.accumulate(v, out=v)
         v -= off
+        if not (v > a).any():
+            return False
         np.maximum(a, v, out=a)
+        return True
 
     return close
 
@@ -274,32 +299,40 @@ def schedule(g: StepGraph) -> Schedule | None:
         return cached
     d = _deps(g)
     got = _levels(g, d)
-    sched = None if got is None else _build(g, d, *got)
+    sched = None
+    if got is not None:
+        d.a_lsrc = d.e_lsrc = None  # the levels' sources: read by the settling passes only
+        orders = _orders(d, *got)
+        del got  # the levels: read by the orders only
+        sched = _assemble(d, orders)
     g._schedule = sched
     return sched
 
 
-def _build(g: StepGraph, d: _Deps, lv: np.ndarray, lv_e: np.ndarray) -> Schedule:
+@dataclass
+class _Orders:
+    """The replay's orders from the levels, before the values' indices are gathered in them (:func:`_assemble`)."""
+
+    a_ev: np.ndarray
+    u_ord: np.ndarray
+    e_rs: np.ndarray
+    b_rs: np.ndarray
+    bounds: list[tuple[int, int, int, int, int, int, int, int, int, int]]
+    rows: dict[str, np.ndarray]
+
+
+def _orders(d: _Deps, lv: np.ndarray, lv_e: np.ndarray) -> _Orders:
+    """Items by level, each level's row of bounds, and the row each input is first read at."""
     n, nu = d.n, d.nu
-    lv_a, lv_u, lv_b = lv[:n], lv[n:n + nu], lv[n + nu:]
     top = int(max(lv.max(initial=0), lv_e.max(initial=0)))
-    a_ev, a_off = _by_level(lv_a, top)
-    u_ord, u_off = _by_level(lv_u, top)
-    # the units' members and events, unit by unit in level order
-    mcount = np.diff(np.r_[d.mem_bounds, d.mem_ev.size]) if nu else np.zeros(0, np.int64)
-    u_mem = d.mem_ev[_ranges(d.mem_bounds[u_ord], mcount[u_ord])] if nu else np.zeros(0, np.int64)
-    u_mstart = np.r_[0, np.cumsum(mcount[u_ord])].astype(np.intp)
-    ev_by_unit = d.mem_order[d.mem_order < n]  # the member pairs begin with (unit of e, e) for every event e
-    ecount_all = np.bincount(d.unit, minlength=nu) if n else np.zeros(nu, np.int64)
-    estart_all = np.r_[0, np.cumsum(ecount_all)][:-1] if nu else np.zeros(0, np.int64)
-    u_ev = ev_by_unit[_ranges(estart_all[u_ord], ecount_all[u_ord])] if nu else np.zeros(0, np.int64)
-    del ev_by_unit
-    u_ecount = ecount_all[u_ord]
-    u_estart = np.r_[0, np.cumsum(u_ecount)].astype(np.int64)
+    a_ev, a_off = _by_level(lv[:n], top)
+    u_ord, u_off = _by_level(lv[n:n + nu], top)
+    ecount = np.bincount(d.unit, minlength=nu) if n else np.zeros(nu, np.int64)
+    u_estart = np.r_[0, np.cumsum(ecount[u_ord])].astype(np.int64)
+    del ecount
     e_rs, e_off = _by_level(lv_e, top)
     chained = np.flatnonzero(d.chained)
-    bo, b_off = _by_level(lv_b[chained], top)
-    b_rs = chained[bo]
+    bo, b_off = _by_level(lv[n + nu:][chained], top)
     bounds = []
     row_of = np.zeros(top + 1, np.int64)  # each level's row in bounds (an empty level: the next one's)
     for k in range(top + 1):
@@ -308,14 +341,38 @@ def _build(g: StepGraph, d: _Deps, lv: np.ndarray, lv_e: np.ndarray) -> Schedule
         row_of[k] = len(bounds)
         if row[0] < row[1] or row[2] < row[3] or row[6] < row[7] or row[8] < row[9]:
             bounds.append(row)
-    # the rows each input is first read at (read once per what-if) in 32 bits where they fit; the replay's own index
-    # arrays stay intp: numpy converts any other index dtype on every use, and the replay indexes with them level by
-    # level for every what-if (int32 there: the replays 1.5 x slower at 1,024 LLM-shaped ranks)
+    # the rows each input is first read at (read once per what-if) in 32 bits where they fit
     rows = _rows(d, lv, lv_e, narrow(row_of), len(bounds))  # gathered from 32-bit rows: no int64 copy first
-    return Schedule(levels=len(bounds), a_ev=a_ev, a_src=d.a_vsrc[a_ev].astype(np.intp),
-                    u_mem=u_mem.astype(np.intp, copy=False), u_mstart=u_mstart,
-                    u_ev=u_ev.astype(np.intp, copy=False), u_ecount=u_ecount, e_rs=e_rs,
-                    e_src=d.e_vsrc[e_rs].astype(np.intp), b_rs=b_rs, bounds=bounds, **rows)
+    return _Orders(a_ev=a_ev, u_ord=u_ord, e_rs=e_rs, b_rs=chained[bo], bounds=bounds, rows=rows)
+
+
+def _assemble(d: _Deps, o: _Orders) -> Schedule:
+    """The schedule: the values' indices gathered in the orders `o`. It consumes `d`: each dependency array is let
+    go once gathered, so the schedule's arrays replace them instead of piling up beside them (1,024 LLM-shaped
+    ranks: the build's peak over the graph 145 -> 102 MB traced). The replay's own index arrays are intp: numpy
+    converts any other index dtype on every use, and the replay indexes with them level by level for every what-if
+    (int32 there: the replays 1.5 x slower at 1,024 LLM-shaped ranks)."""
+    n, nu = d.n, d.nu
+    a_src = d.a_vsrc[o.a_ev].astype(np.intp)
+    d.a_vsrc = None
+    e_src = d.e_vsrc[o.e_rs].astype(np.intp)
+    # the units' members, unit by unit in level order
+    mcount = np.diff(np.r_[d.mem_bounds, d.mem_ev.size]) if nu else np.zeros(0, np.int64)
+    u_mem = (d.mem_ev[_ranges(d.mem_bounds[o.u_ord], mcount[o.u_ord])] if nu else np.zeros(0, np.int64))
+    d.mem_ev = d.mem_bounds = None
+    u_mstart = np.r_[0, np.cumsum(mcount[o.u_ord])].astype(np.intp)
+    del mcount
+    # the events whose end each unit sets: the member pairs begin with (unit of e, e) for every event e
+    ecount = np.bincount(d.unit, minlength=nu) if n else np.zeros(nu, np.int64)
+    d.unit = None
+    ev_by_unit = d.mem_order[d.mem_order < n]
+    d.mem_order = None
+    estart = np.r_[0, np.cumsum(ecount)][:-1] if nu else np.zeros(0, np.int64)
+    u_ev = ev_by_unit[_ranges(estart[o.u_ord], ecount[o.u_ord])] if nu else np.zeros(0, np.int64)
+    del ev_by_unit, estart
+    return Schedule(levels=len(o.bounds), a_ev=o.a_ev, a_src=a_src, u_mem=u_mem.astype(np.intp, copy=False),
+                    u_mstart=u_mstart, u_ev=u_ev.astype(np.intp, copy=False), u_ecount=ecount[o.u_ord],
+                    e_rs=o.e_rs, e_src=e_src, b_rs=o.b_rs, bounds=o.bounds, **o.rows)
 
 
 def _rows(d: _Deps, lv: np.ndarray, lv_e: np.ndarray, row_of: np.ndarray, nrows: int) -> dict[str, np.ndarray]:
