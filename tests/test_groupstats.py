@@ -4,7 +4,7 @@ groupstats.sort_within: each group's rows by value, in np.lexsort's order, from 
 import numpy as np
 import pytest
 
-from distprof.analysis.groupstats import sort_within, unique_rows
+from distprof.analysis.groupstats import sort_within, unique_inverse, unique_rows
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -81,3 +81,24 @@ def test_unique_rows_of_mixed_dtypes_is_np_unique(dtypes):
     want, winv = np.unique(np.stack([c.astype(np.int64) for c in cols], 1), axis=0, return_inverse=True)
     assert all(np.array_equal(g, want[:, j]) for j, g in enumerate(got))
     assert np.array_equal(inv, winv.reshape(-1))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint32, np.int8, bool])
+@pytest.mark.parametrize("size", [0, 1, 7, 5_000])
+@pytest.mark.parametrize("narrow", [False, True])
+def test_unique_inverse_is_np_unique(dtype, size, narrow):
+    rng = np.random.default_rng(size)
+    hi = 2 if dtype is bool else 100
+    key = rng.integers(-50 if np.dtype(dtype).kind == "i" else 0, hi, size).astype(dtype)
+    u, inv = unique_inverse(key, narrow=narrow)
+    want_u, want_inv = np.unique(key, return_inverse=True)
+    assert u.dtype == want_u.dtype and np.array_equal(u, want_u)
+    assert np.array_equal(inv, want_inv.reshape(-1))
+    assert inv.dtype == (np.int32 if narrow and size else np.int64)  # int64 unless asked: callers multiply it
+
+
+def test_unique_inverse_of_floats_is_np_unique():
+    key = np.array([2.0, np.nan, 1.0, 2.0, np.nan])
+    u, inv = unique_inverse(key)
+    want_u, want_inv = np.unique(key, return_inverse=True)
+    assert np.array_equal(u, want_u, equal_nan=True) and np.array_equal(inv, want_inv.reshape(-1))

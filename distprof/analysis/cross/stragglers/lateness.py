@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...groupstats import sort_within
+from ...groupstats import sort_within, unique_inverse
 from ...narrow import narrow
 from .peers import excess_by
 
@@ -44,9 +44,9 @@ class Cells:
         del sidx
         code *= ng
         code += gidx
-        ucode, idx = np.unique(code, return_inverse=True)
+        ucode, idx = unique_inverse(code, narrow=True)
         del code
-        self.idx = narrow(idx.reshape(-1))
+        self.idx = narrow(idx)
         self.n = ucode.size
         self.group = (ucode % ng).astype(np.int64)
         self.step = skeys[ucode // ng]
@@ -76,8 +76,7 @@ def _distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if key.size and bool(np.all(key[1:] >= key[:-1])):
         new = np.r_[True, key[1:] != key[:-1]]
         return key[new], np.cumsum(new) - 1
-    u, inv = np.unique(key, return_inverse=True)
-    return u, inv.reshape(-1)
+    return unique_inverse(key)
 
 
 class StepLateness:
