@@ -259,7 +259,8 @@ def test_ids_in_32_bits_replay_as_in_64():
     from dataclasses import fields, replace
 
     g = step_graph(simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)}))
-    ids = [f.name for f in fields(g) if f.name.startswith("ev_") and getattr(g, f.name).dtype == np.int32]
+    ids = [f.name for f in fields(g) if f.name.startswith("ev_") and getattr(g, f.name) is not None
+           and getattr(g, f.name).dtype == np.int32]  # (ev_cpu_wait is None where no rank sampled its CPU wait)
     assert {"ev_rs", "ev_rank", "ev_group", "ev_prev", "ev_partner", "ev_pg", "ev_op"} <= set(ids)
     wide = replace(g, **{k: getattr(g, k).astype(np.int64) for k in ids})
     for chain in (False, True):
@@ -268,3 +269,27 @@ def test_ids_in_32_bits_replay_as_in_64():
             assert np.array_equal(x, y)
         pa, pb = critical_paths(g, a), critical_paths(wide, b)
         assert np.array_equal(pa.work_ms, pb.work_ms) and pa.segments == pb.segments
+
+
+def test_no_sampled_cpu_wait_holds_no_column_and_prices_as_unknown_everywhere(tmp_path):
+    """A run whose ranks sampled no CPU wait (GPU ranks, imports) has no CPU-wait columns in its collective rows: the
+    graph then holds none either (None, not a column of NaN: 12 MB at 1,024 LLM-shaped ranks), and a straggler's
+    what-if is the one the graph gives with columns of NaN."""
+    from dataclasses import replace
+
+    from distprof.analysis.graph.whatif import Straggler, estimate
+
+    run = distprof.load(make_run(tmp_path, world_size=4, late_rank=2, late_ms=8.0).run_dir, progress=False)
+    assert "cpu_wait_at_start_ns" not in run.collective_rows
+    g = step_graph(run)
+    assert g.ev_cpu_wait is None and np.isnan(g.rs_tail_cpu_wait).all()
+    nan = np.full(len(run.collective_rows["step"]), np.nan)
+    with_nan = replace(run, collective_rows={**run.collective_rows, "cpu_wait_at_start_ns": nan,
+                                             "cpu_wait_at_end_ns": nan})
+    g2 = step_graph(with_nan)
+    assert g2.ev_cpu_wait is not None and np.isnan(g2.ev_cpu_wait).all()
+    assert np.array_equal(g.rs_tail_cpu_wait, g2.rs_tail_cpu_wait, equal_nan=True)
+    a = estimate(run, Straggler(ranks=(2,)), graph=g)
+    b = estimate(with_nan, Straggler(ranks=(2,)), graph=g2)
+    assert a.gain_ms_per_step > 0 and a.gain_ms_per_step == b.gain_ms_per_step
+    assert a.per_step_gain_ms.tobytes() == b.per_step_gain_ms.tobytes()

@@ -103,7 +103,8 @@ class StepGraph:
     ev_transfer: np.ndarray  # x (ns)
     names: np.ndarray  # collective op names
     n_groups: int
-    # the rank's wait for a CPU within each work segment and tail (ns, NaN unknown: no cpu/samples, p2p events)
+    # the rank's wait for a CPU within each work segment and tail (ns, NaN unknown: no cpu/samples, p2p events;
+    # None: unknown for every event, the run's ranks sampled none)
     ev_cpu_wait: np.ndarray | None = None
     rs_tail_cpu_wait: np.ndarray | None = None
 
@@ -190,10 +191,10 @@ def _sync_events(run: RunSummary) -> tuple[dict[str, np.ndarray], int, int]:
     nc, npp = c_rank.size, len(p)
     rows = np.asarray(m["row"], np.int64)
     cr = run.collective_rows
-    cw_a = np.r_[np.asarray(cr.get("cpu_wait_at_start_ns", np.full(len(cr["step"]), np.nan)), np.float64)[rows],
-                 np.full(2 * npp, np.nan)]
-    cw_z = np.r_[np.asarray(cr.get("cpu_wait_at_end_ns", np.full(len(cr["step"]), np.nan)), np.float64)[rows],
-                 np.full(2 * npp, np.nan)]
+    # a CPU-wait column no rank sampled is not in the rows (GPU ranks, imports): None, not a column of NaN (unknown
+    # everywhere; 12 MB per column at 1,024 LLM-shaped ranks, and the graph's own column would be all NaN too)
+    cw_a, cw_z = (np.r_[np.asarray(cr[c], np.float64)[rows], np.full(2 * npp, np.nan)] if c in cr else None
+                  for c in ("cpu_wait_at_start_ns", "cpu_wait_at_end_ns"))
     e = {  # ids in 32 bits where they fit (narrow.py), as the graph holds them: the unsorted columns are held
         # beside the sorting's temporaries (1,024 LLM-shaped ranks: 1.5 M events, 12 MB per int64 column)
         "rank": narrow(np.r_[c_rank, np.asarray(p.src, np.int64), np.asarray(p.dst, np.int64)]),
@@ -249,9 +250,10 @@ def _dense_groups(grp: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def _work_segments(a: np.ndarray, z: np.ndarray, prev: np.ndarray, ev_rs: np.ndarray, start_rs: np.ndarray,
-                   cw_start: np.ndarray, cw_a: np.ndarray,
-                   cw_z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The work segment before each event: what it hangs off (LINK_*), its length and the CPU wait within it."""
+                   cw_start: np.ndarray, cw_a: np.ndarray | None,
+                   cw_z: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The work segment before each event: what it hangs off (LINK_*), its length and the CPU wait within it (None
+    where no event's CPU wait at its arrival is known: `cw_a` None)."""
     n = a.size
     pz = np.where(prev >= 0, z[np.maximum(prev, 0)], 0.0)
     pa = np.where(prev >= 0, a[np.maximum(prev, 0)], 0.0)
@@ -260,6 +262,10 @@ def _work_segments(a: np.ndarray, z: np.ndarray, prev: np.ndarray, ev_rs: np.nda
     del pz, pa  # these run over every event: each freed once read
     gap = np.maximum(a - anchor, 0.0) if n else np.zeros(0)
     del anchor
+    if cw_a is None:
+        return link, gap, None
+    if cw_z is None:
+        cw_z = np.full(n, np.nan)
     pcz = np.where(prev >= 0, cw_z[np.maximum(prev, 0)], np.nan) if n else np.zeros(0)
     pca = np.where(prev >= 0, cw_a[np.maximum(prev, 0)], np.nan) if n else np.zeros(0)
     cw_anchor = np.where(link == LINK_START, cw_start[ev_rs] if n else 0.0,
@@ -269,8 +275,10 @@ def _work_segments(a: np.ndarray, z: np.ndarray, prev: np.ndarray, ev_rs: np.nda
     return link, gap, ev_cpu_wait
 
 
-def _set_tails(g: StepGraph, rs: dict[str, np.ndarray], s: np.ndarray, cw_a: np.ndarray, cw_z: np.ndarray) -> None:
-    """Each rank-step's last event, and its tail: what it hangs off, its length and the CPU wait within it."""
+def _set_tails(g: StepGraph, rs: dict[str, np.ndarray], s: np.ndarray, cw_a: np.ndarray | None,
+               cw_z: np.ndarray | None) -> None:
+    """Each rank-step's last event, and its tail: what it hangs off, its length and the CPU wait within it (`cw_a`,
+    `cw_z`: per event, None where unknown for every event)."""
     n, a, z, ev_rs, start_rs, end_rs = g.n_events, g.ev_arrival, g.ev_end, g.ev_rs, g.rs_start, g.rs_end
     if n:
         is_last = np.r_[ev_rs[1:] != ev_rs[:-1], True]
@@ -288,8 +296,8 @@ def _set_tails(g: StepGraph, rs: dict[str, np.ndarray], s: np.ndarray, cw_a: np.
     g.rs_tail_link = np.where(~has, LINK_START, np.where(waited, LINK_END, LINK_ARRIVAL)).astype(np.int8)
     tail_anchor = np.where(g.rs_tail_link == LINK_START, start_rs, np.where(g.rs_tail_link == LINK_END, lz, la))
     g.rs_tail = np.maximum(end_rs - tail_anchor, 0.0)
-    lcz = np.where(has, cw_z[np.maximum(L, 0)] if n else np.nan, np.nan)
-    lca = np.where(has, cw_a[np.maximum(L, 0)] if n else np.nan, np.nan)
+    lcz = np.where(has, cw_z[np.maximum(L, 0)] if n and cw_z is not None else np.nan, np.nan)
+    lca = np.where(has, cw_a[np.maximum(L, 0)] if n and cw_a is not None else np.nan, np.nan)
     tail_cw = np.where(g.rs_tail_link == LINK_START, rs["cw_start"], np.where(g.rs_tail_link == LINK_END, lcz, lca))
     g.rs_tail_cpu_wait = np.clip(rs["cw_end"] - tail_cw, 0.0, g.rs_tail)
 
@@ -302,7 +310,7 @@ def step_graph(run: RunSummary) -> StepGraph:
     # each column once, in the graph's order (1,024 LLM-shaped ranks: the unsorted events, 117 MB, were held to the
     # end of the build and set its peak)
     for k in list(e):  # a column at a time, each unsorted one freed as its sorted copy is made
-        e[k] = e[k][o]
+        e[k] = e[k][o] if e[k] is not None else None
     ev_rs = narrow(ev_rs)
     del o
     t0 = int(rs["start"].min()) if rs["start"].size else 0
