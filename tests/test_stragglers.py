@@ -34,6 +34,27 @@ def test_instances_and_lateness():
     assert np.all(t["rank"][t["is_last"]] == 2)
 
 
+def test_the_analysis_holds_only_the_instance_columns_it_reads():
+    """find_stragglers asks for its columns only (six fewer: 44 MB at 1,024 LLM-shaped ranks); they are the full
+    table's, bit for bit, and its result is the one the full table gives."""
+    from distprof.analysis.cross.stragglers import find as F
+    from distprof.analysis.cross.stragglers.instances import ANALYSIS_COLUMNS
+
+    run = summarize_merged(ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER))
+    full = collective_instances(run)
+    part = collective_instances(run, columns=ANALYSIS_COLUMNS)
+    assert set(part) == ANALYSIS_COLUMNS and {"pg", "seq", "pos", "n_ranks", "lead_ns", "dur_ns"} <= set(full)
+    for k, v in part.items():
+        assert v.dtype == full[k].dtype and v.tobytes() == full[k].tobytes(), k
+    real = F.collective_instances
+    F.collective_instances = lambda r, columns=None: real(r)  # the analysis on the full table
+    try:
+        want = find_stragglers(run)
+    finally:
+        F.collective_instances = real
+    assert repr(find_stragglers(run)) == repr(want)
+
+
 def test_late_rank_is_named_with_hand_computed_figures():
     res = find_stragglers(summarize_merged(ddp_run(4, n_steps=3, late_rank=2, late_ms=20, jitter_ms=JITTER)))
     assert res.info.named == [2]

@@ -20,7 +20,7 @@ from .clock_free import clock_free_check
 from .cost import cost_ms
 from .extra_work import cpu_wait_before_ns, extra_work_ms
 from .hosts import host_table
-from .instances import Table, collective_instances, inside_steps, step_keys
+from .instances import ANALYSIS_COLUMNS, Table, collective_instances, inside_steps, step_keys
 from .lateness import Cells, StepLateness, step_lateness
 from .result import StragglerInfo, StragglerRuleInfo, Stragglers
 from .rows import RankFigures, cells_record, per_step, rank_rows
@@ -39,7 +39,7 @@ def find_stragglers(run: RunSummary | StragglerInputs, *, rule: StragglerRule | 
     """Rank and host straggler tables, per-step stragglers and the naming rule (see :mod:`.result`). `run` is the run
     summary, or the part of it the analysis reads (:mod:`.inputs`, what another MPI process is sent)."""
     rule = rule or StragglerRule()
-    t = inside_steps(collective_instances(run))
+    t = inside_steps(collective_instances(run, columns=ANALYSIS_COLUMNS))
     if t["inst"].size == 0:
         thr, parts = floor_ms(run, rule, 0.0)
         return Stragglers([], StragglerInfo(_rule_info(rule, thr, parts)))

@@ -17,7 +17,7 @@ any, each instance is a step of its own.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -40,8 +40,15 @@ _INT_COLUMNS = ("inst", "window", "pg", "seq", "rank", "step", "row", "arrival_n
                 "n_ranks", "behind_first_ns", "lead_ns")
 
 
-def collective_instances(run: RunSummary) -> Table:
-    """One row per (instance, rank), sorted by (instance, arrival).
+#: The columns the straggler analysis reads (find.py and the modules it calls): it asks for these only, so the table it
+#: holds through the analysis leaves out six (1,024 LLM-shaped ranks: 44 MB of its 130 over 1.39 M rows).
+ANALYSIS_COLUMNS = frozenset({"inst", "rank", "step", "row", "window", "arrival_ns", "end_ns", "is_last",
+                              "behind_first_ns", "lateness_ns", "clock_free_lateness_ns"})
+
+
+def collective_instances(run: RunSummary, *, columns: frozenset[str] | None = None) -> Table:
+    """One row per (instance, rank), sorted by (instance, arrival). `columns`: only these (and ``inst``), the others
+    not computed or dropped once read; None: every column.
 
     Columns: ``inst`` (0..n−1), ``window``, ``pg``, ``seq``, ``rank``, ``step``, ``row`` (its row of
     ``run.collective_rows``), ``arrival_ns``, ``end_ns``, ``dur_ns``, ``pos`` (arrival order, 0 = first), ``n_ranks``,
@@ -50,6 +57,12 @@ def collective_instances(run: RunSummary) -> Table:
     own, float). Instances seen on fewer than two ranks are dropped; a rank seen twice in one instance keeps its first
     row. With a steps selection, only collectives inside the selected steps.
     """
+    want = (lambda k: True) if columns is None else (lambda k: k == "inst" or k in columns)
+    t = _instances(run, want)
+    return t if columns is None else {k: v for k, v in t.items() if want(k)}
+
+
+def _instances(run: RunSummary, want: Callable[[str], bool]) -> Table:
     m, step = _selected_members(run)
     if m["inst"].size == 0:
         return _empty_instances()
@@ -64,11 +77,14 @@ def collective_instances(run: RunSummary) -> Table:
     inst = narrow(inst.reshape(-1)[o])
     take = take[o]  # each column is gathered once, in its final order: no second copy of the table
     del o, keep
-    cols = {k: np.asarray(m[src])[take].astype(_NARROW.get(k, np.int64), copy=False) for k, src in _MEMBER_COLUMNS}
-    cols["rank"], cols["step"], cols["row"] = narrow(rank[take]), narrow(step[take]), narrow(cols["row"])
+    cols = {k: np.asarray(m[src])[take].astype(_NARROW.get(k, np.int64), copy=False) for k, src in _MEMBER_COLUMNS
+            if want(k) or k in ("arrival_ns", "end_ns")}  # (the times: every arrival column reads them)
+    cols["rank"], cols["step"] = narrow(rank[take]), narrow(step[take])
+    if "row" in cols:
+        cols["row"] = narrow(cols["row"])
     del rank, step, take  # the members' order is done with: freed before the arrival columns' temporaries
     cols["dur_ns"] = cols["end_ns"] - cols["arrival_ns"]
-    return {"inst": inst, **cols, **_arrival_columns(inst, cols)}
+    return {"inst": inst, **cols, **_arrival_columns(inst, cols, want)}
 
 
 #: Columns only compared, sorted on or listed, never in arithmetic: int32 (1.39 M rows at 1,024 LLM-shaped ranks).
@@ -104,22 +120,20 @@ def _kept_members(inst: np.ndarray, rank: np.ndarray) -> np.ndarray:
     return keep
 
 
-def _arrival_columns(inst: np.ndarray, cols: Table) -> Table:
-    """The columns set against the instance's other members, for rows sorted by (instance, arrival)."""
+def _arrival_columns(inst: np.ndarray, cols: Table, want: Callable[[str], bool]) -> Table:
+    """The columns set against the instance's other members, for rows sorted by (instance, arrival) (those `want`
+    takes: the others are not made)."""
     a = cols["arrival_ns"]
     first, n, pos = group_bounds(inst)
     is_last = pos == n - 1
-    second = a[np.maximum(first + n - 2, first)]
     rel = a - a[first]  # int64 ns after the first arrival: exact in float64, unlike epoch ns
-    return {
-        "pos": pos.astype(np.int32),
-        "n_ranks": n.astype(np.int32),
-        "lateness_ns": rel - median_of_others(first, n, pos, rel),
-        "behind_first_ns": rel,
-        "is_last": is_last,
-        "lead_ns": np.where(is_last, a - second, 0),
-        "clock_free_lateness_ns": clock_free_lateness_ns(inst, first, n, cols["dur_ns"]),
-    }
+    out = {"pos": pos.astype(np.int32) if want("pos") else None,
+           "n_ranks": n.astype(np.int32) if want("n_ranks") else None,
+           "lateness_ns": rel - median_of_others(first, n, pos, rel),
+           "behind_first_ns": rel, "is_last": is_last,
+           "lead_ns": np.where(is_last, a - a[np.maximum(first + n - 2, first)], 0) if want("lead_ns") else None,
+           "clock_free_lateness_ns": clock_free_lateness_ns(inst, first, n, cols["dur_ns"])}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _empty_instances() -> Table:
