@@ -69,6 +69,7 @@ from .critical_path import (
     LINK_END,
     NS_PER_MS,
     StepGraph,
+    _group_order,
     group_median,
     replay,
     step_graph,
@@ -415,9 +416,8 @@ def _first_lateness(g: StepGraph) -> np.ndarray:
     first = np.flatnonzero(np.r_[True, g.ev_rs[1:] != g.ev_rs[:-1]])
     first = first[(g.ev_group[first] >= 0) & (g.rs_prev[g.ev_rs[first]] < 0)]
     if first.size:
-        coll = np.flatnonzero(g.ev_group >= 0)
-        earliest = np.full(g.n_groups, np.inf)
-        np.minimum.at(earliest, g.ev_group[coll], g.ev_arrival[coll])
+        idx, bounds = _group_order(g)  # the members, group by group (every group id has one: dense ids)
+        earliest = np.minimum.reduceat(g.ev_arrival[idx], bounds)
         out[g.ev_rs[first]] = np.maximum(g.ev_arrival[first] - earliest[g.ev_group[first]], 0.0)
     return out
 
