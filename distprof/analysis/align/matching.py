@@ -12,7 +12,9 @@ Layout of the result (:class:`Collectives`), all numpy columns:
 
 ``members`` — long table, one row per (instance, rank), sorted by (inst, rank):
     inst i8, rank i4, window i4, pg i4, seq i4 (the rank's own number: its start order in the window), op_id u4,
-    bytes i8, row i8 (index into the input rows), start_ns i8, end_ns i8.
+    bytes i8, row i8 (index into the input rows), start_ns i8, end_ns i8. A :class:`.gathered.GatheredTable`: the
+    columns that are the input rows' own values (rank to bytes) are read from them through the row on each read,
+    not held.
 ``instances`` — one row per instance, ``inst`` = row number, sorted by (pg, window, seq):
     inst i8, pg i4, window i4, seq i4 (the instance's number in its group and window: torch's sequence number, the
     ranks' common start order, or, where some rank's order was repaired, its place in the aligned order),
