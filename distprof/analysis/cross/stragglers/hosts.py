@@ -40,23 +40,16 @@ def _host_lateness_ms(t: Table, ih: Cells) -> np.ndarray:
     return np.where(n_hosts >= 2, excess_by(inst_of, a_host) / NS_PER_MS, 0.0)
 
 
-def _host_lookup(host_of: dict[int, str], hosts: np.ndarray, top: int) -> np.ndarray:
-    """Per rank id 0..top−1: the index in the sorted `hosts` of its host (int32) — a lookup table over the rank ids,
-    so each waiting interval's host is one gather (sorting the intervals' ranks to find them held 1.2 M-row copies at
-    1,024 LLM-shaped ranks)."""
-    names = np.array([host_of.get(r, "?") for r in range(top)], dtype=str)
-    return np.searchsorted(hosts, names).astype(np.int32)
-
-
-def _host_blame(w: Waits, host_of: dict[int, str], hosts: np.ndarray) -> np.ndarray:
-    """Per host: the union, per waiting rank of another host and step, of its waits for the host's ranks (ms)."""
+def _host_blame(w: Waits, host_at: np.ndarray, n_hosts: int) -> np.ndarray:
+    """Per host: the union, per waiting rank of another host and step, of its waits for the host's ranks (ms).
+    `host_at`: per rank id, its host's index (each interval's host is one gather: sorting the intervals' ranks to
+    find them held 1.2 M-row copies at 1,024 LLM-shaped ranks)."""
     if w.lo.size == 0:
-        return np.zeros(hosts.size)
-    lut = _host_lookup(host_of, hosts, int(max(w.waiter.max(), w.culprit.max())) + 1)
-    hc = lut[w.culprit]
-    other = lut[w.waiter] != hc
+        return np.zeros(n_hosts)
+    hc = host_at[w.culprit]
+    other = host_at[w.waiter] != hc
     (_, hk, _), ms = union_ms((w.waiter[other], hc[other], w.skey[other]), w.lo[other], w.hi[other])
-    return np.bincount(hk, weights=ms, minlength=hosts.size)
+    return np.bincount(hk, weights=ms, minlength=n_hosts)
 
 
 def host_table(run: RunSummary, t: Table, skey: np.ndarray, w: Waits, thr: float, rule: StragglerRule,
@@ -66,7 +59,8 @@ def host_table(run: RunSummary, t: Table, skey: np.ndarray, w: Waits, thr: float
     host_of = {int(r): str(h) for r, h in run.hosts.items()}
     hosts, of_rank = np.unique(np.array([host_of.get(int(r), "?") for r in ranks.tolist()], dtype=str),
                                return_inverse=True)  # each distinct rank's host looked up once
-    hidx = narrow(of_rank.reshape(-1))[ridx]  # per instance row: int32 (hosts are few)
+    of_rank = narrow(of_rank.reshape(-1))  # int32: hosts are few
+    hidx = of_rank[ridx]  # per instance row
     nh = hosts.size
     ih = Cells(t["inst"], hidx, nh)  # (instance, host) cells
     del hidx
@@ -79,7 +73,9 @@ def host_table(run: RunSummary, t: Table, skey: np.ndarray, w: Waits, thr: float
     median = group_median(cells.group, sl.lateness, nh)
     n_inst_h = np.maximum(np.bincount(ih.group, minlength=nh), 1)
     late_frac = np.bincount(ih.group, weights=ih.max(t["is_last"].astype(float)), minlength=nh) / n_inst_h
-    blame = _host_blame(w, host_of, hosts)
+    host_at = np.zeros(int(ranks.max()) + 1, of_rank.dtype)  # per rank id (the waits' ranks are the rows')
+    host_at[ranks] = of_rank
+    blame = _host_blame(w, host_at, nh)
     ranks_of: dict = {}
     for r, hn in host_of.items():  # each host's ranks in one pass (a pass per host was hosts x ranks)
         ranks_of.setdefault(hn, []).append(r)
