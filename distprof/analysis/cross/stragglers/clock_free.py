@@ -23,9 +23,14 @@ def clock_free_lateness_ns(inst: np.ndarray, first: np.ndarray, n: np.ndarray, d
     durations ``d`` minus its own (float ns)."""
     od = sort_within(inst, d)  # durations sorted within the instance
     d_sorted = d[od]
-    d_pos = np.empty(inst.size, np.int64)
-    d_pos[od] = np.arange(inst.size) - first[od]
-    return median_of_others(first, n, d_pos, d_sorted) - d
+    at = np.arange(inst.size, dtype=first.dtype)  # in first's (narrow) type, and in place: every instance row
+    at -= first[od]
+    d_pos = np.empty(inst.size, first.dtype)
+    d_pos[od] = at
+    del od, at
+    out = median_of_others(first, n, d_pos, d_sorted)
+    out -= d
+    return out
 
 
 def clock_free_check(ranks: np.ndarray, mean_lat: np.ndarray, cf_lat: np.ndarray, confirmed: np.ndarray,
