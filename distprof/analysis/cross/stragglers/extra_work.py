@@ -31,18 +31,20 @@ __all__ = ["cpu_wait_before_ns", "extra_work_ms"]
 NS_PER_MS = 1e6
 
 
-def cpu_wait_before_ns(run: RunSummary, t: Table) -> np.ndarray:
+def cpu_wait_before_ns(run: RunSummary, t: Table) -> np.ndarray | None:
     """Per instance row: how long the rank's training thread waited for a CPU from leaving its previous collective
     (the latest end among its earlier collectives in the window, when that came before this arrival; else the same
     start as the previous one's, which this one overlaps; the first: the step's start) to this arrival. NaN where
-    unknown."""
+    unknown; None where no rank sampled its CPU wait (GPU ranks, imports: the collective rows have no such column)."""
     cr = run.collective_rows
+    if t["rank"].size == 0 or "cpu_wait_at_start_ns" not in cr:
+        return None
     n_all = int(np.asarray(cr["rank"]).size)
-    out = np.full(t["rank"].size, np.nan)
-    a_all = np.asarray(cr.get("cpu_wait_at_start_ns", np.full(n_all, np.nan)), np.float64)
+    a_all = np.asarray(cr["cpu_wait_at_start_ns"], np.float64)
+    if not np.isfinite(a_all).any():
+        return None
     z_all = np.asarray(cr.get("cpu_wait_at_end_ns", np.full(n_all, np.nan)), np.float64)
-    if t["rank"].size == 0 or not np.isfinite(a_all).any():
-        return out
+    out = np.full(t["rank"].size, np.nan)
     on_device = [r for r, at in run.attrs.items() if str(at.get("device_type", "cpu")) != "cpu"]
     o = np.lexsort((t["arrival_ns"], t["window"], t["rank"]))
     rank, win, a, z = t["rank"][o], t["window"][o], t["arrival_ns"][o], t["end_ns"][o]
@@ -76,13 +78,15 @@ def _latest_end_wait(z_wait: np.ndarray, first: np.ndarray, prev_row: np.ndarray
     return np.where(res >= 0, res, np.nan)
 
 
-def extra_work_ms(t: Table, cells_of_row: np.ndarray, sl: StepLateness) -> np.ndarray:
+def extra_work_ms(inst: np.ndarray, before_ns: np.ndarray | None, sl: StepLateness) -> np.ndarray:
     """Per (step, group) cell: the lateness less the rank's CPU-wait excess over the other members' median at the
-    collective that gave it (``t["cpu_wait_before_ns"]``); NaN where any member's wait there is unknown."""
-    w = t["cpu_wait_before_ns"] / NS_PER_MS
-    if not np.isfinite(w).any():  # no CPU samples, or collectives on a device: unknown everywhere, and no copies of
-        return np.full(sl.lateness.size, np.nan)  # the instance rows (1,024 LLM-shaped GPU ranks: 97 MB)
-    inst = t["inst"]
+    collective that gave it (`before_ns`: :func:`cpu_wait_before_ns` per instance row of `inst`); NaN where any
+    member's wait there is unknown."""
+    if before_ns is None:  # no CPU samples: unknown everywhere
+        return np.full(sl.lateness.size, np.nan)
+    w = before_ns / NS_PER_MS
+    if not np.isfinite(w).any():  # collectives on a device: unknown everywhere, and no copies of the instance rows
+        return np.full(sl.lateness.size, np.nan)  # (1,024 LLM-shaped GPU ranks: 97 MB)
     bad = np.bincount(inst, weights=(~np.isfinite(w)).astype(float), minlength=int(inst.max()) + 1)[inst] > 0
     held = excess_by(inst, np.where(bad, 0.0, w))
     held[bad] = np.nan

@@ -43,15 +43,21 @@ def find_stragglers(run: RunSummary | StragglerInputs, *, rule: StragglerRule | 
     if t["inst"].size == 0:
         thr, parts = floor_ms(run, rule, 0.0)
         return Stragglers([], StragglerInfo(_rule_info(rule, thr, parts)))
-    t["cpu_wait_before_ns"] = cpu_wait_before_ns(run, t)
+    # each column of the instance rows (1.39 M at 1,024 LLM-shaped ranks) is let go once its last reader is done,
+    # so the blame's unions below do not hold the whole table beside them
+    before = cpu_wait_before_ns(run, t)
+    _drop(t, "row", "window")
     ranks, ridx = np.unique(t["rank"], return_inverse=True)
     ridx = narrow(ridx.reshape(-1))
     skey = step_keys(t)
+    _drop(t, "step")
     cells = Cells(skey, ridx, ranks.size)  # (step, rank) cells; a collective outside every step is a step of its own
-    sl = step_lateness(cells, t["lateness_ns"] / NS_PER_MS)
+    sl = step_lateness(cells, t.pop("lateness_ns") / NS_PER_MS)
     thr, parts = floor_ms(run, rule, step_noise_ms(cells, sl.raw, ranks.size))
     w = waits(t, skey)
-    extra = extra_work_ms(t, cells.idx, sl)  # per cell, read by the rank figures and the cells record
+    _drop(t, "arrival_ns", "end_ns", "rank")
+    extra = extra_work_ms(t["inst"], before, sl)  # per cell, read by the rank figures and the cells record
+    del before
     f = _figures(run, t, ridx, ranks, cells, sl, thr, rule, w, extra)
     info = StragglerInfo(_rule_info(rule, thr, parts), n_instances=int(t["inst"].max()) + 1)
     rows = rank_rows(f, {int(r): str(h) for r, h in run.hosts.items()})
@@ -64,6 +70,12 @@ def find_stragglers(run: RunSummary | StragglerInputs, *, rule: StragglerRule | 
     info.hosts = host_table(run, t, skey, w, thr, rule, ranks, ridx)
     info.cells = cells_record(cells, sl.lateness, extra, ranks)
     return Stragglers(rows, info, waits_for_named=_waits_for(w, ranks, f.n_steps, info.named))
+
+
+def _drop(t: Table, *columns: str) -> None:
+    """Let the instance table's `columns` go: nothing after this reads them."""
+    for k in columns:
+        del t[k]
 
 
 def _rule_info(rule: StragglerRule, thr: float, parts: dict[str, float]) -> StragglerRuleInfo:
