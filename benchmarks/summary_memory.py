@@ -85,7 +85,7 @@ def phase_peaks(run) -> list[tuple[str, int, int, int, float]]:
     for mod, n, f in saved:
         setattr(mod, n, traced("what-if schedule" if mod is whatif else n, f))
     try:
-        build.build_report(run)
+        build.build_report(run, release=True)  # as `distprof report` does
     finally:
         for mod, n, f in saved:
             setattr(mod, n, f)
@@ -129,7 +129,7 @@ def main() -> None:
         return
     if args.tracemalloc:
         tracemalloc.reset_peak()
-        build_report(run)
+        build_report(run, release=True)
         peak = tracemalloc.get_traced_memory()[1]
         print(f"traced heap: {held / 1e6:.0f} MB held after summarising, {peak / 1e6:.0f} MB peak in build_report")
         for st in snap.statistics("lineno")[:10]:

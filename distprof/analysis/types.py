@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -193,6 +194,31 @@ class RankSummary:
     after_last_step: dict[int, float] = field(default_factory=dict)  # window -> ms of work after its last step
 
 
+class Released:
+    """Stands in for a table of a :class:`RunSummary` that its last reader is done with (``RunSummary.release_rows``,
+    ``release_memory_curves``): any later read is a programming error, and says so instead of reading an empty
+    table."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def _fail(self, *_args: Any) -> Any:
+        raise RuntimeError(f"{self.what} was released once its last reader was done (RunSummary.release_rows / "
+                           f"release_memory_curves): read it before build_report lets it go")
+
+    __getitem__ = __iter__ = __len__ = __contains__ = _fail
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._fail()
+
+    def __repr__(self) -> str:
+        return f"Released({self.what!r})"
+
+
 @dataclass
 class RunSummary:
     """All ranks of one run, summarised and aligned (see the module docstring)."""
@@ -222,6 +248,30 @@ class RunSummary:
     @property
     def device_rank_set(self) -> set[int]:
         return {r for r, s in self.ranks.items() if s.device_rank}
+
+    @cached_property
+    def ranks_with_collectives(self) -> frozenset[int]:
+        """The ranks that executed a collective (kept when the rows are released)."""
+        return frozenset(r for r, s in self.ranks.items() if len(s.collectives["seq"]))
+
+    def release_rows(self) -> None:
+        """Let the per-row collective and transfer tables go — the joined collective rows, the matched instances and
+        members, each rank's views of its rows and its transfer rows — once the step graph and every analysis that
+        reads them are done. The owner of the run calls it (``build_report(..., release=True)``): at 1,024
+        LLM-shaped ranks they are 170 MB of the 370 held under the what-ifs. The matched transfer pairs
+        (``p2p``) stay."""
+        _ = self.ranks_with_collectives  # the one fact read after the rows, kept
+        self.collective_rows = Released("RunSummary.collective_rows")  # type: ignore[assignment]
+        self.collectives = Released("RunSummary.collectives")  # type: ignore[assignment]
+        for s in self.ranks.values():
+            s.collectives = Released(f"rank {s.rank}'s collectives")  # type: ignore[assignment]
+            s.p2p = Released(f"rank {s.rank}'s p2p rows")  # type: ignore[assignment]
+
+    def release_memory_curves(self) -> None:
+        """Let each rank's memory curve go once the memory timeline is drawn from it (33 MB at 1,024 LLM-shaped
+        ranks, otherwise held under every other analysis)."""
+        for s in self.ranks.values():
+            s.memory_series = Released(f"rank {s.rank}'s memory_series")  # type: ignore[assignment]
 
     @property
     def skipped_shards(self) -> list:

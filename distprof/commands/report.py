@@ -50,7 +50,7 @@ def _analysed(args: argparse.Namespace, steps: tuple[int, int] | None):
             offload.serve()
             return None
         return build_report(run_, peak_tflops=args.peak_tflops, top=args.top, watch_dir=args.run_dir,
-                            helped=offload.offer(run_))
+                            helped=offload.offer(run_), release=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -81,7 +81,7 @@ def findings(
     out = straggler_findings(stragglers, root_cause, dict(run.hosts), median_step, rules)
     out += pipeline_findings(pipes, rules)
     out += group("exposed_comm", exposed_comm(ms, rules, stragglers.waits_for_named, pipeline_comm(
-        pipes, {r for r, s in run.ranks.items() if s.collectives["seq"].size})), n, rules,
+        pipes, set(run.ranks_with_collectives))), n, rules,
         lambda m, where, worst: exposed_comm_text(m, where, worst, exposed_advice))
     out += group("input_wait", input_wait(ms, rules), n, rules, input_wait_text)
     out += group("cpu_contention", cpu_contention(run, rules, stragglers), n, rules, cpu_contention_text)
