@@ -4,7 +4,9 @@ a read of a released table after that fails loudly instead of reading an empty o
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import pickle
 import sys
 
 import orjson
@@ -81,4 +83,5 @@ def test_released_fails_on_every_read_but_introspection():
         with pytest.raises(RuntimeError, match="x was released once its last reader was done"):
             read()
     assert repr(r) == "Released('x')"
-    assert not hasattr(r, "__array_interface__")  # numpy and copy probe dunders: absent, not an error
+    assert not hasattr(r, "__array_interface__") and not hasattr(r, "_repr_html_")  # probes: absent, not an error
+    assert copy.deepcopy(r).what == "x" and pickle.loads(pickle.dumps(r)).what == "x"
