@@ -293,3 +293,17 @@ def test_no_sampled_cpu_wait_holds_no_column_and_prices_as_unknown_everywhere(tm
     b = estimate(with_nan, Straggler(ranks=(2,)), graph=g2)
     assert a.gain_ms_per_step > 0 and a.gain_ms_per_step == b.gain_ms_per_step
     assert a.per_step_gain_ms.tobytes() == b.per_step_gain_ms.tobytes()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dense_groups_are_np_uniques_inverse(seed):
+    """The graph's dense group ids (a table over the instance ids) are np.unique's inverse of the kept ids; −1 stays."""
+    from distprof.analysis.graph.critical_path import _dense_groups
+
+    rng = np.random.default_rng(seed)
+    grp = rng.integers(-1, 40, size=500)  # −1: transfers; some ids missing (instances not kept)
+    gid, n = _dense_groups(grp)
+    ug, inv = np.unique(grp[grp >= 0], return_inverse=True)
+    assert n == ug.size and gid[grp >= 0].tolist() == inv.reshape(-1).tolist()
+    assert (gid[grp < 0] == -1).all()
+    assert _dense_groups(np.full(3, -1))[1] == 0

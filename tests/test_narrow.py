@@ -34,3 +34,19 @@ def test_index_dtype_table(n, want):
     from distprof.analysis.narrow import index_dtype
 
     assert index_dtype(n) is want
+
+
+@pytest.mark.parametrize("parts, want", [
+    ([np.array([0, 5], np.int32), np.array([7], np.int64), np.array([], np.int64)], np.int32),
+    ([np.full(3, -1, np.int8), np.arange(2)], np.int32),  # a small filler cast as the column is made
+    ([np.array([I32.max + 1], np.int64), np.array([1], np.int32)], np.int64),  # one value too wide: int64
+    ([np.array([], np.int64)], np.int32),
+    ([np.array([2**32 - 1], np.uint32), np.array([0], np.int32)], np.int64),
+])
+def test_narrow_concat_is_narrow_of_the_int64_concatenation(parts, want):
+    from distprof.analysis.narrow import narrow_concat
+
+    got = narrow_concat(parts)
+    ref = narrow(np.concatenate([p.astype(np.int64) for p in parts]))
+    assert got.dtype == want == ref.dtype
+    assert got.tolist() == ref.tolist()

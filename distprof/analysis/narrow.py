@@ -7,9 +7,11 @@ int32 holds the same values in half. Arithmetic that could pass 2**31 (keys made
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-__all__ = ["index_dtype", "narrow"]
+__all__ = ["index_dtype", "narrow", "narrow_concat"]
 
 _LO, _HI = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
 
@@ -23,6 +25,14 @@ def narrow(a: np.ndarray) -> np.ndarray:
     if a.size == 0 or (int(a.min()) >= _LO and int(a.max()) <= _HI):
         return a.astype(np.int32)
     return a
+
+
+def narrow_concat(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """``narrow(np.concatenate([p.astype(np.int64) for p in parts]))`` for integer `parts`, made without the int64
+    concatenation: straight into int32 when every value fits, else int64."""
+    parts = [np.asarray(p) for p in parts]
+    fits = all(p.size == 0 or (int(p.min()) >= _LO and int(p.max()) <= _HI) for p in parts)
+    return np.concatenate(parts, dtype=np.int32 if fits else np.int64, casting="unsafe")
 
 
 def index_dtype(n: int) -> type:

@@ -51,7 +51,7 @@ import numpy as np
 
 from ...record import Record
 from ..groupstats import group_median, sort_within
-from ..narrow import index_dtype, narrow
+from ..narrow import index_dtype, narrow, narrow_concat
 from .links import KIND_COLL, KIND_RECV, KIND_SEND, LINK_ARRIVAL, LINK_END, LINK_START
 from .schedule import replay_scheduled, schedule
 
@@ -193,30 +193,33 @@ def _sync_events(run: RunSummary) -> tuple[dict[str, np.ndarray], int, int]:
     −1 for p2p), op, pg, pair (the p2p pair of a send / receive, −1 for collectives), cw_a / cw_z (the rank's wait
     for a CPU at the event's arrival / end, NaN unknown)."""
     m = run.collectives.members
-    c_step = np.asarray(run.collective_rows["step"], np.int64)[np.asarray(m["row"], np.int64)] if m["row"].size \
-        else np.zeros(0, np.int64)
-    c_rank = np.asarray(m["rank"], np.int64)
-    p = run.p2p
-    nc, npp = c_rank.size, len(p)
-    rows = np.asarray(m["row"], np.int64)
     cr = run.collective_rows
+    rows = np.asarray(m["row"], np.int64)
+    c_step = np.asarray(cr["step"])[rows] if rows.size else np.zeros(0, np.int64)
+    p = run.p2p
+    nc, npp = rows.size, len(p)
     # a CPU-wait column no rank sampled is not in the rows (GPU ranks, imports): None, not a column of NaN (unknown
     # everywhere; 12 MB per column at 1,024 LLM-shaped ranks, and the graph's own column would be all NaN too)
     cw_a, cw_z = (np.r_[np.asarray(cr[c], np.float64)[rows], np.full(2 * npp, np.nan)] if c in cr else None
                   for c in ("cpu_wait_at_start_ns", "cpu_wait_at_end_ns"))
-    e = {  # ids in 32 bits where they fit (narrow.py), as the graph holds them: the unsorted columns are held
-        # beside the sorting's temporaries (1,024 LLM-shaped ranks: 1.5 M events, 12 MB per int64 column)
-        "rank": narrow(np.r_[c_rank, np.asarray(p.src, np.int64), np.asarray(p.dst, np.int64)]),
-        "step": narrow(np.r_[c_step, np.asarray(p.send_step, np.int64), np.asarray(p.recv_step, np.int64)]),
+    del rows
+    step = narrow_concat([c_step, p.send_step, p.recv_step])
+    del c_step
+    none = np.full(max(nc, 2 * npp), -1, np.int8)  # "no group / op / pair", cast as each column is made
+    e = {  # ids in 32 bits where they fit (narrow.py), made so, not from an int64 copy: the unsorted columns are
+        # held beside the sorting's temporaries (1,024 LLM-shaped ranks: 1.5 M events, 12 MB per int64 column)
+        "rank": narrow_concat([m["rank"], p.src, p.dst]),
+        "step": step,
         "arrival": np.r_[np.asarray(m["start_ns"], np.int64), np.asarray(p.send_start_ns, np.int64),
                          np.asarray(p.recv_start_ns, np.int64)],
         "end": np.r_[np.asarray(m["end_ns"], np.int64), np.asarray(p.send_end_ns, np.int64),
                      np.asarray(p.recv_end_ns, np.int64)],
-        "kind": np.r_[np.full(nc, KIND_COLL), np.full(npp, KIND_SEND), np.full(npp, KIND_RECV)].astype(np.int8),
-        "group": narrow(np.r_[np.asarray(m["inst"], np.int64), np.full(2 * npp, -1, np.int64)]),
-        "op": narrow(np.r_[np.asarray(m["op_id"], np.int64), np.full(2 * npp, -1, np.int64)]),
-        "pg": narrow(np.r_[np.asarray(m["pg"], np.int64), np.asarray(p.pg, np.int64), np.asarray(p.pg, np.int64)]),
-        "pair": narrow(np.r_[np.full(nc, -1, np.int64), np.arange(npp), np.arange(npp)]),
+        "kind": np.concatenate([np.full(nc, KIND_COLL, np.int8), np.full(npp, KIND_SEND, np.int8),
+                                np.full(npp, KIND_RECV, np.int8)]),
+        "group": narrow_concat([m["inst"], none[:2 * npp]]),
+        "op": narrow_concat([m["op_id"], none[:2 * npp]]),
+        "pg": narrow_concat([m["pg"], p.pg, p.pg]),
+        "pair": narrow_concat([none[:nc], np.arange(npp), np.arange(npp)]),
         "cw_a": cw_a, "cw_z": cw_z,
     }
     return e, nc, npp
@@ -255,10 +258,17 @@ def _partners(kind: np.ndarray, pair: np.ndarray, npp: int) -> np.ndarray:
 
 def _dense_groups(grp: np.ndarray) -> tuple[np.ndarray, int]:
     """Dense group ids of the kept collective instances (−1 for p2p), and how many there are."""
-    ug, gi = np.unique(grp[grp >= 0], return_inverse=True)
-    gid = np.full(grp.size, -1, index_dtype(ug.size))
-    gid[grp >= 0] = gi.reshape(-1)
-    return gid, int(ug.size)
+    # the instance ids are small (below the instance count): a table over them, not a sort of every event
+    member = grp >= 0
+    if not member.any():
+        return np.full(grp.size, -1, index_dtype(0)), 0
+    seen = np.zeros(int(grp.max()) + 1, bool)
+    seen[grp[member]] = True
+    dense = np.cumsum(seen, dtype=np.int64) - 1  # each present id's rank among them: np.unique's inverse
+    n_groups = int(dense[-1]) + 1
+    gid = np.full(grp.size, -1, index_dtype(n_groups))
+    gid[member] = dense[grp[member]]
+    return gid, n_groups
 
 
 def _work_segments(a: np.ndarray, z: np.ndarray, prev: np.ndarray, ev_rs: np.ndarray, start_rs: np.ndarray,
@@ -267,13 +277,21 @@ def _work_segments(a: np.ndarray, z: np.ndarray, prev: np.ndarray, ev_rs: np.nda
     """The work segment before each event: what it hangs off (LINK_*), its length and the CPU wait within it (None
     where no event's CPU wait at its arrival is known: `cw_a` None)."""
     n = a.size
-    pz = np.where(prev >= 0, z[np.maximum(prev, 0)], 0.0)
-    pa = np.where(prev >= 0, a[np.maximum(prev, 0)], 0.0)
-    link = np.where(prev < 0, LINK_START, np.where(a >= pz - END_SLACK_NS, LINK_END, LINK_ARRIVAL)).astype(np.int8)
-    anchor = np.where(link == LINK_START, start_rs[ev_rs] if n else 0.0, np.where(link == LINK_END, pz, pa))
-    del pz, pa  # these run over every event: each freed once read
-    gap = np.maximum(a - anchor, 0.0) if n else np.zeros(0)
-    del anchor
+    # one float column over every event (1.5 M at 1,024 LLM-shaped ranks), filled by link kind and turned into the
+    # gap in place: no candidate columns beside it
+    p = np.maximum(prev, 0)
+    anchor = z[p]  # the previous event's end ...
+    link = np.full(n, LINK_ARRIVAL, np.int8)
+    link[a >= anchor - END_SLACK_NS] = LINK_END
+    start = prev < 0
+    link[start] = LINK_START
+    arrival = link == LINK_ARRIVAL
+    anchor[arrival] = a[p[arrival]]  # ... or its arrival, when this one came before that end
+    del p, arrival
+    anchor[start] = start_rs[ev_rs[start]]  # ... or the step's start, for its first event
+    del start
+    np.subtract(a, anchor, out=anchor)
+    gap = np.maximum(anchor, 0.0, out=anchor)
     if cw_a is None:
         return link, gap, None
     if cw_z is None:
@@ -357,8 +375,10 @@ def _group_order(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
     """Collective events sorted by group, and where each group begins (computed once per graph)."""
     cached = getattr(g, "_order", None)
     if cached is None:
-        idx = np.flatnonzero(g.ev_group >= 0)
-        idx = idx[np.argsort(g.ev_group[idx], kind="stable")].astype(index_dtype(g.ev_group.size), copy=False)
+        # one stable sort of every event: p2p (group −1) first, then each group's members in event order
+        order = np.argsort(g.ev_group, kind="stable")
+        idx = order[np.count_nonzero(g.ev_group < 0):].astype(index_dtype(g.ev_group.size))
+        del order
         gg = g.ev_group[idx]
         bounds = np.flatnonzero(np.r_[True, gg[1:] != gg[:-1]]) if idx.size else np.zeros(0, np.int64)
         cached = (idx, bounds)
@@ -376,6 +396,8 @@ def _starts(g: StepGraph, a: np.ndarray, *, who: bool = True) -> tuple[np.ndarra
         av = a[idx]
         latest = np.maximum.reduceat(av, bounds)
         counts = np.diff(np.r_[bounds, idx.size])
+        if not who:  # the arrivals are read no more: not held beside the repeated maxima
+            del av
         s[idx] = np.repeat(latest, counts)
         if who:
             gpos = np.repeat(np.arange(bounds.size), counts)
