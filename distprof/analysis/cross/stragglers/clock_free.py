@@ -22,7 +22,7 @@ def clock_free_lateness_ns(inst: np.ndarray, first: np.ndarray, n: np.ndarray, d
     """Per instance row (rows sorted by instance; its first row and size): the median of the instance's other
     durations ``d`` minus its own (float ns)."""
     od = sort_within(inst, d)  # durations sorted within the instance
-    d_sorted = d[od]
+    d_sorted = d[od].astype(np.float64, copy=False)  # as the medians read them: no cast per read
     at = np.arange(inst.size, dtype=first.dtype)  # in first's (narrow) type, and in place: every instance row
     at -= first[od]
     d_pos = np.empty(inst.size, first.dtype)
