@@ -125,6 +125,8 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
     strag = find_stragglers(run, rule=rule) if helped is None else None
     if helped is None:
         pipes, table = pipelines(run), comm_table(run)
+    if release:  # the straggler analysis's heap, in pieces the graph's columns do not fit, handed back
+        release_free_heap()
     graph = step_graph(run)  # the cross-rank step graph: own work, critical path, what-ifs, each finding's gain
     general = path = None
     if helped is not None:  # what needs none of process 1's results: the what-ifs' replays are kept with the graph
