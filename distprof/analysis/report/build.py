@@ -121,7 +121,7 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
         run.release_memory_curves()  # arrays below could not reuse)
         release_free_heap()
     # the stragglers first, then the other readers of the instance rows: their tables come and go before the step
-    # graph is built and held (1,024 LLM-shaped ranks: the analysis +159 MB over the run, the graph 108 MB held)
+    # graph is built and held (1,024 LLM-shaped ranks: the analysis +133 MB over the run, the graph 108 MB held)
     strag = find_stragglers(run, rule=rule) if helped is None else None
     if helped is None:
         pipes, table = pipelines(run), comm_table(run)
