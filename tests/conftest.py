@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -14,6 +15,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 ARTIFACTS = ROOT / "test-artifacts"
+
+
+def bench_module(name: str):
+    """benchmarks/<name>.py as the module ``bench_<name>``, loaded once: loaded by path, as tests/ has modules of the
+    same names (synth.py), and registered, as dataclasses look their module up."""
+    key = f"bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, ROOT / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
 
 
 def job_env(**extra: str) -> dict[str, str]:

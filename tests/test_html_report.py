@@ -413,15 +413,9 @@ def test_browser_real_job_record_function_is_escaped(browser, tmp_path):
 @pytest.fixture(scope="module")
 def many(tmp_path_factory):
     """96 ranks on 12 hosts (benchmarks/synth.py), rank 50 slow: more than html_scale.MANY_RANKS."""
-    import importlib.util
-    import sys
+    from conftest import bench_module
 
-    from conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location("bench_synth", ROOT / "benchmarks" / "synth.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_synth"] = mod
-    spec.loader.exec_module(mod)
+    mod = bench_module("synth")
     out = tmp_path_factory.mktemp("many") / "run"
     mod.generate(mod.spec_from(mod.parse_args(["--ranks", "96", "--hosts", "12", "--events", "1200", "--steps", "3",
                                                "--windows", "1", "--slow-rank", "50", "--slow-ms", "15",

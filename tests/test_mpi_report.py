@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, job_env
+from conftest import bench_module, job_env
 from shard_edit import set_attr
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -32,17 +32,9 @@ def _mpiexec() -> str | None:
     return exe
 
 
-def _synth():
-    spec = importlib.util.spec_from_file_location("bench_synth", ROOT / "benchmarks" / "synth.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_synth"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    synth = _synth()
+    synth = bench_module("synth")
     out = tmp_path_factory.mktemp("mpi") / "run"
     spec = synth.spec_from(synth.parse_args(["--ranks", "6", "--events", "6000", "--hosts", "3", "--tp", "2",
                                              "--slow-rank", "4", "--slow-ms", "8", "-o", str(out)]))
@@ -228,7 +220,7 @@ def test_rank_0_failing_around_the_hand_over_leaves_no_process_waiting(run_dir, 
 @pytest.fixture(scope="module")
 def pp_run_dir(tmp_path_factory) -> Path:
     """A pipeline-parallel run (2 stages, 4 micro-batches, DDP across): its report has pipelines to build."""
-    synth = _synth()
+    synth = bench_module("synth")
     out = tmp_path_factory.mktemp("mpi_pp") / "run"
     spec = synth.spec_from(synth.parse_args(["--ranks", "4", "--events", "4000", "--shape", "pp", "--pp", "2",
                                              "--micro-batches", "4", "-o", str(out)]))

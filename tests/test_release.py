@@ -5,26 +5,16 @@ a read of a released table after that fails loudly instead of reading an empty o
 from __future__ import annotations
 
 import copy
-import importlib.util
 import pickle
-import sys
 
 import orjson
 import pytest
-from conftest import ROOT
+from conftest import bench_module
 from synth import make_run
 
 import distprof
 from distprof.analysis.report.build import build_report
 from distprof.analysis.types import Released
-
-
-def _bench_synth():
-    spec = importlib.util.spec_from_file_location("bench_synth", ROOT / "benchmarks" / "synth.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_synth"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _ddp(tmp_path):
@@ -35,7 +25,7 @@ def _ddp(tmp_path):
 
 def _pipeline(tmp_path):
     """16 ranks of the pipeline shape: point-to-point transfers beside the collectives."""
-    synth = _bench_synth()
+    synth = bench_module("synth")
     args = synth.parse_args(["--shape", "pp", "--ranks", "16", "--layers", "4", "--steps", "2", "--windows", "1",
                              "--events", "3000", "--run-id", "pp", "-o", str(tmp_path / "pp")])
     synth.generate(synth.spec_from(args), tmp_path / "pp")

@@ -3,19 +3,16 @@ report's own functions are back in place afterwards."""
 
 from __future__ import annotations
 
-import importlib.util
 import tracemalloc
-from pathlib import Path
+
+from conftest import bench_module
 
 import distprof
 from distprof.analysis.graph import whatif
 from distprof.analysis.report import build
 from synth import make_run  # tests/synth.py (benchmarks/ has a synth.py too: the benchmark is loaded by path)
 
-_spec = importlib.util.spec_from_file_location(
-    "summary_memory", Path(__file__).resolve().parents[1] / "benchmarks" / "summary_memory.py")
-summary_memory = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(summary_memory)
+summary_memory = bench_module("summary_memory")
 
 
 def test_each_phase_is_traced_in_order_and_the_functions_restored(tmp_path):

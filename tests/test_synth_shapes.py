@@ -4,12 +4,9 @@ hosts, 8 layers, 2 recorded steps."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import bench_module
 
 import distprof
 from distprof.analysis.report.build import build_report
@@ -17,17 +14,9 @@ from distprof.analysis.report.build import build_report
 LAYERS, MICRO = 8, 8
 
 
-def _synth():
-    spec = importlib.util.spec_from_file_location("bench_synth", ROOT / "benchmarks" / "synth.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_synth"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def synth():
-    return _synth()
+    return bench_module("synth")
 
 
 def _run(synth, tmp_path, shape: str, *extra: str):
