@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...record import Record
-from ..groupstats import group_median, sort_within
+from ..groupstats import group_median, sort_within, unique_inverse
 from ..narrow import index_dtype, narrow, narrow_concat
 from .links import KIND_COLL, KIND_RECV, KIND_SEND, LINK_ARRIVAL, LINK_END, LINK_START
 from .schedule import replay_scheduled, schedule
@@ -258,17 +258,11 @@ def _partners(kind: np.ndarray, pair: np.ndarray, npp: int) -> np.ndarray:
 
 def _dense_groups(grp: np.ndarray) -> tuple[np.ndarray, int]:
     """Dense group ids of the kept collective instances (−1 for p2p), and how many there are."""
-    # the instance ids are small (below the instance count): a table over them, not a sort of every event
     member = grp >= 0
-    if not member.any():
-        return np.full(grp.size, -1, index_dtype(0)), 0
-    seen = np.zeros(int(grp.max()) + 1, bool)
-    seen[grp[member]] = True
-    dense = np.cumsum(seen, dtype=np.int64) - 1  # each present id's rank among them: np.unique's inverse
-    n_groups = int(dense[-1]) + 1
-    gid = np.full(grp.size, -1, index_dtype(n_groups))
-    gid[member] = dense[grp[member]]
-    return gid, n_groups
+    ug, gi = unique_inverse(grp[member], narrow=True)
+    gid = np.full(grp.size, -1, index_dtype(ug.size))
+    gid[member] = gi
+    return gid, int(ug.size)
 
 
 def _work_segments(a: np.ndarray, z: np.ndarray, prev: np.ndarray, ev_rs: np.ndarray, start_rs: np.ndarray,
