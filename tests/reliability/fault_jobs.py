@@ -133,9 +133,14 @@ def sigterm_sent_at(stderr: str) -> float | None:
     return int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
 
 
-def seconds_since_midnight() -> float:
-    t = time.localtime()
-    return t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec + (time.time() % 1)
+def seconds_since_log_time(sent: float, now: float | None = None) -> float:
+    """Seconds from a log clock reading `sent` (seconds since local midnight, as sigterm_sent_at gives) to `now`
+    (epoch seconds; the present when None), signed and across midnight. The local time of day and its fraction come
+    from one clock reading: two readings straddle a second boundary now and then and read a whole second early."""
+    now = time.time() if now is None else now
+    t = time.localtime(now)
+    now_s = t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec + (now % 1)
+    return (now_s - sent + 43200) % 86400 - 43200
 
 
 def can_mount_tmpfs(where: Path, size_kb: int, *options: str) -> bool:
