@@ -102,3 +102,29 @@ def test_unique_inverse_of_floats_is_np_unique():
     u, inv = unique_inverse(key)
     want_u, want_inv = np.unique(key, return_inverse=True)
     assert np.array_equal(u, want_u, equal_nan=True) and np.array_equal(inv, want_inv.reshape(-1))
+
+
+@pytest.mark.parametrize("later_first", [False, True])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint64, np.uint8, np.bool_])
+def test_sort_within_integer_values_keyed_directly(dtype, later_first):
+    """Integer values are packed into the key as they are (no ranking sort): nanosecond timestamps, negative and
+    unsigned values, ties and all, give np.lexsort's order."""
+    rng = np.random.default_rng(3)
+    n = 2_000
+    g = rng.integers(0, 40, n).astype(np.int32)
+    hi = 2 if dtype is np.bool_ else 100
+    v = rng.integers(0, hi, n).astype(dtype)
+    if np.dtype(dtype).itemsize == 8:
+        v = v + dtype(1_700_000_000_000_000_000)  # epoch ns: the key stays in range
+    ref = np.lexsort((-np.arange(n), v, g)) if later_first else np.lexsort((v, g))
+    assert sort_within(g, v, later_first=later_first).tolist() == ref.tolist()
+
+
+def test_sort_within_integer_values_too_wide_for_a_direct_key():
+    """Values spread over more than the key holds beside the groups, or beyond ±2^62: still np.lexsort's order."""
+    v = np.array([1 << 62, -(1 << 62), 5, 1 << 62, 7], np.int64)
+    g = np.array([1, 1, 0, 0, 1], np.int64)
+    assert sort_within(g, v).tolist() == np.lexsort((v, g)).tolist()
+    u = np.array([(1 << 64) - 1, 0, 1 << 63, 3], np.uint64)
+    gu = np.array([0, 0, 0, 1])
+    assert sort_within(gu, u).tolist() == np.lexsort((u, gu)).tolist()
