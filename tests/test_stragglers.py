@@ -485,3 +485,23 @@ def test_cells_keys_sorted_or_not_are_np_unique(sort):
     g = rng.integers(0, 3, key.size)
     c = Cells(key, g, 3)
     assert np.array_equal(c.step[c.idx], key) and np.array_equal(c.group[c.idx], g)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cells_argmax_is_the_first_largest_row(seed):
+    """Per cell the row of the largest value, the first of tied ones; a cell holding a NaN gives its first NaN row
+    (NaN sorts last): the row the sort by (cell, value, later rows first) ends each cell with."""
+    from distprof.analysis.cross.stragglers.lateness import Cells
+
+    rng = np.random.default_rng(seed)
+    n = 600
+    key, g = rng.integers(0, 12, n), rng.integers(0, 4, n)
+    v = rng.integers(-3, 4, n).astype(np.float64)  # many ties
+    v[rng.random(n) < 0.02] = np.nan
+    v[rng.random(n) < 0.02] = -np.inf
+    c = Cells(key, g, 4)
+    o = np.lexsort((-np.arange(n), v, c.idx))  # by cell, then value (NaN last), tied rows later first
+    last = np.r_[c.idx[o][1:] != c.idx[o][:-1], True]
+    want = np.empty(c.n, np.int64)
+    want[c.idx[o][last]] = o[last]
+    assert c.argmax(v).tolist() == want.tolist()

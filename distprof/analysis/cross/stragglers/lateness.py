@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...groupstats import sort_within, unique_inverse
+from ...groupstats import unique_inverse
 from ...narrow import narrow
 from .peers import excess_by
 
@@ -60,11 +60,16 @@ class Cells:
         return np.bincount(self.idx, weights=v, minlength=self.n)
 
     def argmax(self, v: np.ndarray) -> np.ndarray:
-        """Per cell: the row with the largest v (the first such row)."""
-        o = sort_within(self.idx, v, later_first=True)  # by cell, then v; the last row of a cell is its max
-        last = np.r_[self.idx[o][1:] != self.idx[o][:-1], True]
-        out = np.empty(self.n, np.int64)
-        out[self.idx[o][last]] = o[last]
+        """Per cell: the row with the largest v (the first such row; a cell with a NaN: its first NaN row, as NaN
+        sorts last). Two passes over the rows, no sort (1,024 LLM-shaped ranks: 0.2 s of the analysis by a sort)."""
+        v = np.asarray(v, np.float64)
+        top = self.max(v)[self.idx]  # NaN where the cell holds one: np.maximum propagates it
+        hit = v == top
+        hit |= np.isnan(top) & np.isnan(v)
+        del top
+        rows = np.flatnonzero(hit)
+        out = np.full(self.n, v.size, np.int64)  # every cell has a row: each is overwritten
+        np.minimum.at(out, self.idx[rows], rows)
         return out
 
 
