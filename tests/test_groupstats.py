@@ -128,3 +128,22 @@ def test_sort_within_integer_values_too_wide_for_a_direct_key():
     u = np.array([(1 << 64) - 1, 0, 1 << 63, 3], np.uint64)
     gu = np.array([0, 0, 0, 1])
     assert sort_within(gu, u).tolist() == np.lexsort((u, gu)).tolist()
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint64, np.int8])
+@pytest.mark.parametrize("spread", ["dense", "sparse", "huge"])
+@pytest.mark.parametrize("narrow", [False, True])
+def test_unique_inverse_counted_or_sorted_is_np_unique(dtype, spread, narrow):
+    """Keys whose span is small beside their count are counted, wider ones sorted, values beyond ±2^62 too: every
+    way np.unique's values (its dtype) and inverse."""
+    rng = np.random.default_rng(11)
+    info = np.iinfo(dtype)
+    hi = {"dense": 300, "sparse": 1 << 30, "huge": info.max}[spread]
+    hi = min(hi, int(info.max))
+    lo = int(info.min) if spread == "huge" else max(int(info.min), -hi if info.min < 0 else 0)
+    key = rng.integers(lo, hi, 3_000, dtype=dtype, endpoint=True)
+    u, inv = unique_inverse(key, narrow=narrow)
+    want_u, want_inv = np.unique(key, return_inverse=True)
+    assert u.dtype == want_u.dtype and np.array_equal(u, want_u)
+    assert np.array_equal(inv, want_inv.reshape(-1))
+    assert inv.dtype == (np.int32 if narrow else np.int64)

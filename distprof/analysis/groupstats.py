@@ -50,6 +50,9 @@ def unique_inverse(key: np.ndarray, *, narrow: bool = False) -> tuple[np.ndarray
         return u, inv.reshape(-1)
     if key.size == 0:
         return key.copy(), np.zeros(0, np.int64)
+    dense = _dense_unique_inverse(key, narrow)
+    if dense is not None:
+        return dense
     perm = np.argsort(key)
     aux = key[perm]
     new = np.empty(aux.size, bool)
@@ -64,6 +67,37 @@ def unique_inverse(key: np.ndarray, *, narrow: bool = False) -> tuple[np.ndarray
     inv = np.empty(key.size, dt)
     inv[perm] = pos
     return u, inv
+
+
+#: Keys spanning at most this many values per key (plus DENSE_SLACK) are counted into a table of their span, not
+#: sorted: what the straggler analysis's cells and blame keys are (ranks × steps, packed densely).
+DENSE_SPAN_PER_KEY, DENSE_SLACK = 4, 1 << 16
+
+
+def _dense_unique_inverse(key: np.ndarray, narrow: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`unique_inverse` of integer keys whose span is small beside their count: a table over the span marks
+    the values present, its cumulative sum (int32: no more memory than the sort's copies) numbers them — two passes,
+    no sort (the straggler analysis's cells, 1.4 M rows over 5,120 values: 0.05 s sorted). None for a wider span
+    (a table of 8 × the keys raised the straggler analysis's peak by 15 MB at 1,024 LLM-shaped ranks), or values
+    beyond ±2^62."""
+    lo, hi = int(key.min()), int(key.max())
+    span = hi - lo + 1
+    if span > DENSE_SPAN_PER_KEY * key.size + DENSE_SLACK or max(-lo, hi) >= 1 << 62:
+        return None
+    off = key.astype(np.intp)
+    off -= lo
+    present = np.zeros(span, bool)
+    present[off] = True
+    u = np.flatnonzero(present)
+    number = np.cumsum(present, dtype=np.int32 if span <= np.iinfo(np.int32).max else np.int64)  # 4 B per value
+    del present
+    number -= 1
+    inv = number[off]
+    del number, off
+    if not narrow or u.size > np.iinfo(np.int32).max:
+        inv = inv.astype(np.int64, copy=False)
+    u += lo
+    return u.astype(key.dtype, copy=False), inv
 
 
 def _as_key_part(c) -> np.ndarray:
