@@ -58,13 +58,14 @@ def find_stragglers(run: RunSummary | StragglerInputs, *, rule: StragglerRule | 
     _drop(t, "arrival_ns", "end_ns", "rank")
     extra = extra_work_ms(t["inst"], before, sl)  # per cell, read by the rank figures and the cells record
     del before
-    f = _figures(run, t, ridx, ranks, cells, sl, thr, rule, w, extra)
+    blamed = union_ms((w.waiter, w.culprit, w.skey), w.lo, w.hi)  # per (waiter, culprit, step): read twice below
+    f = _figures(run, t, ridx, ranks, cells, sl, thr, rule, w, extra, blamed)
     info = StragglerInfo(_rule_info(rule, thr, parts), n_instances=int(t["inst"].max()) + 1)
     rows = rank_rows(f, {int(r): str(h) for r, h in run.hosts.items()})
     info.named = [d.rank for d in rows if d.named]
     info.clock_free = clock_free_check(ranks, f.lateness, f.clock_free, _confirmed(run, f, rule), f.late,
                                        info.named)
-    (_, culprit, step), ms = union_ms((w.waiter, w.culprit, w.skey), w.lo, w.hi)
+    (_, culprit, step), ms = blamed
     c_blame = _cell_values(cells, ranks, culprit, step, ms)
     info.per_step, info.changes = per_step(cells, sl.lateness, c_blame, ranks, thr)
     info.hosts = host_table(run, t, skey, w, thr, rule, ranks, ridx)
@@ -91,8 +92,10 @@ def _confirmed(run: RunSummary, f: RankFigures, rule: StragglerRule) -> np.ndarr
 
 
 def _figures(run: RunSummary, t: Table, ridx: np.ndarray, ranks: np.ndarray, cells: Cells, sl: StepLateness,
-             thr: float, rule: StragglerRule, w: Waits, extra: np.ndarray) -> RankFigures:
-    """The per-rank figures, and who the rule names."""
+             thr: float, rule: StragglerRule, w: Waits, extra: np.ndarray,
+             blamed: tuple[tuple[np.ndarray, ...], np.ndarray]) -> RankFigures:
+    """The per-rank figures, and who the rule names. `blamed`: the union of the waits per (waiting rank, rank waited
+    for, step key), as :func:`.blame.union_ms` gives it."""
     nr = ranks.size
     n_steps, late_steps, passes = late_in_steps(cells, sl.lateness, nr, thr, rule)
     den = np.maximum(n_steps, 1)
@@ -108,21 +111,22 @@ def _figures(run: RunSummary, t: Table, ridx: np.ndarray, ranks: np.ndarray, cel
     f = RankFigures(
         ranks=ranks, n_instances=cnt, n_steps=n_steps, lateness=median(sl.lateness), late_steps=late_steps,
         late_fraction=np.bincount(ridx, weights=t["is_last"].astype(float), minlength=nr) / np.maximum(cnt, 1),
-        extra_work=median(extra), blame=_per_rank(w, ranks, w.culprit),
-        wait=_per_rank(w, ranks, None), cost=np.zeros(nr),
+        extra_work=median(extra), blame=_summed_by_rank(ranks, blamed[0][1], blamed[1]),
+        wait=_wait_per_rank(w, ranks), cost=np.zeros(nr),
         clock_free=median(cells.max(t["clock_free_lateness_ns"] / NS_PER_MS)), late=passes, named=passes)
     f.named = passes & _confirmed(run, f, rule)
     f.cost = mean(cells.max(cost_ms(t, f.named[ridx])))
     return f
 
 
-def _per_rank(w: Waits, ranks: np.ndarray, culprit: np.ndarray | None) -> np.ndarray:
-    """Per rank, summed over its steps: the waits it caused (`culprit` given: unions per waiting rank and step of the
-    waits for it) or its own waits (None: the union per step of all its waits)."""
-    if culprit is None:
-        (who, _), ms = union_ms((w.waiter, w.skey), w.lo, w.hi)
-    else:
-        (_, who, _), ms = union_ms((w.waiter, culprit, w.skey), w.lo, w.hi)
+def _wait_per_rank(w: Waits, ranks: np.ndarray) -> np.ndarray:
+    """Per rank, summed over its steps: its own waits (the union per step of all its waits)."""
+    (who, _), ms = union_ms((w.waiter, w.skey), w.lo, w.hi)
+    return _summed_by_rank(ranks, who, ms)
+
+
+def _summed_by_rank(ranks: np.ndarray, who: np.ndarray, ms: np.ndarray) -> np.ndarray:
+    """`ms` summed per rank `who` (0 for a rank without any), in the order of `ranks`."""
     if ms.size == 0:
         return np.zeros(ranks.size)
     return np.bincount(np.searchsorted(ranks, who), weights=ms, minlength=ranks.size)
@@ -147,5 +151,5 @@ def _waits_for(w: Waits, ranks: np.ndarray, n_steps: np.ndarray, named: list[int
     if not named:
         return {}
     sub = w.subset(np.isin(w.culprit, named))
-    per = _per_rank(sub, ranks, None)
+    per = _wait_per_rank(sub, ranks)
     return {int(r): float(per[i] / max(int(n_steps[i]), 1)) for i, r in enumerate(ranks.tolist())}
