@@ -125,3 +125,18 @@ def test_rows_left_unpaired_are_a_set_difference():
             want = np.setdiff1d(np.setdiff1d(rows, a), b)
             got = _rows_without(n, rows, a, b)
             assert got.tolist() == want.tolist() and got.dtype.kind == "i"
+
+
+def test_stage_medians_are_np_median_per_rank():
+    """The pipelines' per-rank medians, all ranks in one sort, are np.median's of each rank's steps: odd and even
+    counts, ties, and NaN for a rank whose steps hold one."""
+    from distprof.analysis.cross.pipeline import _median_by
+
+    rng = np.random.default_rng(2)
+    idx = rng.integers(0, 9, 400)
+    v = rng.integers(0, 6, idx.size) / 4
+    v[rng.random(idx.size) < 0.01] = np.nan
+    got = _median_by(idx, v, 10)
+    for g in range(10):
+        want = np.median(v[idx == g]) if (idx == g).any() else np.nan
+        assert (np.isnan(got[g]) and np.isnan(want)) or got[g] == want, g

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from ...record import Record
+from ..groupstats import group_median
 
 if TYPE_CHECKING:
     from ..types import RunSummary
@@ -168,20 +169,49 @@ def _step_cells(run: RunSummary, t: dict[str, np.ndarray]) -> dict[str, np.ndarr
             "send": cells.sum(src, ss), "recv": cells.sum(dst, sr)}
 
 
-def _stages(run: RunSummary, order: list[int], c: dict[str, np.ndarray]) -> list[PipelineStage]:
-    """The stages of one pipeline, in stage `order`, from the step cells `c` (ranks without steps are left out)."""
+#: The stage figures that are medians over a rank's steps, by the step cells' column each is taken of.
+MEDIANS = {"step_ms": "step_ms", "busy_ms": "busy", "wait_ms": "wait", "caused_ms": "caused", "p2p_ms": "p2p",
+           "sends_per_step": "send", "recvs_per_step": "recv"}
+
+
+class _RankMedians:
+    """Per rank of the step cells: its number of steps and the median over them of each stage figure (np.median's
+    values, NaN where a rank's steps hold one), all ranks at once: one sort per figure, where a call of np.median per
+    stage and figure took 0.28 s of the pipelines' 0.6 s at 1,024 ranks in 256 pipelines."""
+
+    def __init__(self, c: dict[str, np.ndarray]):
+        self.ranks, idx = np.unique(c["rank"], return_inverse=True)
+        idx = idx.reshape(-1)
+        n = self.ranks.size
+        self.n_steps = np.bincount(idx, minlength=n)
+        cols = {fig: c[col] for fig, col in MEDIANS.items()}
+        cols["wait_frac"] = c["wait"] / np.maximum(c["step_ms"], 1e-9)
+        self.median = {fig: _median_by(idx, np.asarray(v, np.float64), n) for fig, v in cols.items()}
+
+    def index(self, rank: int) -> int | None:
+        """The row of `rank`, None when it has no steps."""
+        i = int(np.searchsorted(self.ranks, rank))
+        return i if i < self.ranks.size and self.ranks[i] == rank else None
+
+
+def _median_by(idx: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
+    """Per group of `idx`: np.median of its values (NaN when one of them is)."""
+    med = group_median(idx, v, n)
+    med[np.bincount(idx[np.isnan(v)], minlength=n) > 0] = np.nan
+    return med
+
+
+def _stages(run: RunSummary, order: list[int], med: _RankMedians) -> list[PipelineStage]:
+    """The stages of one pipeline, in stage `order`, from the ranks' medians (ranks without steps are left out)."""
     stages = []
     for k, r in enumerate(order):
-        m = c["rank"] == r
-        if not m.any():
+        i = med.index(r)
+        if i is None:
             continue
-        step_ms, w = c["step_ms"][m], c["wait"][m]
-        stages.append(PipelineStage(
-            stage=k, rank=int(r), host=str(run.hosts.get(int(r), "?")), n_steps=int(m.sum()),
-            step_ms=float(np.median(step_ms)), busy_ms=float(np.median(c["busy"][m])),
-            wait_ms=float(np.median(w)), wait_pct=100.0 * float(np.median(w / np.maximum(step_ms, 1e-9))),
-            caused_ms=float(np.median(c["caused"][m])), p2p_ms=float(np.median(c["p2p"][m])),
-            sends_per_step=float(np.median(c["send"][m])), recvs_per_step=float(np.median(c["recv"][m]))))
+        figs = {fig: float(med.median[fig][i]) for fig in MEDIANS}
+        stages.append(PipelineStage(stage=k, rank=int(r), host=str(run.hosts.get(int(r), "?")),
+                                    n_steps=int(med.n_steps[i]), wait_pct=100.0 * float(med.median["wait_frac"][i]),
+                                    **figs))
     return stages
 
 
@@ -210,11 +240,11 @@ def pipelines(run: RunSummary) -> list[Pipeline]:
     t = _transfers(run)
     if t is None:
         return []
-    c = _step_cells(run, t)
+    med = _RankMedians(_step_cells(run, t))
     out = []
     for ranks, mine in _by_component(t):
         order = _stage_order(ranks, mine["src"], mine["dst"], mine["ts"], mine["tr"], mine["ss"], mine["sr"])
-        stages = _stages(run, order, c)
+        stages = _stages(run, order, med)
         if len(stages) >= 2:
             out.append(_pipeline(ranks, order, stages, mine))
     return out
