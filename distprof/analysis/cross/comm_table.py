@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...record import Record
+from ..groupstats import unique_inverse
 from ..narrow import narrow
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def comm_table(run: RunSummary) -> list[CommRow]:
 def _kind_of_rows(pg: np.ndarray, kind: Callable[[int], str]) -> tuple[list[str], np.ndarray]:
     """The group kinds (sorted) and each row's index among them, `kind` asked once per distinct process group (not
     per row: 1.4 M collective rows at 1,024 LLM-shaped ranks)."""
-    pgs, of_row = np.unique(pg, return_inverse=True)
+    pgs, of_row = unique_inverse(pg)
     names, of_pg = np.unique(np.array([kind(int(g)) for g in pgs.tolist()], dtype=str), return_inverse=True)
     return names.tolist(), narrow(of_pg.reshape(-1))[of_row.reshape(-1)]
 

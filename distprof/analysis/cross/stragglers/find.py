@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...groupstats import group_median
+from ...groupstats import group_median, unique_inverse
 from ...narrow import narrow
 from .blame import Waits, union_ms, waits
 from .clock_free import clock_free_check
@@ -47,7 +47,7 @@ def find_stragglers(run: RunSummary | StragglerInputs, *, rule: StragglerRule | 
     # so the blame's unions below do not hold the whole table beside them
     before = cpu_wait_before_ns(run, t)
     _drop(t, "row", "window")
-    ranks, ridx = np.unique(t["rank"], return_inverse=True)
+    ranks, ridx = unique_inverse(t["rank"])
     ridx = narrow(ridx.reshape(-1))
     skey = step_keys(t)
     _drop(t, "step")

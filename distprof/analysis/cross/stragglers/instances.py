@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ...groupstats import sort_within
+from ...groupstats import sort_within, unique_inverse
 from ...narrow import narrow
 from .clock_free import clock_free_lateness_ns
 from .peers import group_bounds, median_of_others
@@ -71,7 +71,7 @@ def _instances(run: RunSummary, want: Callable[[str], bool]) -> Table:
     keep = _kept_members(inst, rank)
     if not np.any(keep):
         return _empty_instances()
-    _, inst = np.unique(inst[keep], return_inverse=True)  # renumber 0..n-1
+    _, inst = unique_inverse(inst[keep])  # renumber 0..n-1
     take = np.flatnonzero(keep)
     o = sort_within(inst.reshape(-1), np.asarray(m["start_ns"])[take])
     inst = narrow(inst.reshape(-1)[o])
@@ -156,7 +156,7 @@ def inside_steps(t: Table) -> Table:
         return t
     n_out = np.bincount(t["inst"], weights=(~inside).astype(float))
     keep = n_out[t["inst"]] == 0  # whole instances: every rank inside a step
-    _, inst = np.unique(t["inst"][keep], return_inverse=True)
+    _, inst = unique_inverse(t["inst"][keep])
     out = {k: v[keep] for k, v in t.items()}
     out["inst"] = narrow(inst.reshape(-1))
     return out
