@@ -25,6 +25,7 @@ def test_seconds_since_log_time(now, sent, elapsed):
 
 
 def test_sigterm_sent_at_reads_torchrun_log_clock():
-    line = "W1207 00:10:11.497000 10921 site-packages/torch/.../api.py:1028] Sending process 10925 closing signal SIGTERM"
+    line = ("W1207 00:10:11.497000 10921 site-packages/torch/.../api.py:1028] Sending process 10925 closing signal "
+            "SIGTERM")
     assert sigterm_sent_at("noise\n" + line + "\n") == pytest.approx(611.497)
     assert sigterm_sent_at("no signal here") is None

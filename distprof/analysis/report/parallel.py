@@ -3,13 +3,14 @@ rank 0 builds the rest; the pipelines go to whichever of the two is free first.
 
 Once the run is summarised (``analysis/summarize``), MPI rank 0 holds the run summary and the other processes are
 idle. The straggler analysis is the largest part of :func:`~.build.build_report` that the step graph, the critical
-path and the what-ifs do not read (at 1,024 LLM-shaped ranks 2.3–2.9 s, most of it its 1.39 M instance rows); the
-collectives table (0.25 s there) reads the same rows and is read by neither either. Rank 0 sends what they and the
-pipelines read (:func:`helper_inputs`: ≈ 150 MB of numpy columns, sent as out-of-band buffers) to process 1, builds
-the step graph, the critical path and the what-if estimates meanwhile, and takes the results where the findings
-first need them. The results are the objects a serial run computes (the MPI tests compare the reports).
+path and the what-ifs do not read (at 1,024 LLM-shaped ranks 0.9–1.0 s, most of it sorts of its 1.39 M instance
+rows); the collectives table (0.09 s there) reads the same rows and is read by neither either. Rank 0 sends what
+they and the pipelines read (:func:`helper_inputs`: ≈ 150 MB of numpy columns, sent as out-of-band buffers) to
+process 1, builds the step graph, the critical path and the what-if estimates meanwhile (1.4–1.5 s there), and
+takes the results where the findings first need them. The results are the objects a serial run computes (the MPI
+tests compare the reports).
 
-The pipelines (0.25–0.45 s there) read neither the graph nor the straggler rows, so either process can build them,
+The pipelines (0.09 s there) read neither the graph nor the straggler rows, so either process can build them,
 and which one finishes its own share first depends on the run's shape. Whichever is first builds them: rank 0,
 done with its share, tells process 1 so (*free*); process 1, done with its share, builds them unless rank 0's
 *free* has arrived, and tells rank 0 which it chose (*claim*). Rank 0 builds them unless process 1's claim has
