@@ -505,3 +505,41 @@ def test_cells_argmax_is_the_first_largest_row(seed):
     want = np.empty(c.n, np.int64)
     want[c.idx[o][last]] = o[last]
     assert c.argmax(v).tolist() == want.tolist()
+
+
+def _union_by_brute_force(keys, lo, hi):
+    """Per distinct key tuple, the union's length (ms) by merging its intervals one by one."""
+    out = {}
+    for kt in sorted(set(zip(*[k.tolist() for k in keys]))):
+        m = np.ones(lo.size, bool)
+        for col, v in zip(keys, kt):
+            m &= col == v
+        total, end = 0, -np.inf
+        for a, b in sorted(zip(lo[m].tolist(), hi[m].tolist())):
+            if b <= a:  # an empty interval covers nothing
+                continue
+            if a >= end:
+                total += b - a
+            elif b > end:
+                total += b - end
+            end = max(end, b)
+        out[kt] = total / 1e6
+    return out
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("seed", range(5))
+def test_union_of_intervals_per_key_tuple_is_the_merged_length(seed, wide):
+    """Epoch-nanosecond intervals keyed by (waiter, culprit, step), ties of key and start included: the one-sort path
+    and (`wide`: keys spread too far to pack beside the times) the unique-then-sort path give each key's union."""
+    from distprof.analysis.cross.stragglers.blame import union_ms
+
+    rng = np.random.default_rng(seed)
+    n = 400
+    keys = (rng.integers(0, 4, n), rng.integers(0, 3, n), rng.integers(0, 5, n) * ((1 << 40) if wide else 1))
+    lo = 1_765_000_000_000_000_000 + rng.integers(0, 50, n) * 1_000_000
+    hi = lo + rng.integers(-2, 30, n) * 1_000_000  # some empty (hi <= lo), as waits are not
+    got_keys, ms = union_ms(keys, lo, hi)
+    got = {kt: m for kt, m in zip(zip(*[k.tolist() for k in got_keys]), ms.tolist())}
+    assert got == pytest.approx(_union_by_brute_force(keys, lo, hi))
+    assert list(got) == sorted(got)  # the distinct keys in np.unique's order

@@ -6,36 +6,60 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["group_median", "rank_step_values", "sort_within", "unique_inverse", "unique_rows"]
+__all__ = ["RowKey", "group_median", "rank_step_values", "sort_within", "unique_inverse", "unique_rows"]
 
 
 def unique_rows(cols: tuple[np.ndarray, ...] | list[np.ndarray]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     """The distinct rows of integer columns, sorted as ``np.unique(np.stack(cols, 1), axis=0)`` sorts them, and each
     row's index among them. The columns are packed into one int64 key where their ranges allow (one 1-D sort:
     ``axis=0`` sorts rows as opaque records, 0.45 s of a 128-rank report's 3.6 s), else left to ``axis=0``."""
-    cols = [_as_key_part(c) for c in cols]  # as they are: the key is built in place, one column at a time
+    cols = [as_key_part(c) for c in cols]  # as they are: the key is built in place, one column at a time
     if cols[0].size == 0:
         return tuple(np.zeros(0, np.int64) for _ in cols), np.zeros(0, np.int64)
-    lows = [int(c.min()) for c in cols]
-    spans = [int(c.max()) - lo + 1 for c, lo in zip(cols, lows)]
-    total = 1
-    for sp in spans:
-        total *= sp
-    if total >= 1 << 62:
+    packed = RowKey.of(cols)
+    if packed is None:
         uk, inv = np.unique(np.stack([c.astype(np.int64) for c in cols], axis=1), axis=0, return_inverse=True)
         return tuple(uk[:, j] for j in range(uk.shape[1])), inv.reshape(-1)
-    key = np.zeros(cols[0].size, np.int64)
-    for c, lo, sp in zip(cols, lows, spans):  # the first column most significant: the rows' lexicographic order
-        key *= sp
-        key += c  # int64 += a narrower column: cast element by element, no int64 copy of the column
-        key -= lo
+    key = packed.key(cols)
     uk, inv = unique_inverse(key)
     del key
-    out = []
-    for lo, sp in zip(reversed(lows), reversed(spans)):
-        uk, digit = np.divmod(uk, sp)
-        out.append(digit + lo)
-    return tuple(reversed(out)), inv.reshape(-1)
+    return packed.columns(uk), inv.reshape(-1)
+
+
+class RowKey:
+    """Rows of integer columns packed into one int64 each, in the rows' lexicographic order (the first column most
+    significant): each column less its minimum, in mixed radix by the columns' spans."""
+
+    def __init__(self, lows: list[int], spans: list[int]):
+        self.lows, self.spans = lows, spans
+        self.span = 1  # the packed keys lie in [0, span)
+        for sp in spans:
+            self.span *= sp
+
+    @classmethod
+    def of(cls, cols: list[np.ndarray], *, room: int = 1) -> RowKey | None:
+        """The packing of non-empty `cols` (as :func:`as_key_part` gives them), None where the keys times `room`
+        would not fit below 2^62."""
+        lows = [int(c.min()) for c in cols]
+        out = cls(lows, [int(c.max()) - lo + 1 for c, lo in zip(cols, lows)])
+        return out if out.span * room < 1 << 62 else None
+
+    def key(self, cols: list[np.ndarray]) -> np.ndarray:
+        """Each row's packed key (built in place, one column at a time)."""
+        key = np.zeros(cols[0].size, np.int64)
+        for c, lo, sp in zip(cols, self.lows, self.spans):
+            key *= sp
+            key += c  # int64 += a narrower column: cast element by element, no int64 copy of the column
+            key -= lo
+        return key
+
+    def columns(self, key: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The columns of packed keys (int64)."""
+        out = []
+        for lo, sp in zip(reversed(self.lows), reversed(self.spans)):
+            key, digit = np.divmod(key, sp)
+            out.append(digit + lo)
+        return tuple(reversed(out))
 
 
 def unique_inverse(key: np.ndarray, *, narrow: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -100,7 +124,7 @@ def _dense_unique_inverse(key: np.ndarray, narrow: bool) -> tuple[np.ndarray, np
     return u.astype(key.dtype, copy=False), inv
 
 
-def _as_key_part(c) -> np.ndarray:
+def as_key_part(c) -> np.ndarray:
     """A column as 1-D integers that add into an int64 key in place: signed integers and bools as they are (no
     copy), other dtypes (uint64, floats) as int64."""
     c = np.asarray(c).reshape(-1)
@@ -150,7 +174,7 @@ def _direct_key(g: np.ndarray, g0: int, v: np.ndarray) -> np.ndarray | None:
     key = g.astype(np.int64)  # built in place: this runs over every instance row, several times per report
     key -= g0
     key *= span
-    key += _as_key_part(v)
+    key += as_key_part(v)
     key -= v0
     return key
 

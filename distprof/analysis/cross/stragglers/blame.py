@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...groupstats import sort_within, unique_rows
+from ...groupstats import RowKey, as_key_part, sort_within, unique_rows
 
 if TYPE_CHECKING:
     from .instances import Table
@@ -54,12 +54,9 @@ def union_ms(keys: tuple[np.ndarray, ...], lo: np.ndarray, hi: np.ndarray) -> tu
     one array per key column, and their lengths)."""
     if lo.size == 0:
         return tuple(np.zeros(0, np.int64) for _ in keys), np.zeros(0)
-    uk, kidx = unique_rows(keys)
     t0 = int(lo.min())
     span = int(hi.max()) - t0 + 1
-    o = sort_within(kidx, lo)
-    k = kidx[o]
-    del kidx
+    uk, k, o = _sorted_by_key_and_start(keys, lo, t0, span)
     # in place where it can be: these run over every waiting interval (1.3 M at 1,024 LLM-shaped ranks, 11 MB each)
     ks = k * span
     run_max = hi[o]
@@ -81,3 +78,32 @@ def union_ms(keys: tuple[np.ndarray, ...], lo: np.ndarray, hi: np.ndarray) -> tu
     del prev, o
     np.maximum(covered, 0, out=covered)
     return uk, np.bincount(k, weights=covered, minlength=len(uk[0])) / NS_PER_MS
+
+
+def _sorted_by_key_and_start(keys: tuple[np.ndarray, ...], lo: np.ndarray, t0: int,
+                             span: int) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray]:
+    """The distinct key tuples, and the intervals' order by (key, start) with each one's key index in that order.
+    One sort of ``packed key × span + start`` where that fits an int64 (where the distinct keys and the order each
+    took a sort of 1.2 M waits); else the keys' own unique and a sort within them. Intervals of one key and start
+    may come in either order: the union does not depend on it."""
+    cols = [as_key_part(c) for c in keys]
+    packed = RowKey.of(cols, room=span) if abs(t0) < 1 << 62 else None  # (then no step below overflows)
+    if packed is None:
+        uk, kidx = unique_rows(keys)
+        o = sort_within(kidx, lo)
+        return uk, kidx[o], o
+    key = packed.key(cols)
+    key *= span
+    key -= t0
+    key += lo
+    o = np.argsort(key)
+    k = key[o]
+    del key
+    k //= span  # the packed key of each interval, in order
+    new = np.empty(k.size, bool)
+    new[0] = True
+    np.not_equal(k[1:], k[:-1], out=new[1:])
+    uk = packed.columns(k[new])
+    np.cumsum(new, out=k)
+    k -= 1
+    return uk, k, o
