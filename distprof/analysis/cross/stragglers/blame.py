@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...groupstats import RowKey, as_key_part, sort_within, unique_rows
+from ...groupstats import RowKey, sort_within, unique_rows
 
 if TYPE_CHECKING:
     from .instances import Table
@@ -86,13 +86,12 @@ def _sorted_by_key_and_start(keys: tuple[np.ndarray, ...], lo: np.ndarray, t0: i
     One sort of ``packed key × span + start`` where that fits an int64 (where the distinct keys and the order each
     took a sort of 1.2 M waits); else the keys' own unique and a sort within them. Intervals of one key and start
     may come in either order: the union does not depend on it."""
-    cols = [as_key_part(c) for c in keys]
-    packed = RowKey.of(cols, room=span) if abs(t0) < 1 << 62 else None  # (then no step below overflows)
+    packed = RowKey.of(keys, room=span)  # the keys below are in [0, 2^62): int64 steps wrapping on the way cancel
     if packed is None:
         uk, kidx = unique_rows(keys)
         o = sort_within(kidx, lo)
         return uk, kidx[o], o
-    key = packed.key(cols)
+    key = packed.key(keys)
     key *= span
     key -= t0
     key += lo
