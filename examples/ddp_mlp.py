@@ -12,6 +12,12 @@ Knobs that create the situations distprof must diagnose:
   --bucket-mb MB              DDP gradient bucket size (small buckets overlap communication with backward)
   --hidden H                  hidden width (default 2048, the seed's; tests use a small width so compute stays
                               well below injected delays)
+  --compile MODE              torch.compile the model: `model` (torch.compile(model), an OptimizedModule around it)
+                              or `inplace` (model.compile(): its own forward call compiled, hooks included)
+  --compile-optimizer         compile the optimizer step too (PyTorch's recipe: a torch.compile'd function that calls
+                              opt.step())
+  --compile-backend NAME      torch.compile's backend (default inductor; `eager` traces with Dynamo and compiles
+                              nothing, for quick tests)
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--busy-procs", type=int, default=0, help="CPU-bound processes each rank starts beside it")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--compile", choices=("none", "model", "inplace"), default="none", help="torch.compile the model")
+    p.add_argument("--compile-optimizer", action="store_true", help="torch.compile the optimizer step")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend")
     return p.parse_args()
 
 
@@ -71,7 +80,17 @@ def train(args: argparse.Namespace) -> None:
     model = nn.Sequential(nn.Linear(1024, h), nn.ReLU(), nn.Linear(h, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device)
     if world > 1:
         model = DDP(model, bucket_cap_mb=args.bucket_mb)
+    if args.compile == "model":
+        model = torch.compile(model, backend=args.compile_backend)
+    elif args.compile == "inplace":
+        model.compile(backend=args.compile_backend)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    opt_step = opt.step
+    if args.compile_optimizer:
+        @torch.compile(fullgraph=False, backend=args.compile_backend)
+        def opt_step():
+            opt.step()
+
     loss_fn = nn.CrossEntropyLoss()
     batch = args.batch
     if args.uneven and rank == world - 1:
@@ -88,7 +107,7 @@ def train(args: argparse.Namespace) -> None:
         if extra_ms > 0:
             time.sleep(extra_ms / 1000.0)
         loss.backward()
-        opt.step()
+        opt_step()
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0

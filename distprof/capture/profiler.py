@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..config import ProfileConfig
 from ..errors import ConfigError
-from . import clock, dist_info, groups, p2p, schedstat, status
+from . import clock, compiled, dist_info, groups, p2p, schedstat, status
 from .memhistory import MemoryHistory
 from .rundir import ClaimError
 from .schedule import Action, WindowPlan
@@ -170,6 +170,7 @@ class RankProfiler:
         groups.set_default_group_listener(self._on_default_group)
         groups.install()
         p2p.install()
+        compiled.install()  # before the hooks below are registered: torch.compile must not trace them
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
@@ -285,6 +286,7 @@ class RankProfiler:
                 _active = None
             groups.set_default_group_listener(None)
             p2p.uninstall()
+            compiled.remove()
             left = self._time_left()
             self._setup.give_up_waiting()
             if self._writer is not None:

@@ -51,6 +51,8 @@ class OptimizerStepper:
         self._pending = False
         self._handles: list = []
         self._fwd_handle = None
+        self._forward_hook = None  # _forward_pre as registered (compiled.opaque), made at install
+        self._fire_before_step = None  # _fire_pending, likewise
         self._scaler_orig = None
         self._wrapped: list[tuple[weakref.ref, object, object]] = []  # (optimizer, our step, the step it wraps)
         self.iterations = 0  # completed iterations seen (including GradScaler-skipped ones)
@@ -62,7 +64,12 @@ class OptimizerStepper:
     def install(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self._handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]
+        from .compiled import opaque
+
+        self._forward_hook = opaque(self._forward_pre)
+        self._fire_before_step = opaque(self._fire_pending)
+        self._handles = [register_optimizer_step_pre_hook(opaque(self._pre)),
+                         register_optimizer_step_post_hook(opaque(self._post))]
         self._patch_grad_scaler()
 
     def remove(self) -> None:
@@ -135,7 +142,7 @@ class OptimizerStepper:
         if self._fwd_handle is None:
             from torch.nn.modules.module import register_module_forward_pre_hook
 
-            self._fwd_handle = register_module_forward_pre_hook(self._forward_pre)
+            self._fwd_handle = register_module_forward_pre_hook(self._forward_hook or self._forward_pre)
 
     def _forward_pre(self, module, args) -> None:
         if self._pending and self._depth == 0:  # a forward inside an open optimizer step (a closure) is no boundary
@@ -155,9 +162,10 @@ class OptimizerStepper:
         inner = opt.__dict__.get("step")  # an instance-level wrapper, called as it is; None: the class's step
         stepper = self
 
+        fire_first = self._fire_before_step or self._fire_pending  # a compiled opt.step traces this wrapper
+
         def step(this, *args, **kwargs):
-            if stepper._handles and stepper._pending and stepper._depth == 0:
-                stepper.fire()
+            fire_first()
             return (inner if inner is not None else type(this).step.__get__(this))(*args, **kwargs)
 
         # its attributes (LR schedulers' _wrapped_by_lr_sched, torch's `hooked`) stay visible; a bound method, so
@@ -170,6 +178,11 @@ class OptimizerStepper:
             log.debug("distprof: %s.step not wrapped: %s", type(opt).__name__, e)
             return
         self._wrapped.append((weakref.ref(opt), bound, inner))
+
+    def _fire_pending(self) -> None:
+        """Before a wrapped optimizer step: the pending step fires, outside every optimizer step."""
+        if self._handles and self._pending and self._depth == 0:
+            self.fire()
 
     def _unwrap_steps(self) -> None:
         """Put back each wrapped step still ours; one wrapped again since (by an LR scheduler) stays, inert."""

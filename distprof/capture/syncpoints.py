@@ -66,12 +66,18 @@ class BackwardTail:
         self._w_done = 0  # Python waits counted by then
         self._opts: dict[int, tuple[weakref.ref, list]] = {}  # id(optimizer) -> (its weak reference, hook handles)
         self._engine = None
+        self._on_graph_done = self._graph_done  # the engine callbacks as queued (made opaque at install)
+        self._on_released = self._released
         self.backwards = 0  # backward passes timed (tests, the benchmark)
 
     def install(self) -> None:
         from torch.autograd import Variable
 
+        from .compiled import opaque
+
         self._engine = Variable._execution_engine
+        # as the engine calls them (capture/compiled.py): a backward run from a compiled function's graph break
+        self._on_graph_done, self._on_released = opaque(self._graph_done), opaque(self._released)
 
     def watch(self, opt: Any) -> None:
         """Training thread, at each optimizer step: hook this optimizer's parameters once (a dict look-up after)."""
@@ -82,9 +88,12 @@ class BackwardTail:
                   if getattr(p, "requires_grad", False) and getattr(p, "is_leaf", False)]
         chosen = params[:1] + params[-1:] if len(params) > 1 else params
         handles = []
+        from .compiled import opaque
+
+        hook = opaque(self._grad_ready)  # compiled autograd would trace it (capture/compiled.py)
         for p in chosen[:HOOKS_PER_OPTIMIZER]:
             try:
-                handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+                handles.append(p.register_post_accumulate_grad_hook(hook))
             except (RuntimeError, AttributeError) as e:  # a tensor that takes no such hook: this optimizer goes unseen
                 log.debug("distprof: watch: no backward-end hook on a parameter of %s (%s)", type(opt).__name__, e)
         try:
@@ -99,7 +108,7 @@ class BackwardTail:
             return
         self._queued = True
         try:
-            self._engine.queue_callback(self._graph_done)
+            self._engine.queue_callback(self._on_graph_done)
         except Exception:  # noqa: BLE001 -- not inside a pass the engine runs (cannot happen from this hook)
             self._queued = False
 
@@ -108,7 +117,7 @@ class BackwardTail:
         try:
             self._t_done = time.perf_counter_ns()
             self._w_done = self._waited()
-            self._engine.queue_callback(self._released)  # runs after the callbacks queued before it (DDP's wait)
+            self._engine.queue_callback(self._on_released)  # runs after the callbacks queued before it (DDP's wait)
         except Exception:  # noqa: BLE001
             self._queued = False
 

@@ -111,8 +111,10 @@ class WatchRecorder:
             self._cuda = torch.cuda
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self._handles = [register_optimizer_step_pre_hook(self._opt_pre),
-                         register_optimizer_step_post_hook(self._opt_post)]
+        from .compiled import opaque
+
+        self._handles = [register_optimizer_step_pre_hook(opaque(self._opt_pre)),
+                         register_optimizer_step_post_hook(opaque(self._opt_post))]
         try:
             from torch._C._distributed_c10d import Work
 
@@ -130,13 +132,17 @@ class WatchRecorder:
             pass
 
     def _patch(self, cls, name: str, counter: str) -> None:
+        from .compiled import compiling_flag
+
+        compiling = compiling_flag()
         orig = getattr(cls, name)
         rec = self
         get_ident = threading.get_ident
         clock = time.perf_counter_ns
 
         def timed(*args, **kwargs):
-            if get_ident() != rec.main_ident:
+            # traced by torch.compile: the original alone, an op of the graph (capture/compiled.py)
+            if compiling() or get_ident() != rec.main_ident:
                 return orig(*args, **kwargs)
             t0 = clock()
             try:

@@ -1,0 +1,85 @@
+"""torch.compile jobs under distprof (capture/compiled.py): Dynamo never traces distprof's hooks, and the answers stay.
+
+Two real torchrun/gloo jobs of examples/ddp_mlp.py, rank 1 slowed, run with ``--watch`` and Dynamo's graph-break log
+(``TORCH_LOGS=graph_breaks``), which names the user code of every break:
+
+* ``model.compile()`` (the DDP module's own call compiled: global module hooks inside the trace) and the optimizer
+  step compiled as PyTorch's recipe has it, with the default backend (inductor);
+* ``torch.compile(model)`` (an OptimizedModule) with the eager optimizer, Dynamo's ``eager`` backend.
+
+Before capture/compiled.py, Dynamo traced the step boundary's and the watch's hooks: breaks at distprof's clock,
+``/proc`` and numpy calls (stepper.py, watch.py), distprof's functions compiled as frames, and two UserWarnings. Now the
+only breaks in distprof's code are its trampolines' calls of the disabled hooks (compiled.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import EXAMPLES, job_env, only_run_dir, torchrun
+
+pytestmark = pytest.mark.slow
+
+#: The default schedule's window (wait 3, warmup 2, active 5).
+DEFAULT_STEPS = [5, 6, 7, 8, 9]
+SLOW_MS = 25.0
+#: "Graph break in user code at FILE:LINE" (Dynamo's graph_breaks log; a repeated break may be logged without it)
+BREAK_AT = re.compile(r"Graph break(?: \(user stack suppressed[^)]*\))? in user code at (\S+):(\d+)")
+
+
+def compile_job(tmp_path_factory, name: str, *args: str):
+    d = tmp_path_factory.mktemp(name)
+    proc = torchrun(2, ["-m", "distprof.launch", "--out", "out", "--watch", str(EXAMPLES / "ddp_mlp.py"),
+                        "--hidden", "256", "--steps", "14", "--base-ms", "20", "--slow-rank", "1",
+                        "--slow-ms", str(SLOW_MS), *args], cwd=d, env=job_env(TORCH_LOGS="graph_breaks"), timeout=400)
+    return only_run_dir(d / "out"), proc
+
+
+@pytest.fixture(scope="module")
+def inplace(tmp_path_factory):
+    return compile_job(tmp_path_factory, "inplace", "--compile", "inplace", "--compile-optimizer")
+
+
+@pytest.fixture(scope="module")
+def wrapped(tmp_path_factory):
+    return compile_job(tmp_path_factory, "wrapped", "--compile", "model", "--compile-backend", "eager")
+
+
+def breaks_in_distprof(stderr: str) -> list[str]:
+    """FILE:LINE of every graph break Dynamo logged in distprof's own code."""
+    return [f"{f}:{n}" for f, n in BREAK_AT.findall(stderr) if "/distprof/" in f]
+
+
+@pytest.mark.parametrize("job", ["inplace", "wrapped"])
+def test_dynamo_never_traces_distprofs_hooks(job, request):
+    run, proc = request.getfixturevalue(job)
+    assert BREAK_AT.search(proc.stderr), "no graph break logged at all: is TORCH_LOGS=graph_breaks read?"
+    ours = breaks_in_distprof(proc.stderr)
+    assert all(b.rsplit(":", 1)[0].endswith("distprof/capture/compiled.py") for b in ours), sorted(set(ours))
+    if job == "inplace":  # the optimizer's hooks are inside its compiled step: reached, and skipped as disabled
+        assert ours and "Skip calling `torch.compiler.disable()`d function" in proc.stderr
+    assert "UserWarning: Dynamo does not know how to trace the builtin" not in proc.stderr  # distprof's clocks, /proc
+    assert "when there are global hooks on modules" not in proc.stderr  # the step boundary's hook: silenced
+
+
+@pytest.mark.parametrize("job", ["inplace", "wrapped"])
+def test_compiled_job_is_recorded_and_its_straggler_named(job, request):
+    """The window holds the default steps, rank 1 is the straggler, late by about its delay, and the watch saw every
+    step of both ranks, rank 1's own work the larger by about the delay."""
+    import distprof
+    from distprof.analysis.report.build import build_report
+
+    run, proc = request.getfixturevalue(job)
+    assert "distprof: rank 0 wrote 1 shard(s)" in proc.stderr + proc.stdout
+    rs = distprof.load(run, progress=False)
+    rep = build_report(rs, watch_dir=run)
+    assert rep.run.first_step == DEFAULT_STEPS[0] and rep.run.last_step == DEFAULT_STEPS[-1]
+    assert rep.straggler_info.named == [1], (rep.stragglers, rep.verdict)
+    late = {d.rank: d for d in rep.stragglers}[1]
+    assert 0.5 * SLOW_MS < late.lateness_ms < 1.5 * SLOW_MS, late
+    per_rank = {r.rank: r for r in rep.watch.per_rank}
+    assert sorted(per_rank) == [0, 1] and all(r.steps >= 12 for r in per_rank.values()), per_rank
+    extra = per_rank[1].own_ms_median - per_rank[0].own_ms_median
+    assert 0.5 * SLOW_MS < extra < 1.5 * SLOW_MS, per_rank
