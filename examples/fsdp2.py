@@ -67,6 +67,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, default=-1, help="rank whose forward is --slow-ms slower per step")
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--checkpoint", default="", help="after the loop, save the full state to this file (rank 0)")
+    p.add_argument("--compile", action="store_true", help="compile each block (block.compile(), before fully_shard)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend")
     return p.parse_args()
 
 
@@ -88,6 +90,8 @@ def main() -> None:
     slow_s = args.slow_ms / 1000.0 if rank == args.slow_rank else 0.0
     model = Transformer(args.vocab, args.dim, args.heads, args.layers, slow_s)
     for layer in model.layers:
+        if args.compile:  # per block, before sharding, as torchtitan does
+            layer.compile(backend=args.compile_backend)
         fully_shard(layer)
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
