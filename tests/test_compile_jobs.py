@@ -92,3 +92,36 @@ def test_compiled_job_is_recorded_and_its_straggler_named(job, request):
     assert sorted(per_rank) == [0, 1] and all(r.steps >= 12 for r in per_rank.values()), per_rank
     extra = per_rank[1].own_ms_median - per_rank[0].own_ms_median
     assert 0.5 * SLOW_MS < extra < 1.5 * SLOW_MS, per_rank
+
+
+def test_compiled_autograd_never_leaves_an_empty_shard(tmp_path):
+    """Compiled autograd (DDP's python reducer, the whole step compiled) with --watch: the job runs to its end (the
+    watch's gradient hook traced into the compiled backward used to stop it), and a window is either recorded with
+    its events or said to be lost, with why (torch 2.13's profiler session ends inside it) — never a shard without
+    an event, which the report read as a run without steps."""
+    from conftest import python
+    from distprof.capture.windows import NO_EVENTS
+    from distprof.storage import find_shards, read_shard
+
+    script = tmp_path / "ca.py"
+    script.write_text(
+        "import torch, torch.nn as nn, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "torch._dynamo.config.compiled_autograd = True\n"
+        "torch._dynamo.config.optimize_ddp = 'python_reducer'\n"
+        "model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=1e-3)\n"
+        "x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))\n"
+        "@torch.compile(backend='eager')\n"
+        "def train_step():\n"
+        "    opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()\n"
+        "for _ in range(12):\n"
+        "    train_step()\n"
+        "print('trained')\n")
+    proc = python(["-m", "distprof.launch", "--out", "o", "--watch", str(script)], cwd=tmp_path, timeout=300)
+    assert "trained" in proc.stdout
+    run = only_run_dir(tmp_path / "o")
+    shards = [read_shard(p) for p in find_shards(run)]
+    assert all(len(s.table("events", ["ts_ns"])["ts_ns"]) > 0 for s in shards)
+    if not shards:
+        assert f"lost 1 window(s): w0000 (steps 5-9): {NO_EVENTS}" in proc.stderr, proc.stderr[-3000:]

@@ -100,16 +100,22 @@ class RunSetup:
                     "error": f"rank 0 could not set the run up ({type(e).__name__}: {e})"}
 
     def _rank0_run(self, world_size: int, server_out: list) -> dict:
-        explicit = self.config.run_id or env_run_id()
-        run_id = explicit or clock.new_run_id()
-        job = rundir.new_job()
-        doc: dict = {"run_id": run_id, "requested": run_id, "job": job.to_dict()}
-        try:
-            c = rundir.claim(self.config.out, run_id, job)
-            self._claim = c
-            doc.update(run_id=c.run_id, note=c.note())
-        except rundir.ClaimError as e:
-            doc["error"] = str(e)
+        if self._claim is not None and self.job is not None:
+            # this process claimed its run directory before the group formed (one process that makes its own
+            # group): the group's run is that directory, not a second one beside it
+            doc: dict = {"run_id": self._claim.run_id, "requested": self._claim.run_id, "job": self.job.to_dict(),
+                         "note": self.note}
+        else:
+            explicit = self.config.run_id or env_run_id()
+            run_id = explicit or clock.new_run_id()
+            job = rundir.new_job()
+            doc = {"run_id": run_id, "requested": run_id, "job": job.to_dict()}
+            try:
+                c = rundir.claim(self.config.out, run_id, job)
+                self._claim = c
+                doc.update(run_id=c.run_id, note=c.note())
+            except rundir.ClaimError as e:
+                doc["error"] = str(e)
         if world_size > 1:
             try:
                 srv = clock.ClockServer()
@@ -124,6 +130,7 @@ class RunSetup:
         """Take the agreed run document and start the clock side thread (store or MPI agreement alike)."""
         run = agreement.run
         with self._lock:
+            said = self.note  # already logged when this process claimed its directory on its own
             self.agreement = agreement
             self.run_id = run.get("run_id")
             self.job = rundir.JobIdentity(**run["job"]) if isinstance(run.get("job"), dict) else None
@@ -131,7 +138,7 @@ class RunSetup:
             self.dir_error = run.get("error")
         self.clock.start(agreement.roles, agreement.rank, server, run.get("clock"))
         self._agreed.set()
-        if self.note and agreement.rank == 0:
+        if self.note and self.note != said and agreement.rank == 0:
             log.warning("distprof: %s (nothing of the other job's is touched)", self.note)
 
     def agree_with_existing_group(self) -> bool:

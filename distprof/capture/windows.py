@@ -39,6 +39,11 @@ from .status import LostWindow
 
 log = logging.getLogger(__name__)
 
+#: Why a whole window that torch returned without a single event is not written (not even its ProfilerStep# spans:
+#: something ended torch's profiling session inside the window).
+NO_EVENTS = ("torch's profiler recorded no event in it: its session ended inside the window (compiled autograd ends "
+             "it; docs/capture.md)")
+
 
 @dataclass
 class WindowJob:
@@ -186,6 +191,9 @@ class ShardWriter:
         info = job.info
         run_dir = self._run_dir_for(job)
         ex = self._extract(job)
+        if job.complete and ex.stats["n_events"] == 0:  # a whole window without even its ProfilerStep# spans
+            self._lose(job.lost("write", NO_EVENTS))
+            return
         t1 = time.perf_counter()
         tables = {**ex.tables, **self._sample_tables(job)}
         strings, mem_attr = self._add_memory(job, ex, run_dir, tables)
