@@ -86,16 +86,18 @@ def test_short_job_writes_partial_window(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("init", ["store=dist.HashStore()", "init_method='tcp://127.0.0.1:0'"])
-def test_one_process_making_its_own_group_keeps_one_run_directory(tmp_path, init):
+@pytest.mark.parametrize("init, watch", [("store=dist.HashStore()", []), ("init_method='tcp://127.0.0.1:0'", []),
+                                         ("store=dist.HashStore()", ["--watch"])])
+def test_one_process_making_its_own_group_keeps_one_run_directory(tmp_path, init, watch):
     """One process (no torchrun) whose script makes a 1-rank group after distprof claimed its run directory: the
     group's agreement takes that directory, not a second one (it used to claim '<id>.2', say so, and write to
-    '<id>'); run twice with one run id, the second job gets '<id>.2' and its shard."""
+    '<id>'); run twice with one run id, the second job gets '<id>.2' and its shard. With --watch its side thread asks
+    for the directory while the group forms (it used to claim a second one then)."""
     script = write(tmp_path, "own_group.py", "import torch.distributed as dist\n"
                    f"dist.init_process_group('gloo', {init}, rank=0, world_size=1)\n" + TRAIN
                    + "dist.destroy_process_group()\n")
     for n, name in ((1, "job"), (2, "job.2")):
-        proc = python(["-m", "distprof.launch", "--out", "o", "--run-id", "job", *SCHED, str(script), "6"],
+        proc = python(["-m", "distprof.launch", "--out", "o", "--run-id", "job", *watch, *SCHED, str(script), "6"],
                       cwd=tmp_path)
         assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["job", "job.2"][:n], proc.stderr
         assert [p.parent.name for p in find_shards(tmp_path / "o" / name)] == [name]

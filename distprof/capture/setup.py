@@ -100,22 +100,8 @@ class RunSetup:
                     "error": f"rank 0 could not set the run up ({type(e).__name__}: {e})"}
 
     def _rank0_run(self, world_size: int, server_out: list) -> dict:
-        if self._claim is not None and self.job is not None:
-            # this process claimed its run directory before the group formed (one process that makes its own
-            # group): the group's run is that directory, not a second one beside it
-            doc: dict = {"run_id": self._claim.run_id, "requested": self._claim.run_id, "job": self.job.to_dict(),
-                         "note": self.note}
-        else:
-            explicit = self.config.run_id or env_run_id()
-            run_id = explicit or clock.new_run_id()
-            job = rundir.new_job()
-            doc = {"run_id": run_id, "requested": run_id, "job": job.to_dict()}
-            try:
-                c = rundir.claim(self.config.out, run_id, job)
-                self._claim = c
-                doc.update(run_id=c.run_id, note=c.note())
-            except rundir.ClaimError as e:
-                doc["error"] = str(e)
+        with self._lock:  # one claim per process: a side thread's ensure_run_dir may be claiming right now
+            doc = self._rank0_claim()
         if world_size > 1:
             try:
                 srv = clock.ClockServer()
@@ -124,6 +110,25 @@ class RunSetup:
             except OSError as e:  # no clock samples; the merger aligns from collectives
                 log.warning("distprof: rank 0: cannot open the clock-sync server (%s); hosts will be aligned from "
                             "collectives", e)
+        return doc
+
+    def _rank0_claim(self) -> dict:
+        """The run document's run id, job and directory (under the lock)."""
+        if self._claim is not None and self.job is not None:
+            # this process claimed its run directory before the group formed (one process that makes its own
+            # group): the group's run is that directory, not a second one beside it
+            return {"run_id": self._claim.run_id, "requested": self._claim.run_id, "job": self.job.to_dict(),
+                    "note": self.note}
+        explicit = self.config.run_id or env_run_id()
+        run_id = explicit or clock.new_run_id()
+        job = rundir.new_job()
+        doc: dict = {"run_id": run_id, "requested": run_id, "job": job.to_dict()}
+        try:
+            c = rundir.claim(self.config.out, run_id, job)
+            self._claim = c
+            doc.update(run_id=c.run_id, note=c.note())
+        except rundir.ClaimError as e:
+            doc["error"] = str(e)
         return doc
 
     def adopt(self, agreement: clock.Agreement, server: clock.ClockServer | None) -> None:
@@ -233,6 +238,8 @@ class RunSetup:
                         run_dir.mkdir(parents=True, exist_ok=True)
                     except OSError as e:
                         raise rundir.ClaimError(f"cannot create the run directory {run_dir} ({cause(e)})") from None
+            elif self._claim is not None:  # rank 0's agreement in progress has claimed it (adopted in a moment)
+                run_dir = self._claim.run_dir
             else:
                 run_id, job = self._unagreed_run()
                 c = rundir.claim(self.config.out, run_id, job)
