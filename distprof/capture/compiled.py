@@ -74,20 +74,28 @@ def opaque(hook: Callable[..., Any]) -> Callable[..., Any]:
     trampoline.__name__ = getattr(hook, "__name__", "hook")
     trampoline.__qualname__ = getattr(hook, "__qualname__", trampoline.__name__)
     if _sealed:
-        seal_one()
+        _seal_each([trampoline])
     _trampolines.add(trampoline)
     return trampoline
 
 
 def seal() -> None:
-    """Make every trampoline (made and to come) call its hook through torch.compiler.disable when traced."""
+    """From now on every trampoline (made and to come) calls its hook through torch.compiler.disable. Never
+    raises: a hook that cannot be wrapped stays as it was (one warning)."""
     global _sealed
     if _sealed:
         return
     _sealed = True
     warnings.filterwarnings("ignore", message=GLOBAL_HOOK_WARNING, category=UserWarning)
-    for t in list(_trampolines):
-        t.__distprof_seal__()
+    _seal_each(list(_trampolines))
+
+
+def _seal_each(trampolines: list[Callable[..., Any]]) -> None:
+    try:
+        for t in trampolines:
+            t.__distprof_seal__()
+    except Exception as e:  # noqa: BLE001 -- the job goes on; torch.compile may then trace distprof's hooks
+        log.warning("distprof: could not keep torch.compile out of distprof's hooks (%s: %s)", type(e).__name__, e)
 
 
 def sealed() -> bool:
@@ -108,10 +116,7 @@ def install() -> None:
 
     @functools.wraps(orig)
     def compile(*args: Any, **kwargs: Any) -> Any:
-        try:
-            seal()
-        except Exception as e:  # noqa: BLE001 -- the user's compile goes on; distprof's hooks stay traceable
-            log.warning("distprof: could not keep torch.compile out of distprof's hooks (%s: %s)", type(e).__name__, e)
+        seal()
         return orig(*args, **kwargs)
 
     compile.__distprof_compile__ = orig  # type: ignore[attr-defined]
