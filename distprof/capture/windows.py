@@ -40,9 +40,10 @@ from .status import LostWindow
 log = logging.getLogger(__name__)
 
 #: Why a whole window that torch returned without a single event is not written (not even its ProfilerStep# spans:
-#: something ended torch's profiling session inside the window).
-NO_EVENTS = ("torch's profiler recorded no event in it: its session ended inside the window (compiled autograd ends "
-             "it; docs/capture.md)")
+#: torch's profiling session was not active in it).
+NO_EVENTS = ("torch's profiler recorded no event in it: its session was not active (compiled autograd does this to "
+             "the default step boundary: run with --step-on manual and call distprof.step() after each iteration; "
+             "docs/capture.md)")
 
 
 @dataclass
