@@ -6,8 +6,8 @@ place the step boundary (:mod:`.stepper`), the watch's optimizer and gradient ho
 module's own ``_call_impl`` compiled, global hooks included), a compiled ``opt.step`` (PyTorch's "compiling the
 optimizer" recipe), compiled autograd — Dynamo would trace them like the user's code: graph breaks at every clock
 and ``/proc`` read, distprof's numpy turned into tensors, its functions compiled as frames of their own (a 2-rank
-DDP job under ``model.compile()`` went from 22 compiled frames to 113), and whatever a trace holds on to replayed
-instead of run.
+DDP job under ``model.compile()``: 22 compiled frames without distprof, 113–142 with it), and whatever a trace holds
+on to replayed instead of run.
 
 So each such hook is registered as an :func:`opaque` trampoline, which calls the hook until the job compiles
 something and the hook wrapped by ``torch.compiler.disable`` from then on (about 0.4 µs more per call). Dynamo does
