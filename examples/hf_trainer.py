@@ -31,6 +31,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra milliseconds per forward on --slow-rank")
     p.add_argument("--base-ms", type=float, default=0.0, help="milliseconds every rank sleeps per forward")
     p.add_argument("--bucket-mb", type=float, default=None, help="DDP gradient bucket size in MB (ddp_bucket_cap_mb)")
+    p.add_argument("--torch-compile", default=None, metavar="BACKEND",
+                   help="the Trainer's torch_compile with this backend (inductor, or eager for quick tests)")
     return p.parse_args()
 
 
@@ -65,7 +67,8 @@ def main() -> None:
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=1e-3,
             use_cpu=not torch.cuda.is_available(), ddp_backend=None if torch.cuda.is_available() else "gloo",
             report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-            ddp_bucket_cap_mb=args.bucket_mb)
+            ddp_bucket_cap_mb=args.bucket_mb, torch_compile=args.torch_compile is not None,
+            torch_compile_backend=args.torch_compile)
         data = Tokens(args.steps * args.batch * world, args.seq, config.vocab_size)
         t0 = time.perf_counter()
         result = Trainer(model=model, args=targs, train_dataset=data).train()
