@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["install", "remove", "opaque", "seal", "sealed", "compiling_flag"]
+__all__ = ["install", "remove", "opaque", "seal", "sealed"]
 
 
 #: The warning torch.compile(model) gives at each call site while any global module hook is registered.
@@ -49,13 +49,6 @@ GLOBAL_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global h
 _trampolines: weakref.WeakSet = weakref.WeakSet()  # every opaque() made and still referenced
 _sealed = False
 _compile_orig: Callable[..., Any] | None = None  # torch.compile as it was before install() wrapped it
-
-
-def compiling_flag() -> Callable[[], bool]:
-    """``torch.compiler.is_compiling``: True while Dynamo traces; in eager code it reads a flag."""
-    import torch
-
-    return torch.compiler.is_compiling
 
 
 def opaque(hook: Callable[..., Any]) -> Callable[..., Any]:

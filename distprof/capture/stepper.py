@@ -35,6 +35,7 @@ import weakref
 from typing import Callable
 
 from . import frameworks
+from .compiled import opaque
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,9 @@ class OptimizerStepper:
         self._pending = False
         self._handles: list = []
         self._fwd_handle = None
-        self._forward_hook = None  # _forward_pre as registered (compiled.opaque), made at install
-        self._fire_before_step = None  # _fire_pending, likewise
+        # as torch calls them: never traced by torch.compile (capture/compiled.py)
+        self._forward_hook = opaque(self._forward_pre)
+        self._fire_before_step = opaque(self._fire_pending)  # a compiled opt.step traces the step wrapper
         self._scaler_orig = None
         self._wrapped: list[tuple[weakref.ref, object, object]] = []  # (optimizer, our step, the step it wraps)
         self.iterations = 0  # completed iterations seen (including GradScaler-skipped ones)
@@ -64,10 +66,6 @@ class OptimizerStepper:
     def install(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        from .compiled import opaque
-
-        self._forward_hook = opaque(self._forward_pre)
-        self._fire_before_step = opaque(self._fire_pending)
         self._handles = [register_optimizer_step_pre_hook(opaque(self._pre)),
                          register_optimizer_step_post_hook(opaque(self._post))]
         self._patch_grad_scaler()
@@ -142,7 +140,7 @@ class OptimizerStepper:
         if self._fwd_handle is None:
             from torch.nn.modules.module import register_module_forward_pre_hook
 
-            self._fwd_handle = register_module_forward_pre_hook(self._forward_hook or self._forward_pre)
+            self._fwd_handle = register_module_forward_pre_hook(self._forward_hook)
 
     def _forward_pre(self, module, args) -> None:
         if self._pending and self._depth == 0:  # a forward inside an open optimizer step (a closure) is no boundary
@@ -162,7 +160,7 @@ class OptimizerStepper:
         inner = opt.__dict__.get("step")  # an instance-level wrapper, called as it is; None: the class's step
         stepper = self
 
-        fire_first = self._fire_before_step or self._fire_pending  # a compiled opt.step traces this wrapper
+        fire_first = self._fire_before_step
 
         def step(this, *args, **kwargs):
             fire_first()

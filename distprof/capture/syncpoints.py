@@ -39,6 +39,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .compiled import opaque
+
 log = logging.getLogger(__name__)
 
 __all__ = ["BackwardTail", "DeviceComm", "device_ms_per_row", "HOOKS_PER_OPTIMIZER", "MAX_COMPLETIONS",
@@ -66,18 +68,16 @@ class BackwardTail:
         self._w_done = 0  # Python waits counted by then
         self._opts: dict[int, tuple[weakref.ref, list]] = {}  # id(optimizer) -> (its weak reference, hook handles)
         self._engine = None
-        self._on_graph_done = self._graph_done  # the engine callbacks as queued (made opaque at install)
-        self._on_released = self._released
+        # the hook and the engine callbacks as torch calls them: never traced by torch.compile (capture/compiled.py;
+        # compiled autograd, a backward run from a compiled function's graph break)
+        self._on_grad_ready = opaque(self._grad_ready)
+        self._on_graph_done, self._on_released = opaque(self._graph_done), opaque(self._released)
         self.backwards = 0  # backward passes timed (tests, the benchmark)
 
     def install(self) -> None:
         from torch.autograd import Variable
 
-        from .compiled import opaque
-
         self._engine = Variable._execution_engine
-        # as the engine calls them (capture/compiled.py): a backward run from a compiled function's graph break
-        self._on_graph_done, self._on_released = opaque(self._graph_done), opaque(self._released)
 
     def watch(self, opt: Any) -> None:
         """Training thread, at each optimizer step: hook this optimizer's parameters once (a dict look-up after)."""
@@ -88,12 +88,9 @@ class BackwardTail:
                   if getattr(p, "requires_grad", False) and getattr(p, "is_leaf", False)]
         chosen = params[:1] + params[-1:] if len(params) > 1 else params
         handles = []
-        from .compiled import opaque
-
-        hook = opaque(self._grad_ready)  # compiled autograd would trace it (capture/compiled.py)
         for p in chosen[:HOOKS_PER_OPTIMIZER]:
             try:
-                handles.append(p.register_post_accumulate_grad_hook(hook))
+                handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
             except (RuntimeError, AttributeError) as e:  # a tensor that takes no such hook: this optimizer goes unseen
                 log.debug("distprof: watch: no backward-end hook on a parameter of %s (%s)", type(opt).__name__, e)
         try:

@@ -132,9 +132,9 @@ class WatchRecorder:
             pass
 
     def _patch(self, cls, name: str, counter: str) -> None:
-        from .compiled import compiling_flag
+        import torch
 
-        compiling = compiling_flag()
+        compiling = torch.compiler.is_compiling  # True while Dynamo traces
         orig = getattr(cls, name)
         rec = self
         get_ident = threading.get_ident
