@@ -214,7 +214,7 @@ class ShardWriter:
             t3, c3 = time.perf_counter(), time.thread_time()
         self._last_size = len(image)
         t4 = time.perf_counter()
-        size = write_durably(path, image)
+        size = write_durably(path, image, replace=False)  # a shard is written once: never over another's
         timings["build_s"] = round(t_sum - t2, 6)
         timings["summary_s"] = round(t3 - t_sum, 6)
         timings["disk_s"] = round(time.perf_counter() - t4, 6)

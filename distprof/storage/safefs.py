@@ -115,18 +115,19 @@ def _is_link(path, dir_fd) -> bool:
 
 # ---- writing -------------------------------------------------------------------------------------------------------
 def write_file(directory: os.PathLike | str, name: str, data: bytes | memoryview, *, fsync: bool = False,
-               mode: int | None = None, dir_fd: int | None = None) -> int:
+               mode: int | None = None, dir_fd: int | None = None, replace: bool = True) -> int:
     """Store `data` as `name` in `directory`, atomically and without following any link (module docstring).
 
     `mode`: the final permission bits (default 0644 less the umask); `fsync`: the file and the directory are made
-    durable. `dir_fd`: an open descriptor of `directory` to use instead of opening it. Returns the size. Raises
-    OSError (FileRefused when `directory` is a link); a file already at `name` is then untouched.
+    durable. `dir_fd`: an open descriptor of `directory` to use instead of opening it. `replace=False`: a file (or
+    anything) already at `name` is never replaced: FileExistsError instead. Returns the size. Raises OSError
+    (FileRefused when `directory` is a link); a file already at `name` is then untouched.
     """
     _check_name(directory, name)
     own = dir_fd is None
     dfd = open_dir(directory) if own else dir_fd
     try:
-        with _temporary(dfd, name, fsync, mode) as fd:
+        with _temporary(dfd, name, fsync, mode, replace) as fd:
             _write_all(fd, data)
         return len(data)
     finally:
@@ -149,9 +150,10 @@ def atomic_file(directory: os.PathLike | str, name: str, *, fsync: bool = False,
 
 
 @contextmanager
-def _temporary(dfd: int, name: str, fsync: bool, mode: int | None) -> Iterator[int]:
+def _temporary(dfd: int, name: str, fsync: bool, mode: int | None, replace: bool = True) -> Iterator[int]:
     """A new temporary beside `name` (relative to `dfd`), written by the block through the descriptor it yields; then
-    flushed, given its final mode and renamed over `name`. Removed when anything fails; `name` is then untouched."""
+    flushed, given its final mode and renamed over `name` (`replace=False`: linked as `name`, which must not exist).
+    Removed when anything fails; `name` is then untouched."""
     tmp, fd = _create_tmp(dfd, name)
     try:
         try:
@@ -161,7 +163,10 @@ def _temporary(dfd: int, name: str, fsync: bool, mode: int | None) -> Iterator[i
             os.fchmod(fd, default_mode() if mode is None else mode)
         finally:
             os.close(fd)
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        if replace:
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        else:
+            _publish_new(tmp, name, dfd)
     except BaseException:
         _unlink_quietly(tmp, dfd)
         raise
@@ -170,6 +175,39 @@ def _temporary(dfd: int, name: str, fsync: bool, mode: int | None) -> Iterator[i
             os.fsync(dfd)
         except OSError:
             pass
+
+
+#: link(2) refused by the file system itself (some FUSE and object-store mounts): the name is then checked and renamed
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
+
+
+def _publish_new(tmp: str, name: str, dfd: int) -> None:
+    """The finished temporary `tmp` becomes `name` unless a regular file is there (FileExistsError: it stays). A hard
+    link, atomic against every other writer (link(2) fails on any existing name), then the temporary's name goes;
+    something at `name` that holds no data (a planted link or FIFO) is renamed over, as every other write does.
+    Where the file system has no hard links, the name is checked, then renamed onto: atomic against everything but
+    a writer racing for the same name in the same instant."""
+    try:
+        os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+    except FileExistsError:
+        _replace_unless_regular(tmp, name, dfd)
+        return
+    except OSError as e:
+        if e.errno not in _NO_HARD_LINKS:
+            raise
+        _replace_unless_regular(tmp, name, dfd)
+        return
+    _unlink_quietly(tmp, dfd)
+
+
+def _replace_unless_regular(tmp: str, name: str, dfd: int) -> None:
+    try:
+        there = os.lstat(name, dir_fd=dfd)
+    except FileNotFoundError:
+        there = None
+    if there is not None and stat.S_ISREG(there.st_mode):
+        raise FileExistsError(errno.EEXIST, "a file of that name is already there (kept)", name)
+    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
 def _check_name(directory: os.PathLike | str, name: str) -> None:

@@ -282,6 +282,7 @@ _CAUSES = {
     errno.EPERM: "permission denied",
     errno.EIO: "I/O error",
     errno.ELOOP: "a symbolic link is in the way",
+    errno.EEXIST: "a file of that name is already there, written by another process (it is kept)",
 }
 
 
@@ -304,12 +305,15 @@ def _cause_in(directory: Path, e: OSError) -> str:
     return cause(e)
 
 
-def write_durably(path: str | os.PathLike, data: bytes | memoryview, *, floor: bool = True) -> int:
+def write_durably(path: str | os.PathLike, data: bytes | memoryview, *, floor: bool = True,
+                  replace: bool = True) -> int:
     """Store `data` at `path`: free space (and inodes) checked, written to a new temporary file beside it (a unique
     name, created with O_EXCL|O_NOFOLLOW, mode 0600) with os.write, fsynced, size verified, renamed over `path`
     (never opened: a link there is replaced, not followed), directory fsynced (storage.safefs). Returns the size.
     On any failure the temporary is removed and ShardWriteError says why; a file already at `path` is untouched.
-    `floor`: keep RESERVE_MIN free too (False only for the status file, for which that room is kept)."""
+    `floor`: keep RESERVE_MIN free too (False only for the status file, for which that room is kept). `replace=False`:
+    a file already at `path` stays, and ShardWriteError (EEXIST) says so (a shard is written once: one there already
+    is another process's)."""
     path = Path(path)
     size = len(data)
     try:
@@ -322,7 +326,7 @@ def write_durably(path: str | os.PathLike, data: bytes | memoryview, *, floor: b
     if avail < size + reserve_bytes(fs_size, floor=floor):
         raise ShardWriteError(path, no_space(path.parent, size, avail, fs_size, floor=floor), errno.ENOSPC)
     try:
-        safefs.write_file(path.parent, path.name, data, fsync=True)
+        safefs.write_file(path.parent, path.name, data, fsync=True, replace=replace)
     except OSError as e:
         raise ShardWriteError(path, f"{_cause_in(path.parent, e)} in {path.parent}: {human_bytes(size)} not written",
                               e.errno) from None

@@ -9,6 +9,7 @@ job.json before the job starts) are in test_capture_hardening.py."""
 from __future__ import annotations
 
 import json
+import errno
 import os
 import socket
 import stat
@@ -66,6 +67,36 @@ def test_a_shard_write_never_follows_a_planted_link(tmp_path, victim, at):
     assert victim.read_bytes() == SECRET
     assert _regular(final) and final.read_bytes() == b"shard bytes"
     assert stat.S_IMODE(final.stat().st_mode) == safefs.default_mode(0o644)
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-links", "no-hard-links"])
+def test_a_shard_is_never_written_over_one_already_there(tmp_path, victim, monkeypatch, links):
+    """A capture writes each shard name once (``replace=False``): a regular file already at the name is another
+    process's (a restarted job's earlier attempt, before the run agreement kept attempts apart, got its rank-1 shard
+    overwritten by the restart's). It stays; the write fails with a reason that says so; no temporary is left. A
+    planted link there holds no data: it is replaced as by every other write, its target untouched. Where the file
+    system has no hard links, the name is checked, then renamed onto."""
+    if not links:
+        def no_link(*a, **k):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        monkeypatch.setattr(safefs.os, "link", no_link)
+    run = tmp_path / "run"
+    run.mkdir()
+    final = run / "rank00001.w0000.h5"
+    final.write_bytes(b"the earlier attempt's shard")
+    with pytest.raises(ShardWriteError, match="already there"):
+        write_durably(final, b"shard bytes", replace=False)
+    assert final.read_bytes() == b"the earlier attempt's shard"
+    assert sorted(p.name for p in run.iterdir()) == [final.name]
+    planted = run / "rank00002.w0000.h5"
+    _plant(planted, victim)
+    fresh = run / "rank00000.w0000.h5"
+    for p in (fresh, planted):
+        assert write_durably(p, b"shard bytes", replace=False) == len(b"shard bytes")
+        assert _regular(p) and p.read_bytes() == b"shard bytes"
+        assert stat.S_IMODE(p.stat().st_mode) == safefs.default_mode(0o644)
+    assert victim.read_bytes() == SECRET
+    assert sorted(p.name for p in run.iterdir()) == sorted([final.name, fresh.name, planted.name])
 
 
 def test_temporaries_are_private_until_renamed(tmp_path, monkeypatch):
