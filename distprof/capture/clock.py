@@ -120,23 +120,82 @@ def agree(store, rank: int, world_size: int, host: str, rank0_run: Callable[[], 
 
     Rank 0 calls `rank0_run()` (which claims the run directory and opens its clock server) before publishing; the
     others wait for it. `timeout` defaults to the store's own (the one torch waits for peers with).
+
+    The store can outlive the processes: torchrun's agent keeps one for the whole job, so a worker restarted after
+    a failure finds every key an earlier attempt wrote, and torch's restart count cannot tell attempts apart (it is
+    each agent's own: after one node fails, the others restart theirs without counting). So rank 0 opens a fresh
+    *generation* (a random name every key of this agreement lives under) and acknowledges each rank's registration
+    under it by that rank's own random nonce; a rank that registered under an earlier attempt's generation is sent
+    on to the new one (:func:`_register`). Nothing an earlier attempt wrote can be taken for this one's.
     """
     import json
 
     global _agreements
     _agreements += 1
-    prefix = f"distprof/{_agreements}/"
-    store.set(f"{prefix}host/{rank}", host)
+    base = f"distprof/agree/{_agreements}/"
+    deadline = time.monotonic() + (timeout if timeout is not None else store.timeout).total_seconds()
     if rank == 0:
+        gen = _open_generation(store, base, world_size)
+        prefix = f"{base}{gen}/"
+        store.set(f"{prefix}host/0", json.dumps([host, ""]))
         store.set(f"{prefix}run", json.dumps(rank0_run()))
-    keys = [f"{prefix}host/{r}" for r in range(world_size)]
-    if timeout is None:
-        store.wait(keys + [f"{prefix}run"])
+        keys = [f"{prefix}host/{r}" for r in range(world_size)]
+        _wait(store, keys, deadline)
+        hellos = [json.loads(v.decode()) for v in store.multi_get(keys)]
+        if world_size > 1:
+            store.multi_set([f"{prefix}ack/{n}" for _, n in hellos[1:]], ["ok"] * (world_size - 1))
     else:
-        store.wait(keys + [f"{prefix}run"], timeout)
-    hosts = [v.decode() for v in store.multi_get(keys)]
+        prefix = _register(store, base, rank, host, deadline)
+        keys = [f"{prefix}host/{r}" for r in range(world_size)]
+        _wait(store, keys + [f"{prefix}run"], deadline)
+        hellos = [json.loads(v.decode()) for v in store.multi_get(keys)]
     run = json.loads(store.get(f"{prefix}run").decode())
-    return Agreement(rank, world_size, roles_of(hosts, rank), run, prefix)
+    return Agreement(rank, world_size, roles_of([h for h, _ in hellos], rank), run, prefix)
+
+
+def _open_generation(store, base: str, world_size: int) -> str:
+    """Rank 0: a new generation, published; the one it replaces (an earlier attempt's) is marked superseded, and
+    every rank registered there by then is sent on. A rank registering there later sees the mark (the store orders
+    the two: :func:`_register`)."""
+    import json
+
+    gen = uuid.uuid4().hex
+    old = store.get(f"{base}gen").decode() if store.check([f"{base}gen"]) else None
+    store.set(f"{base}gen", gen)
+    if old is not None:
+        store.set(f"{base}{old}/superseded", gen)
+        there = [f"{base}{old}/host/{r}" for r in range(1, world_size) if store.check([f"{base}{old}/host/{r}"])]
+        nonces = [json.loads(v.decode())[1] for v in store.multi_get(there)] if there else []
+        if nonces:
+            store.multi_set([f"{base}{old}/ack/{n}" for n in nonces], [f"moved:{gen}"] * len(nonces))
+    return gen
+
+
+def _register(store, base: str, rank: int, host: str, deadline: float) -> str:
+    """A rank other than 0: register under rank 0's generation and wait for its acknowledgement. The generation
+    read may be an earlier attempt's: then either this rank sees it marked superseded right after registering, or
+    rank 0 saw the registration when it marked it and acknowledges it with the new generation's name. Returns the
+    generation's key prefix."""
+    import json
+
+    nonce = uuid.uuid4().hex
+    _wait(store, [f"{base}gen"], deadline)
+    gen = store.get(f"{base}gen").decode()
+    while True:
+        prefix = f"{base}{gen}/"
+        store.set(f"{prefix}host/{rank}", json.dumps([host, nonce]))
+        if store.check([f"{prefix}superseded"]):
+            gen = store.get(f"{prefix}superseded").decode()
+            continue
+        _wait(store, [f"{prefix}ack/{nonce}"], deadline)
+        answer = store.get(f"{prefix}ack/{nonce}").decode()
+        if answer == "ok":
+            return prefix
+        gen = answer.removeprefix("moved:")
+
+
+def _wait(store, keys: list[str], deadline: float) -> None:
+    store.wait(keys, timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
 
 
 # ---- the reference's server ---------------------------------------------------------------------------------------

@@ -74,6 +74,15 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def store_prefix(kind: str) -> str:
+    """Where distprof's `kind` of keys (``trigger``, ``watch``) live in the job's c10d store, for this attempt of the
+    job: torchrun's agent keeps one store for the whole job, and a worker restarted after a failure
+    (``--max-restarts``) must not take its predecessors' keys for its own. torch's restart count is each agent's
+    own, so across nodes it tells attempts apart only when every node's workers failed; the run agreement, which
+    must never mix attempts, uses a generation of its own instead (``clock.agree``)."""
+    return f"distprof/{kind}/a{max(_env_int('TORCHELASTIC_RESTART_COUNT', 0), 0)}/"
+
+
 def host_of(rank: int) -> str:
     """The host `rank` runs on: the hostname, or ``sim-host<h>`` under DISTPROF_SIM_HOSTS."""
     h = sim_host_index(rank)

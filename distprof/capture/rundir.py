@@ -104,11 +104,15 @@ class Claim:
     run_id: str
     taken: tuple[str, ...] = ()  # names tried first and found to be another job's
 
-    def note(self) -> str:
-        """For the closing line: why the run is not under the requested name ('' when it is)."""
+    def note(self, job: JobIdentity | None = None) -> str:
+        """For the closing line: why the run is not under the requested name ('' when it is). `job`: the claiming
+        job, whose torchrun restart count says when the other job is most likely this one's earlier attempt."""
         if not self.taken:
             return ""
-        return (f"run id {self.taken[0]!r} already belongs to another job"
+        restart = job.torchelastic_restart_count if job is not None else None
+        whose = (f"another job (this is torchrun restart {restart}: each attempt is a run of its own)" if restart
+                 else "another job")
+        return (f"run id {self.taken[0]!r} already belongs to {whose}"
                 + (f" (so do {', '.join(self.taken[1:])})" if len(self.taken) > 1 else "")
                 + f"; this job's run id is {self.run_id!r}")
 

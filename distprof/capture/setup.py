@@ -126,7 +126,7 @@ class RunSetup:
         try:
             c = rundir.claim(self.config.out, run_id, job)
             self._claim = c
-            doc.update(run_id=c.run_id, note=c.note())
+            doc.update(run_id=c.run_id, note=c.note(job))
         except rundir.ClaimError as e:
             doc["error"] = str(e)
         return doc
@@ -243,7 +243,7 @@ class RunSetup:
             else:
                 run_id, job = self._unagreed_run()
                 c = rundir.claim(self.config.out, run_id, job)
-                self._claim, self.job, self.note = c, job, c.note()
+                self._claim, self.job, self.note = c, job, c.note(job)
                 if self.note:
                     log.warning("distprof: rank %d: %s (nothing of the other job's is touched)", rank, self.note)
                 self.run_id, run_dir = c.run_id, c.run_dir

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import ProfileConfig
-from . import trigger_files as tf
+from . import dist_info, trigger_files as tf
 from .schedule import TriggeredWindow, WindowPlan, static_windows
 from .retry import WriteSpell
 from .setup import RunSetup, is_distributed
@@ -339,8 +339,7 @@ class Trigger:
         self._world, self._store = world_size, store
         if store is not None and prefix is None:
             _instances += 1
-            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            prefix = f"distprof/trigger/a{restart}/{_instances}/"
+            prefix = f"{dist_info.store_prefix('trigger')}{_instances}/"
         self._prefix = prefix or ""
         self._rank = rank
 

@@ -31,7 +31,6 @@ its rows are kept, and the next turn writes them (capture/retry.py).
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import sys
 import threading
@@ -46,7 +45,7 @@ from ..drift import DriftRule, DriftSpan, DriftTracker, own_ms
 from ..config import ProfileConfig
 from ..storage import watchfile as wf
 from ..storage.writer import remove_orphans
-from . import trigger_files as tf
+from . import dist_info, trigger_files as tf
 from .retry import WriteSpell, transient
 from .setup import RunSetup, is_distributed
 from .syncpoints import BackwardTail, DeviceComm, MAX_COMPLETIONS, device_ms_per_row
@@ -446,8 +445,7 @@ class Watch:
                 store = c10d._get_default_store()
                 self._store = store.clone() if hasattr(store, "clone") else store
                 _instances += 1
-                restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-                self._prefix = f"distprof/watch/a{restart}/{_instances}/"
+                self._prefix = f"{dist_info.store_prefix('watch')}{_instances}/"
             self._join(rank)
         elif not is_distributed():
             self._join(0)
