@@ -147,11 +147,13 @@ def test_steps_chain_within_a_window_and_break_at_windows_and_gaps():
     assert g.rs_prev[(g.rs_rank == 1) & (g.rs_step == 5)][0] == -1
 
 
-@pytest.mark.parametrize("make", ["late", "simulated"])
+@pytest.mark.parametrize("make", ["late", "simulated", "lanes"])
 def test_chained_replay_reproduces_the_steps_and_matches_relaxation(late, make):
     """Chained, the measured segments still give the measured steps; with changed segments the level-by-level
     replay (each value once) gives what relaxing every value to a fixed point gives."""
-    run = late if make == "late" else simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)})
+    lanes = {"buckets": 6, "lanes": 2} if make == "lanes" else {}
+    run = late if make == "late" else simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)},
+                                                    **lanes)
     g = step_graph(run)
     rp = replay(g, chain=True)
     assert rp.converged and schedule(g) is not None

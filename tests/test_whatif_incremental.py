@@ -38,6 +38,13 @@ def _full_gain(run, g, c) -> np.ndarray:
     return np.bincount(si, weights=base - changed, minlength=steps.size) / n
 
 
+def _simulated(make: str):
+    """The simulated two-rank job, rank 1 late before its forward; "lanes": with six bucket all-reduces per step
+    queued on two communication lanes (gloo's worker threads), so events hang off an earlier event's end."""
+    lanes = {"buckets": 6, "lanes": 2} if make == "lanes" else {}
+    return simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)}, **lanes)
+
+
 CHANGES = [whatif.Straggler(ranks=(2,)), whatif.Straggler(ranks=(1, 6)), whatif.OverlapComm(),
            whatif.OverlapComm(ranks=(5,)), whatif.FasterCollective("all_reduce", 2.0, ranks=(0, 7)),
            whatif.NoIdle(ranks=(3,)), whatif.NoIdle(), whatif.NoInputWait(ranks=(4,)), whatif.NoCpuWait(ranks=(2,)),
@@ -54,11 +61,11 @@ def test_every_change_gives_the_full_replays_gain_bit_for_bit(run):
     assert est.estimate(whatif.Straggler(ranks=(2,))).gain_ms_per_step > 8.0  # the late rank's delay is seen
 
 
-@pytest.mark.parametrize("make", ["synth", "simulated"])
+@pytest.mark.parametrize("make", ["synth", "simulated", "lanes"])
 def test_a_replay_from_the_first_changed_row_is_the_full_replay(run, make):
     """Segments, tails, transfers and window starts changed on some ranks from some step on: the replay that starts at
     the first row reading a changed input equals the full one, value for value, and starts past row 0."""
-    r = run if make == "synth" else simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)})
+    r = run if make == "synth" else _simulated(make)
     g = step_graph(r)
     s = schedule(g)
     base = replay_values(g, s)
@@ -144,13 +151,13 @@ def test_medians_from_a_presorted_order_are_group_medians():
         assert np.asarray(_spread(v[sel], key[sel])).tobytes() == np.asarray(spread).tobytes()
 
 
-@pytest.mark.parametrize("make", ["synth", "simulated"])
+@pytest.mark.parametrize("make", ["synth", "simulated", "lanes"])
 def test_levels_from_the_position_bound_are_the_levels_from_zero(run, make):
     """The schedule raises levels from a lower bound (an arrival's position in its rank-step + 1): the same levels
     as raising them from 0, which took a step's depth of passes over every value."""
     from distprof.analysis.graph.schedule import _deps, _levels, _settle
 
-    r = run if make == "synth" else simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)})
+    r = run if make == "synth" else _simulated(make)
     g = step_graph(r)
     d = _deps(g)
     cap = d.n + d.nu + 2 * d.nrs + 2
@@ -168,14 +175,14 @@ def test_levels_from_the_position_bound_are_the_levels_from_zero(run, make):
     assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
 
 
-@pytest.mark.parametrize("make", ["synth", "simulated"])
+@pytest.mark.parametrize("make", ["synth", "simulated", "lanes"])
 def test_relaxing_only_the_moving_arrivals_is_relaxing_all(run, make, monkeypatch):
     """The unchained replay (the report's critical path) recomputes, after its first pass, only the arrivals whose
     inputs moved: the same arrivals, ends, step ends and pass count as recomputing every one in every pass, also
     when the passes are cut short."""
     from distprof.analysis.graph import critical_path as cp
 
-    r = run if make == "synth" else simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)})
+    r = run if make == "synth" else _simulated(make)
     g = step_graph(r)
     rng = np.random.default_rng(2)
     graphs = [g, g.with_segments(gap=g.ev_gap * rng.uniform(0.2, 1.5, g.n_events),
@@ -192,14 +199,14 @@ def test_relaxing_only_the_moving_arrivals_is_relaxing_all(run, make, monkeypatc
     assert cp.replay(graphs[1]).passes >= 2  # the changed graph settles over passes: there is a frontier to follow
 
 
-@pytest.mark.parametrize("make", ["synth", "simulated"])
+@pytest.mark.parametrize("make", ["synth", "simulated", "lanes"])
 @pytest.mark.parametrize("chain", [False, True])
 def test_closing_the_chains_in_a_pass_gives_the_levels_of_one_hop_per_pass(run, make, chain):
     """_settle closes each rank-step's chain of arrivals within a pass: the same least levels as raising each value
     only by what it reads (one sync event per pass), from the same start, in fewer passes."""
     from distprof.analysis.graph import schedule as S
 
-    r = run if make == "synth" else simulated_run(windows=2, gap_steps=1, pre={(1, it): 20.0 for it in range(30)})
+    r = run if make == "synth" else _simulated(make)
     g = step_graph(r)
     d = S._deps(g)
     cap = d.n + d.nu + 2 * d.nrs + 2

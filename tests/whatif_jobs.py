@@ -90,13 +90,19 @@ MS = 1_000_000
 
 def simulated_run(*, steps: int = 6, first: int = 2, windows: int = 1, gap_steps: int = 0,
                   pre: dict[tuple[int, int], float] | None = None, mid: dict[tuple[int, int], float] | None = None,
-                  work_ms: float = 30.0, transfer_ms: float = 1.0, opt_ms: float = 2.0):
+                  work_ms: float = 30.0, transfer_ms: float = 1.0, opt_ms: float = 2.0, buckets: int = 1,
+                  lanes: int = 1):
     """Two ranks, DDP-like: per iteration each rank works `work_ms` (+ ``mid[(rank, it)]``: between forward and
     backward), arrives at one all-reduce that moves for `transfer_ms` after the later arrival, runs its optimizer
     (`opt_ms`), then waits ``pre[(rank, it + 1)]`` before the next forward (a DataLoader wait, a step-begin callback).
     Steps begin at each forward, as the capture's do, so a pre-forward delay is in the previous step's tail. Records
     `windows` windows of `steps` steps from iteration `first`, `gap_steps` unrecorded iterations between them. The
-    run object has what the step graph and the what-if read (steps, collectives, p2p, names)."""
+    run object has what the step graph and the what-if read (steps, collectives, p2p, names).
+
+    `buckets` > 1: the backward's last `buckets` shares of `work_ms` each end with a bucket ready for its all-reduce,
+    which runs on one of `lanes` communication lanes per rank (gloo's worker threads: bucket b on lane b % lanes) as
+    soon as the bucket is ready and the lane's previous all-reduce has ended; an event's arrival is when it began on
+    its lane, as gloo's worker records it. The optimizer follows the last bucket's end."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -108,22 +114,34 @@ def simulated_run(*, steps: int = 6, first: int = 2, windows: int = 1, gap_steps
     recorded = [first + w * (steps + gap_steps) + k for w in range(windows) for k in range(steps)]
     n_it = recorded[-1] + 2
     fwd = np.zeros((2, n_it + 1))
-    arrive, end = np.zeros((2, n_it)), np.zeros((2, n_it))
+    arrive, end = np.zeros((2, n_it, buckets)), np.zeros((2, n_it, buckets))
+    share = work_ms / (2 * buckets) if buckets > 1 else 0.0  # each bucket's share of the backward's work
     for it in range(n_it):
-        a = np.array([fwd[r, it] + work_ms + mid.get((r, it), 0.0) for r in range(2)])
-        arrive[:, it], end[:, it] = a, a.max() + transfer_ms
+        free = np.zeros((2, lanes))  # each rank's lanes, free from the iteration's start
+        for b in range(buckets):
+            ready = np.array([fwd[r, it] + work_ms - (buckets - 1 - b) * share + mid.get((r, it), 0.0)
+                              for r in range(2)])
+            a = np.maximum(ready, free[:, b % lanes])
+            arrive[:, it, b], end[:, it, b] = a, a.max() + transfer_ms
+            free[:, b % lanes] = end[:, it, b]
         for r in range(2):
-            fwd[r, it + 1] = end[r, it] + opt_ms + pre.get((r, it + 1), 0.0)
-    rows = [(r, w, it) for w in range(windows) for it in recorded[w * steps:(w + 1) * steps] for r in range(2)]
-    rank = np.array([r for r, _, _ in rows], np.int32)
-    window = np.array([w for _, w, _ in rows], np.int32)
-    step = np.array([it for _, _, it in rows], np.int64)
+            fwd[r, it + 1] = end[r, it].max() + opt_ms + pre.get((r, it + 1), 0.0)
+    rows = [(r, w, it, b) for w in range(windows) for it in recorded[w * steps:(w + 1) * steps] for b in range(buckets)
+            for r in range(2)]
+    rank = np.array([r for r, _, _, _ in rows], np.int32)
+    window = np.array([w for _, w, _, _ in rows], np.int32)
+    step = np.array([it for _, _, it, _ in rows], np.int64)
+    bucket = np.array([b for _, _, _, b in rows], np.int64)
     i64 = lambda v: (np.asarray(v) * MS).astype(np.int64)  # noqa: E731
     coll = {"rank": rank, "window": window, "pg": np.zeros(rank.size, np.int32),
-            "seq": np.array([recorded.index(it) % steps for it in step], np.int32),
+            "seq": np.array([(recorded.index(it) % steps) * buckets + b for it, b in zip(step, bucket)], np.int32),
             "op_id": np.zeros(rank.size, np.uint32), "bytes": np.full(rank.size, 64, np.int64),
-            "start_ns": i64(arrive[rank, step]), "end_ns": i64(end[rank, step]), "step": step,
+            "start_ns": i64(arrive[rank, step, bucket]), "end_ns": i64(end[rank, step, bucket]), "step": step,
             "ev_row": np.arange(rank.size, dtype=np.int64), "exposed_ns": np.zeros(rank.size, np.int64)}
+    rank_steps = [(r, w, it) for w in range(windows) for it in recorded[w * steps:(w + 1) * steps] for r in range(2)]
+    rank = np.array([r for r, _, _ in rank_steps], np.int32)
+    window = np.array([w for _, w, _ in rank_steps], np.int32)
+    step = np.array([it for _, _, it in rank_steps], np.int64)
     start, stop = fwd[rank, step], fwd[rank, step + 1]
     st = {"rank": rank, "window": window, "step": step.astype(np.int32), "start_ns": i64(start),
           "end_ns": i64(stop), "step_ms": stop - start}

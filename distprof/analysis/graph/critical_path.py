@@ -14,9 +14,11 @@ later of its own arrival and its sender's; a send's its own arrival (a send does
 
 **Segments.** Per (rank, step) the events in arrival order, each preceded by a **work** segment, and a tail after the
 last: the rank's own time between sync points. A segment hangs off the previous event's end when it began after it
-(``a ≥ z_prev``: the rank — or its communication thread — had to finish the previous event first), else off its
-arrival (the previous event ran concurrently: an asynchronous bucket all-reduce under backward); the first off the
-rank's step start. Gap ``g = a − anchor``; the tail likewise from the last event to the step's end, off its end
+(``a ≥ z_prev``: the rank — or its communication thread — had to finish the previous event first); else, where it
+began the instant an earlier event ended, off that event's end (it queued behind it on its communication lane: gloo
+runs a rank's collectives on two worker threads, NCCL a process group's on its stream; the event just before it ran
+on another lane); else off the previous event's arrival (it ran concurrently: an asynchronous bucket all-reduce
+under backward); the first off the rank's step start. Gap ``g = a − anchor``; the tail likewise from the last event to the step's end, off its end
 also when the step ended after the event could proceed (``≥ S``) but before its exec event ended: the rank waited
 for it (gloo's worker thread closes the event after the main thread went on), so the wait is not counted as work.
 
@@ -99,7 +101,7 @@ class StepGraph:
     ev_end: np.ndarray
     ev_gap: np.ndarray  # work segment before the event (ns)
     ev_link: np.ndarray  # LINK_* of that segment
-    ev_prev: np.ndarray  # previous event of the rank-step, −1 for the first
+    ev_prev: np.ndarray  # the event the segment hangs off (the previous one, or the one it queued behind), −1 first
     ev_transfer: np.ndarray  # x (ns)
     names: np.ndarray  # collective op names
     n_groups: int
@@ -279,9 +281,15 @@ def _work_segments(a: np.ndarray, z: np.ndarray, prev: np.ndarray, ev_rs: np.nda
     link[a >= anchor - END_SLACK_NS] = LINK_END
     start = prev < 0
     link[start] = LINK_START
-    arrival = link == LINK_ARRIVAL
+    arrival = np.flatnonzero(link == LINK_ARRIVAL)
+    lane = _lane_anchors(a, z, ev_rs, arrival)  # ... or an earlier event's end it queued behind ...
+    queued = lane >= 0
+    prev[arrival[queued]] = lane[queued]
+    link[arrival[queued]] = LINK_END
+    anchor[arrival[queued]] = z[lane[queued]]
+    arrival = arrival[~queued]
     anchor[arrival] = a[p[arrival]]  # ... or its arrival, when this one came before that end
-    del p, arrival
+    del p, arrival, lane, queued
     anchor[start] = start_rs[ev_rs[start]]  # ... or the step's start, for its first event
     del start
     np.subtract(a, anchor, out=anchor)
@@ -297,6 +305,42 @@ def _work_segments(a: np.ndarray, z: np.ndarray, prev: np.ndarray, ev_rs: np.nda
     del pcz, pca
     ev_cpu_wait = np.clip(cw_a - cw_anchor, 0.0, gap) if n else np.zeros(0)
     return link, gap, ev_cpu_wait
+
+
+def _lane_anchors(a: np.ndarray, z: np.ndarray, ev_rs: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """For each event of `cand` (each arrived before the previous event's end): the earlier event of its rank-step
+    whose end it began at, within END_SLACK_NS either way, when there is one (else −1). A communication thread or
+    stream runs its collectives in turn: gloo's two worker threads, a process group's NCCL stream. An event that
+    starts the instant another one ends queued behind it, although it arrived during the event just before it (the
+    other lane's): its work segment hangs off that end, not off the previous arrival, so a change that ends the
+    event it waited for earlier starts it earlier too (else the wait stays in its segment as the rank's own work)."""
+    out = np.full(cand.size, -1, np.int64)
+    if not cand.size:
+        return out
+    o = sort_within(ev_rs, z)  # every event by rank-step, then end
+    key_rs, key_z = ev_rs[o], z[o]
+    # the last event of the candidate's rank-step ending at most END_SLACK_NS after its arrival
+    hi = np.searchsorted(key_rs, ev_rs[cand], side="right")
+    lo = np.searchsorted(key_rs, ev_rs[cand], side="left")
+    pos = lo + _count_le(key_z, lo, hi, a[cand] + END_SLACK_NS) - 1
+    ok = pos >= lo
+    j = o[np.where(ok, pos, 0)]
+    ok &= (j < cand - 1) & (z[j] >= a[cand] - END_SLACK_NS)
+    out[ok] = j[ok]
+    return out
+
+
+def _count_le(v: np.ndarray, lo: np.ndarray, hi: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Per i: how many of v[lo[i]:hi[i]] (each span sorted) are <= x[i] (a binary search over all spans at once)."""
+    left, right = lo.copy(), hi.copy()
+    while True:
+        live = left < right
+        if not live.any():
+            return left - lo
+        mid = (left + right) // 2
+        le = live & (v[np.minimum(mid, v.size - 1)] <= x)
+        left = np.where(le, mid + 1, left)
+        right = np.where(live & ~le, mid, right)
 
 
 def _set_tails(g: StepGraph, rs: dict[str, np.ndarray], s: np.ndarray, cw_a: np.ndarray | None,
@@ -484,7 +528,7 @@ def _relax_frontier(g: StepGraph, limit: int) -> tuple[np.ndarray, bool, int]:
     only.
 
     Memory (a row per event: 1.5 M at 1,024 LLM-shaped ranks): the arrays only the frontier's passes read (each
-    event's next, a send's receive, the sets' slots) are made after the first pass, whose temporaries are gone by
+    event's dependents, a send's receive, the sets' slots) are made after the first pass, whose temporaries are gone by
     then, and hold 32-bit indices (they are read at the few moving events: converting those costs nothing)."""
     n = g.n_events
     prev = np.maximum(g.ev_prev, 0).astype(np.intp)  # indexes every full pass: intp, not converted on each use
@@ -494,9 +538,11 @@ def _relax_frontier(g: StepGraph, limit: int) -> tuple[np.ndarray, bool, int]:
         return a, moved.size == 0, passes
     link, gap, x = g.ev_link, g.ev_gap, g.ev_transfer
     it = index_dtype(n)
-    nxt = np.full(n, -1, it)  # the event after each in its rank-step
-    has = g.ev_prev >= 0
-    nxt[g.ev_prev[has]] = np.flatnonzero(has)
+    # the events hanging off each event (its next one, and any that queued behind it), as spans of `hang`
+    has = np.flatnonzero(g.ev_prev >= 0)
+    hang = has[np.argsort(g.ev_prev[has], kind="stable")].astype(it)
+    hang_lo = np.searchsorted(g.ev_prev[hang], np.arange(n)).astype(it)
+    hang_hi = np.r_[hang_lo[1:], hang.size].astype(it)
     del has
     send_to = np.full(n, -1, it)  # a send's receive
     rv = np.flatnonzero((g.ev_kind == KIND_RECV) & (g.ev_partner >= 0))
@@ -514,9 +560,9 @@ def _relax_frontier(g: StepGraph, limit: int) -> tuple[np.ndarray, bool, int]:
         # the events whose start S may have moved: every member of a moved member's instance, a moved send's receive
         grp = grp_set.of(g.ev_group[moved][g.ev_group[moved] >= 0])
         s_moved = ev_set.of(np.r_[moved, idx[_spans(bounds[grp], gend[grp])], send_to[moved][send_to[moved] >= 0]])
-        dep = np.r_[nxt[s_moved][link[np.maximum(nxt[s_moved], 0)] == LINK_END],
-                    nxt[moved][link[np.maximum(nxt[moved], 0)] == LINK_ARRIVAL]]
-        dep = ev_set.of(dep[dep >= 0])
+        on_end = hang[_spans(hang_lo[s_moved], hang_hi[s_moved])]
+        on_arrival = hang[_spans(hang_lo[moved], hang_hi[moved])]
+        dep = ev_set.of(np.r_[on_end[link[on_end] == LINK_END], on_arrival[link[on_arrival] == LINK_ARRIVAL]])
         p = prev[dep]
         sp = _starts_at(g, a, p, idx, bounds, gend, grp_set)
         val = np.where(link[dep] == LINK_START, g.rs_start[g.ev_rs[dep]],

@@ -215,16 +215,17 @@ def _pass(d: _Deps, g: StepGraph, lv: np.ndarray, lv_e: np.ndarray, chain: bool,
 
 def _chain_closer(d: _Deps, g: StepGraph) -> Callable[[np.ndarray], bool] | None:
     """A function raising, in place, each arrival's level to at least one more than the one before it in its
-    rank-step (a running maximum of level − position, per rank-step), and saying whether it raised any; None where
-    the events are not laid out rank-step by rank-step with each one's previous event just before it (then passes
-    close the chains)."""
+    rank-step (a running maximum of level − position, per run of events each hanging off the one just before it),
+    and saying whether it raised any; None where the events are not laid out rank-step by rank-step with each one's
+    anchor before it (then passes close the chains). An event hanging off an earlier one (it queued behind that
+    one's end) starts a run of its own: it does not wait for the event just before it."""
     n = d.n
     if not n:
         return None
     prev = g.ev_prev
     pos = np.arange(n)
     if not (np.array_equal(prev >= 0, np.r_[False, g.ev_rs[1:] == g.ev_rs[:-1]])
-            and np.array_equal(prev[prev >= 0], pos[prev >= 0] - 1)):
+            and bool(np.all(prev[prev >= 0] < pos[prev >= 0]))):
         return None
     del pos
     off = np.zeros(0, np.int64)  # seg * big − pos: level − position, each rank-step lifted by its own `big`
@@ -235,7 +236,7 @@ def _chain_closer(d: _Deps, g: StepGraph) -> Callable[[np.ndarray], bool] | None
         need = int(a.max()) + n + 1  # above any spread of level − position: rank-steps never mix
         if need > big:  # made again only as the levels grow past it (doubling): most passes reuse it
             big = max(2 * big, need)
-            off = (np.cumsum(prev < 0) - 1).astype(np.int64)  # each event's rank-step, in order
+            off = (np.cumsum((prev < 0) | (prev != np.arange(n) - 1)) - 1).astype(np.int64)  # each event's run
             off *= big
             off -= np.arange(n)
         v = a + off
@@ -247,6 +248,25 @@ def _chain_closer(d: _Deps, g: StepGraph) -> Callable[[np.ndarray], bool] | None
         return True
 
     return close
+
+
+def _anchor_depth(g: StepGraph) -> np.ndarray:
+    """Each event's depth in its rank-step's chain of anchors (1 for the first): its position + 1 where every event
+    hangs off the one just before it, less where some queued behind an earlier one's end."""
+    n = g.n_events
+    first = np.flatnonzero(np.r_[True, g.ev_rs[1:] != g.ev_rs[:-1]])
+    pos = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+    prev = g.ev_prev
+    hop = np.flatnonzero((prev >= 0) & (prev != np.arange(n) - 1))
+    if not hop.size:
+        return pos + 1
+    depth = np.ones(n, np.int64)
+    order = np.argsort(pos, kind="stable")
+    cuts = np.searchsorted(pos[order], np.arange(1, int(pos.max()) + 2))
+    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):  # position by position: an anchor is at an earlier one
+        ev = order[lo:hi]
+        depth[ev] = depth[prev[ev]] + 1
+    return depth
 
 
 def _chain_position(g: StepGraph) -> np.ndarray:
@@ -261,13 +281,12 @@ def _levels(g: StepGraph, d: _Deps) -> tuple[np.ndarray, np.ndarray] | None:
     """Levels of [A | U | B] and of the ends for the chained graph (None: a cycle)."""
     n, nu, nrs = d.n, d.nu, d.nrs
     cap = n + nu + 2 * nrs + 2
-    # from a lower bound of each arrival's level (its position in the rank-step + 1: every arrival is one level after
-    # the previous event's arrival or end): the same levels as from 0, in a few passes where from 0 it took a step's
-    # depth of them (each over every value)
+    # from a lower bound of each arrival's level (its depth in its rank-step's chain of anchors: every arrival is one
+    # level after its anchor, an earlier event's arrival or end): the same levels as from 0, in a few passes where
+    # from 0 it took a step's depth of them (each over every value)
     lv = np.zeros(n + nu + nrs, np.int64)
     if n:
-        first = np.flatnonzero(np.r_[True, g.ev_rs[1:] != g.ev_rs[:-1]])
-        lv[:n] = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n])) + 1
+        lv[:n] = _anchor_depth(g)
     local = _settle(d, g, lv, np.zeros(nrs, np.int64), chain=False, max_passes=cap)
     if local is None:
         return None
