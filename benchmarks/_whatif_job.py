@@ -77,6 +77,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device-ms", type=float, default=40.0, help="ms every rank sleeps per iteration")
     p.add_argument("--blocks", type=int, default=2)
     p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--bucket-mb", type=float, default=25.0,
+                   help="DDP bucket_cap_mb (small, with --dim 256: a bucket per block, several all-reduces per step)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--log-every", type=int, default=2, help="--job loop: loss all-reduce every N iterations")
@@ -103,7 +105,7 @@ def build(args: argparse.Namespace, rank: int):
     else:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = DDP(model)
+        model = DDP(model, bucket_cap_mb=args.bucket_mb)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     return model, opt
 

@@ -52,11 +52,17 @@ PLACED_SCHEDULE = ["--wait", "2", "--warmup", "1", "--active", "12"]
 PLACED_CYCLE = 15  # iterations per window of PLACED_SCHEDULE
 
 
-def placed_job(tmp_path_factory, job: str, place: str, delay_ms: float, *, alternate: int = 0) -> Path:
+#: _whatif_job.py's model with a DDP bucket per block: six bucket all-reduces per step, queued on gloo's two workers
+MANY_BUCKETS = ("--blocks", "6", "--dim", "256", "--bucket-mb", "0.25")
+
+
+def placed_job(tmp_path_factory, job: str, place: str, delay_ms: float, *, alternate: int = 0,
+               extra: tuple[str, ...] = ()) -> Path:
     """The run directory (run once per session) of benchmarks/_whatif_job.py `job` ("ddp", "fsdp2", "loop") under
     ``distprof.launch`` on 2 ranks, rank 1 spending `delay_ms` more per iteration at `place` (0: none). `alternate`:
-    that many windows, the delay only in the even ones (:func:`alternate_windows` gives their steps)."""
-    name = f"{job}-{place}-{delay_ms:g}-{alternate}"
+    that many windows, the delay only in the even ones (:func:`alternate_windows` gives their steps). `extra`: more
+    arguments of the job (its model: MANY_BUCKETS)."""
+    name = f"{job}-{place}-{delay_ms:g}-{alternate}" + "".join(extra)
     if name not in _CACHE:
         d = tmp_path_factory.mktemp(f"whatif-{name}")
         cycle = PLACED_CYCLE if alternate else 0
@@ -64,7 +70,7 @@ def placed_job(tmp_path_factory, job: str, place: str, delay_ms: float, *, alter
         torchrun(2, ["-m", "distprof.launch", "--out", "out", *PLACED_SCHEDULE, "--repeat", str(windows),
                      str(PLACED_JOB), "--job", job, "--place", place, "--delay-ms", f"{delay_ms:g}",
                      "--device-ms", f"{PLACED_DEVICE_MS:g}", "--delay-cycle", str(cycle),
-                     "--steps", str(windows * PLACED_CYCLE + 2)], cwd=d, env=job_env())
+                     "--steps", str(windows * PLACED_CYCLE + 2), *extra], cwd=d, env=job_env())
         _CACHE[name] = only_run_dir(d / "out")
     return _CACHE[name]
 
