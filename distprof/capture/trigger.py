@@ -68,6 +68,11 @@ FOLLOW_S = 120.0
 CLOSE_WAIT_S = 5.0
 #: Rank 0's step rate is measured over this many seconds.
 RATE_SPAN_S = 10.0
+#: Rank 0's recent step rate is measured over at least this many seconds (or two ticks, where --trigger-poll-s is
+#: shorter): its side thread also wakes early (a drift,
+#: a request), and one step within a few ms of an early wake read as 35 steps/s on a job of 12, which placed a
+#: watch's window 79 steps ahead, past the job's end.
+RECENT_S = 1.0
 #: Rank 0 rewrites distprof.live.json at least this far apart.
 MIN_HEARTBEAT_S = 2.0
 
@@ -87,6 +92,22 @@ def lead_s(poll_s: float, world_size: int) -> float:
 
 #: Rank 0 places a window as if it ran this much faster than measured (a job still speeding up).
 RATE_SAFETY = 1.5
+
+
+def step_rate(samples, recent_s: float = RECENT_S) -> float | None:
+    """Steps per second from rank 0's (monotonic time, step) samples, oldest first; None while not known. Known once
+    the samples span `recent_s` and the job stepped in each of the last two (a job that has just begun stepping may
+    still speed up), or they span half of RATE_SPAN_S; then the faster of the rate over all of them and the rate over
+    the last `recent_s` (from the latest sample at least that old), however close together the samples came."""
+    if len(samples) < 3:
+        return None
+    (t0, s0), (t1, s1) = samples[0], samples[-1]
+    sa, sb = samples[-3][1], samples[-2][1]
+    span = t1 - t0
+    if not (sb > sa and s1 > sb and span >= recent_s) and span < RATE_SPAN_S / 2:
+        return None
+    tr, sr = next(((t, st) for t, st in reversed(samples) if t1 - t >= recent_s), (t0, s0))
+    return max((s1 - s0) / max(span, 1e-3), (s1 - sr) / max(t1 - tr, 1e-3))
 
 
 def lead_steps(rate: float | None, poll_s: float, world_size: int) -> int:
@@ -347,22 +368,15 @@ class Trigger:
         return f"{self._prefix}plan/{plan}" + (f"/{what}" if what else "")
 
     def _sample_rate(self, now: float) -> None:
-        """Rank 0: its step rate, one sample per tick. Known once the job has stepped through the last two ticks (a
-        job that has just begun stepping may still speed up) or has been slow for half of RATE_SPAN_S; the faster of
-        the rate over RATE_SPAN_S and over the last tick."""
+        """Rank 0: its step rate (:func:`step_rate`), one sample per tick, over the last RATE_SPAN_S."""
         if self._rank != 0:
             return
         self._samples.append((now, self._step()))
         while len(self._samples) > 3 and now - self._samples[0][0] > RATE_SPAN_S:
             self._samples.popleft()
-        if len(self._samples) < 3:
-            return
-        (t0, s0), (tb, sb), (t1, s1) = self._samples[0], self._samples[-2], self._samples[-1]
-        sa = self._samples[-3][1]
-        stepping = sb > sa and s1 > sb
-        if not stepping and t1 - t0 < RATE_SPAN_S / 2:
-            return
-        self._rate = max((s1 - s0) / (t1 - t0), (s1 - sb) / max(t1 - tb, 1e-3))
+        rate = step_rate(self._samples, min(RECENT_S, 2 * self.config.trigger.poll_s))  # two ticks at the least
+        if rate is not None:
+            self._rate = rate
 
     def _drain(self) -> None:
         """What the training thread decided or adopted: publish, answer, report."""
