@@ -69,9 +69,8 @@ CLOSE_WAIT_S = 5.0
 #: Rank 0's step rate is measured over this many seconds.
 RATE_SPAN_S = 10.0
 #: Rank 0's recent step rate is measured over at least this many seconds (or two ticks, where --trigger-poll-s is
-#: shorter): its side thread also wakes early (a drift,
-#: a request), and one step within a few ms of an early wake read as 35 steps/s on a job of 12, which placed a
-#: watch's window 79 steps ahead, past the job's end.
+#: shorter): its side thread also wakes early (a drift, a request), and one step within a few ms of an early wake
+#: read as 35 steps/s on a job of 12, which placed a watch's window 79 steps ahead, past the job's end.
 RECENT_S = 1.0
 #: Rank 0 rewrites distprof.live.json at least this far apart.
 MIN_HEARTBEAT_S = 2.0

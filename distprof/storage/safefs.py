@@ -119,9 +119,9 @@ def write_file(directory: os.PathLike | str, name: str, data: bytes | memoryview
     """Store `data` as `name` in `directory`, atomically and without following any link (module docstring).
 
     `mode`: the final permission bits (default 0644 less the umask); `fsync`: the file and the directory are made
-    durable. `dir_fd`: an open descriptor of `directory` to use instead of opening it. `replace=False`: a file (or
-    anything) already at `name` is never replaced: FileExistsError instead. Returns the size. Raises OSError
-    (FileRefused when `directory` is a link); a file already at `name` is then untouched.
+    durable. `dir_fd`: an open descriptor of `directory` to use instead of opening it. `replace=False`: a regular file
+    already at `name` is never replaced (FileExistsError; a link or FIFO there is, as always). Returns the size.
+    Raises OSError (FileRefused when `directory` is a link); a file already at `name` is then untouched.
     """
     _check_name(directory, name)
     own = dir_fd is None
@@ -152,7 +152,7 @@ def atomic_file(directory: os.PathLike | str, name: str, *, fsync: bool = False,
 @contextmanager
 def _temporary(dfd: int, name: str, fsync: bool, mode: int | None, replace: bool = True) -> Iterator[int]:
     """A new temporary beside `name` (relative to `dfd`), written by the block through the descriptor it yields; then
-    flushed, given its final mode and renamed over `name` (`replace=False`: linked as `name`, which must not exist).
+    flushed, given its final mode and renamed over `name` (`replace=False`: :func:`_publish_new`).
     Removed when anything fails; `name` is then untouched."""
     tmp, fd = _create_tmp(dfd, name)
     try:

@@ -17,10 +17,11 @@ last: the rank's own time between sync points. A segment hangs off the previous 
 (``a ≥ z_prev``: the rank — or its communication thread — had to finish the previous event first); else, where it
 began the instant an earlier event ended, off that event's end (it queued behind it on its communication lane: gloo
 runs a rank's collectives on two worker threads, NCCL a process group's on its stream; the event just before it ran
-on another lane); else off the previous event's arrival (it ran concurrently: an asynchronous bucket all-reduce
-under backward); the first off the rank's step start. Gap ``g = a − anchor``; the tail likewise from the last event to the step's end, off its end
-also when the step ended after the event could proceed (``≥ S``) but before its exec event ended: the rank waited
-for it (gloo's worker thread closes the event after the main thread went on), so the wait is not counted as work.
+on another lane); else off the previous event's arrival (it ran concurrently: an asynchronous bucket all-reduce under
+backward); the first off the rank's step start. Gap ``g = a − anchor``; the tail likewise from the last event to the
+step's end, off its end also when the step ended after the event could proceed (``≥ S``) but before its exec event
+ended: the rank waited for it (gloo's worker thread closes the event after the main thread went on), so the wait is
+not counted as work.
 
 **Replay.** ``a = anchor + g``, ``S`` from the arrivals as above, ``z = S + x``, step end = anchor of the tail + tail.
 A step's start: unchained, where it was measured to begin; **chained** (``replay(g, chain=True)``, what the what-ifs
@@ -317,30 +318,17 @@ def _lane_anchors(a: np.ndarray, z: np.ndarray, ev_rs: np.ndarray, cand: np.ndar
     out = np.full(cand.size, -1, np.int64)
     if not cand.size:
         return out
-    o = sort_within(ev_rs, z)  # every event by rank-step, then end
-    key_rs, key_z = ev_rs[o], z[o]
-    # the last event of the candidate's rank-step ending at most END_SLACK_NS after its arrival
-    hi = np.searchsorted(key_rs, ev_rs[cand], side="right")
-    lo = np.searchsorted(key_rs, ev_rs[cand], side="left")
-    pos = lo + _count_le(key_z, lo, hi, a[cand] + END_SLACK_NS) - 1
-    ok = pos >= lo
-    j = o[np.where(ok, pos, 0)]
-    ok &= (j < cand - 1) & (z[j] >= a[cand] - END_SLACK_NS)
+    n = z.size
+    # each candidate's arrival (+ slack) sorted in among the ends of every event by rank-step: the last end before
+    # it (ends first among equal values) is the latest that ends no later
+    o = sort_within(np.r_[ev_rs, ev_rs[cand]], np.r_[z, a[cand] + END_SLACK_NS])
+    last_end = np.maximum.accumulate(np.where(o < n, np.arange(o.size), -1))
+    q = np.empty(cand.size, np.int64)
+    q[o[o >= n] - n] = last_end[o >= n]
+    j = np.where(q >= 0, o[np.maximum(q, 0)], 0)  # an event (an end's position), or 0 where none came before
+    ok = (q >= 0) & (ev_rs[j] == ev_rs[cand]) & (j < cand - 1) & (z[j] >= a[cand] - END_SLACK_NS)
     out[ok] = j[ok]
     return out
-
-
-def _count_le(v: np.ndarray, lo: np.ndarray, hi: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Per i: how many of v[lo[i]:hi[i]] (each span sorted) are <= x[i] (a binary search over all spans at once)."""
-    left, right = lo.copy(), hi.copy()
-    while True:
-        live = left < right
-        if not live.any():
-            return left - lo
-        mid = (left + right) // 2
-        le = live & (v[np.minimum(mid, v.size - 1)] <= x)
-        left = np.where(le, mid + 1, left)
-        right = np.where(live & ~le, mid, right)
 
 
 def _set_tails(g: StepGraph, rs: dict[str, np.ndarray], s: np.ndarray, cw_a: np.ndarray | None,
