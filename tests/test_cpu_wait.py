@@ -72,6 +72,20 @@ def test_step_faults(marks, faults):
     assert schedstat.step_faults([5, 6, 7], marks).tolist() == faults
 
 
+@pytest.mark.parametrize("marks, ends, run, faults", [
+    # each step's own end: torch's profiler step between two steps (stopping or starting the trace) is in neither
+    ({5: (10, 1, 0), 6: (30, 4, 50), 7: (35, 4, 60)}, {5: (18, 2, 40), 6: (33, 4, 55), 7: (40, 5, 61)},
+     [8, 3, 5], [40, 5, 1]),
+    ({5: (10, 1, 0), 6: (30, 4, 50)}, {6: (33, 4, 55)}, [20, 3, -1], [50, 5, -1]),  # no end of its own: the next start
+    ({5: (10, 1, 0)}, {5: None}, [-1, -1, -1], [-1, -1, -1]),  # a failed read at its end, and no next start
+    ({5: (10, 1, 0), 6: (30, 4, 50)}, {5: (8, 1, 0)}, [-1, -1, -1], [0, -1, -1]),  # CPU time going backwards
+])
+def test_step_columns_with_end_marks(marks, ends, run, faults):
+    r, _ = schedstat.step_columns([5, 6, 7], marks, ends=ends)
+    assert r.tolist() == run
+    assert schedstat.step_faults([5, 6, 7], marks, ends).tolist() == faults
+
+
 @pytest.mark.skipif(not HAVE, reason="no /proc/thread-self/schedstat")
 def test_page_faults_count_the_memory_the_thread_maps():
     cpu = schedstat.ThreadCpu(faults=True)

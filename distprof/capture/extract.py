@@ -238,11 +238,12 @@ def _peak_memory(steps: dict[str, np.ndarray], memory: dict[str, np.ndarray], st
 
 
 def _cpu_columns(steps: dict[str, np.ndarray], cpu_marks: dict[int, tuple[int, ...] | None] | None,
-                 cpu_opt_marks: dict[int, tuple[int, ...] | None] | None) -> None:
+                 cpu_opt_marks: dict[int, tuple[int, ...] | None] | None,
+                 cpu_end_marks: dict[int, tuple[int, ...] | None] | None = None) -> None:
     """Fill the steps table's CPU run, wait and page-fault columns from the training thread's marks."""
-    steps["cpu_run_ns"], steps["cpu_wait_ns"] = schedstat.step_columns(steps["step"], cpu_marks)
+    steps["cpu_run_ns"], steps["cpu_wait_ns"] = schedstat.step_columns(steps["step"], cpu_marks, ends=cpu_end_marks)
     steps["cpu_wait_opt_ns"] = schedstat.step_columns(steps["step"], cpu_opt_marks, since_previous=True)[1]
-    steps["page_faults"] = schedstat.step_faults(steps["step"], cpu_marks)
+    steps["page_faults"] = schedstat.step_faults(steps["step"], cpu_marks, cpu_end_marks)
 
 
 def extract(
@@ -259,6 +260,7 @@ def extract(
     p2p_calls: P2PCalls | None = None,
     cpu_marks: dict[int, tuple[int, ...] | None] | None = None,
     cpu_opt_marks: dict[int, tuple[int, ...] | None] | None = None,
+    cpu_end_marks: dict[int, tuple[int, ...] | None] | None = None,
 ) -> Extracted:
     """Turn one window's Kineto events into the shard tables.
 
@@ -266,8 +268,9 @@ def extract(
     :func:`distprof.events.tables.build_tables`); the simulated clock is applied to them as to the events.
     `cpu_marks`: step -> the training thread's (CPU run, run-queue wait) ns at its start (capture/schedstat.py),
     giving the steps table's ``cpu_run_ns`` / ``cpu_wait_ns``; `cpu_opt_marks` the same as each step's optimizer step
-    began, giving ``cpu_wait_opt_ns`` (the wait between the previous step's optimizer start and this step's); the
-    marks' third number (page faults) gives ``page_faults``.
+    began, giving ``cpu_wait_opt_ns`` (the wait between the previous step's optimizer start and this step's);
+    `cpu_end_marks` the same at each step's end (else the next step's start is its end); the marks' third number
+    (page faults) gives ``page_faults``.
     """
     raw = _read_events(events)
     simulated = sim is not None and not sim.is_identity
@@ -281,7 +284,7 @@ def extract(
                          gloo_thread_pg=gloo_thread_pg, process_groups=process_groups, step_end_ns=step_end_ns,
                          p2p_calls=p2p_calls)
     events, comms, steps = built.tables["events"], built.tables["comms"], built.tables["steps"]
-    _cpu_columns(steps, cpu_marks, cpu_opt_marks)
+    _cpu_columns(steps, cpu_marks, cpu_opt_marks, cpu_end_marks)
     memory = _memory_table(raw, ts, mem_order, cuda_baseline, built.assign_step)
     _peak_memory(steps, memory, built.step_span, cuda_step_peaks)
     s_start, s_end = built.step_span

@@ -100,6 +100,8 @@ class RankProfiler:
         self._step_end_ns: dict[int, int] = {}  # this window: steps ended by its close -> their iteration's end
         self._cpu: schedstat.ThreadCpu | None = None  # the training thread's scheduler statistics (opened there)
         self._cpu_marks: dict[int, tuple[int, ...] | None] = {}  # this window: step -> sample at its start
+        self._cpu_end_marks: dict[int, tuple[int, ...] | None] = {}  # this window: step -> sample at its end
+        self._cpu_end_mark: tuple[int, tuple[int, ...] | None] | None = None  # (step, sample as its iteration ended)
         self._cpu_opt_marks: dict[int, tuple[int, ...] | None] = {}  # step -> sample as its optimizer step began
         self._sampler: schedstat.WaitSampler | None = None  # the training thread's CPU waits while recording
         self._main_tid = threading.get_native_id()
@@ -189,7 +191,7 @@ class RankProfiler:
                                    summarizer=self._summarizer)
         self._signals.install()
         if cfg.step_on == "optimizer":
-            self._stepper = OptimizerStepper(self._advance, self._cpu_mark_optimizer)
+            self._stepper = OptimizerStepper(self._advance, self._cpu_mark_optimizer, self._cpu_mark_iteration_end)
             self._stepper.install()
         _active = self
         if cfg.trigger.enabled:
@@ -442,14 +444,17 @@ class RankProfiler:
             self._cuda_step_end(self.step_num)
         if nxt in RECORDING and cur not in RECORDING:
             self._window_begin(plan.window(self.step_num + 1))
+        if cur in RECORDING:  # a recorded step's CPU time ends here, before torch's step (which may stop the trace)
+            self._cpu_mark_end(self.step_num)
         self.step_num += 1
-        if cur in RECORDING or nxt in RECORDING:  # the boundary between two steps of which one is recorded
-            self._cpu_mark(self.step_num)
-        else:  # outside windows only the previous step's optimizer sample can still be needed (a window's first)
+        if cur not in RECORDING and nxt not in RECORDING:
+            # outside windows only the previous step's optimizer sample can still be needed (a window's first)
             self._cpu_opt_marks.pop(self.step_num - 2, None)
         self._t_step_call = time.perf_counter()
         self._step_began_ns = time.time_ns()
         self._prof.step()  # on the window's last step this stops the trace and calls _on_trace_ready
+        if nxt in RECORDING:  # and a recorded step's starts after it (which may have started the trace), as its span
+            self._cpu_mark(self.step_num)
 
     def _window_begin(self, window: int) -> None:
         """Local work only: identity, run directory (when its id is known), a clock mark for the side thread."""
@@ -458,6 +463,7 @@ class RankProfiler:
         self._step_end_ns = {}
         first, _ = self._plan.steps_of(window)
         self._cpu_marks = {k: v for k, v in self._cpu_marks.items() if k >= first}  # back to back: keep its start
+        self._cpu_end_marks = {k: v for k, v in self._cpu_end_marks.items() if k >= first}
         self._cpu_opt_marks = {k: v for k, v in self._cpu_opt_marks.items() if k >= first - 1}
         groups.snapshot()  # the groups as they are now, should the script destroy them before the window ends
         if self._sampler is not None:
@@ -466,15 +472,28 @@ class RankProfiler:
         self._cuda_window_begin()
 
     def _cpu_mark(self, step: int) -> None:
-        """The training thread's CPU run and wait times at the start of `step` (the end of step − 1)."""
+        """The training thread's CPU run and wait times at the start of `step`."""
         if self._cpu is not None:
             self._cpu_marks[step] = self._cpu.sample()
+
+    def _cpu_mark_end(self, step: int) -> None:
+        """The same at the end of `step`."""
+        if self._cpu is not None:
+            self._cpu_end_marks[step] = self._cpu.sample()
 
     def _cpu_mark_optimizer(self) -> None:
         """The same sample as the primary optimizer's step begins (the hook runs on the training thread). Taken every
         step: a triggered window learnt one step ahead needs the step before its first."""
         if self._cpu is not None and self._state is ProfilerState.RUNNING:  # sample() never raises
             self._cpu_opt_marks[self.step_num] = self._cpu.sample(faults=False)  # only its wait is used
+
+    def _cpu_mark_iteration_end(self) -> None:
+        """The same sample as an iteration of a recorded step finishes: should the loop end there, the step ends there
+        (close), and its CPU time with it — not at the close, after whatever the script did next (DDP's Join shadowing
+        the other ranks' collectives, a checkpoint, evaluation)."""
+        if self._cpu is not None and self._state is ProfilerState.RUNNING \
+                and self._plan.action(self.step_num) in RECORDING:
+            self._cpu_end_mark = (self.step_num, self._cpu.sample())
 
     def _ensure_info(self) -> None:
         import torch.distributed as dist
@@ -517,9 +536,11 @@ class RankProfiler:
             prof.stop()  # nothing recorded, or only warm-up
             return
         self._cuda_step_end(self.step_num)
-        self._cpu_mark(self.step_num + 1)
+        self._cpu_mark_end(self.step_num)
         if iteration_done and self._stepper is not None:
             self._step_end_ns[self.step_num] = self._stepper.last_end_ns
+            if self._cpu_end_mark is not None and self._cpu_end_mark[0] == self.step_num:
+                self._cpu_end_marks[self.step_num] = self._cpu_end_mark[1]  # the step ends where its iteration did
             complete = cur is Action.RECORD_AND_SAVE
         else:
             self._step_end_ns[self.step_num] = self._step_began_ns
@@ -552,7 +573,8 @@ class RankProfiler:
             results, window, complete, self._info, stop_s, ready_s, peaks, dict(self._cuda_baseline),
             groups.gloo_thread_pg(), groups.process_groups(), groups.backend_name(self._info.device_type),
             groups.backend_config(), dict(self._step_end_ns), memsnap=memsnap, memhist=memhist,
-            cpu_marks=dict(self._cpu_marks), cpu_opt_marks=dict(self._cpu_opt_marks), cpu_samples=samples,
+            cpu_marks=dict(self._cpu_marks), cpu_opt_marks=dict(self._cpu_opt_marks),
+            cpu_end_marks=dict(self._cpu_end_marks), cpu_samples=samples,
             p2p_calls=p2p.drain(), trigger=self._trigger_attr(window), steps=(first, last), cpus=dist_info.cpu_budget()))
 
     def _trigger_attr(self, window: int) -> dict[str, Any] | None:

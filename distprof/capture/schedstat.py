@@ -191,29 +191,39 @@ def drop_flat(samples: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.asarray(v)[keep] for k, v in samples.items()}
 
 
-def step_faults(step_ids, marks: dict[int, tuple[int, ...] | None] | None) -> np.ndarray:
-    """The steps table's ``page_faults``: per step k, the training thread's page faults from its start to the start
-    of step k+1 (the marks' third number); -1 where either is missing or unknown."""
+def step_faults(step_ids, marks: dict[int, tuple[int, ...] | None] | None,
+                ends: dict[int, tuple[int, ...] | None] | None = None) -> np.ndarray:
+    """The steps table's ``page_faults``: per step k, the training thread's page faults from its start to its end
+    (the marks' third number; `ends` as in :func:`step_columns`); -1 where either is missing or unknown."""
     ids = np.asarray(step_ids, np.int64)
     out = np.full(ids.size, -1, np.int64)
     for i, k in enumerate(ids.tolist()):
-        a, b = (marks or {}).get(k), (marks or {}).get(k + 1)
+        a, b = (marks or {}).get(k), _end_of(k, marks, ends)
         if a is None or b is None or len(a) < 3 or len(b) < 3 or a[2] < 0 or b[2] < a[2]:
             continue
         out[i] = b[2] - a[2]
     return out
 
 
-def step_columns(step_ids, marks: dict[int, tuple[int, ...] | None] | None, *, since_previous: bool = False):
-    """The steps table's ``cpu_run_ns`` and ``cpu_wait_ns``: per step k, sample at the start of step k+1 minus the
-    sample at its start (marks: step -> sample at its start); -1 where either is missing or they go backwards.
+def _end_of(k: int, marks, ends):
+    """Step k's end sample: its own (taken before torch's profiler step) where there is one, else step k+1's start."""
+    b = (ends or {}).get(k)
+    return b if b is not None else (marks or {}).get(k + 1)
+
+
+def step_columns(step_ids, marks: dict[int, tuple[int, ...] | None] | None, *, since_previous: bool = False,
+                 ends: dict[int, tuple[int, ...] | None] | None = None):
+    """The steps table's ``cpu_run_ns`` and ``cpu_wait_ns``: per step k, the sample at its end minus the sample at its
+    start (marks: step -> sample at its start, taken as torch's profiler step has begun the step's span; `ends`: step
+    -> sample at its end, taken before torch's profiler step ends the span — so that starting or stopping the trace
+    is in no step, as in the spans —, else step k+1's start); -1 where either is missing or they go backwards.
     `since_previous`: sample k minus sample k−1 instead (marks taken inside each step: its optimizer step's start)."""
     ids = np.asarray(step_ids, np.int64)
     run = np.full(ids.size, -1, np.int64)
     wait = np.full(ids.size, -1, np.int64)
     for i, k in enumerate(ids.tolist()):
         a, b = ((marks or {}).get(k - 1), (marks or {}).get(k)) if since_previous else \
-            ((marks or {}).get(k), (marks or {}).get(k + 1))
+            ((marks or {}).get(k), _end_of(k, marks, ends))
         if a is None or b is None or b[0] < a[0] or b[1] < a[1]:
             continue
         run[i], wait[i] = b[0] - a[0], b[1] - a[1]

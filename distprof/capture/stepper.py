@@ -21,7 +21,9 @@ At the first few primary optimizer steps the callers are looked at for a framewo
 (``frameworks.py``: DeepSpeed's ZeRO engine, its stage and data-parallel group).
 
 `last_end_ns` is when the latest iteration finished (``time.time_ns()`` as the primary optimizer's step returned): a
-step still pending when the job closes ends there, not at the close (what follows the loop is no step's work).
+step still pending when the job closes ends there, not at the close (what follows the loop is no step's work). The
+`on_iteration_end` callback runs at that moment too (the profiler samples the thread's CPU time there, for the same
+reason).
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ FRAMEWORK_PROBES = 3
 
 
 class OptimizerStepper:
-    def __init__(self, on_iteration: Callable[[], None], on_optimizer_start: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_iteration: Callable[[], None], on_optimizer_start: Callable[[], None] | None = None,
+                 on_iteration_end: Callable[[], None] | None = None) -> None:
         self._on_iteration = on_iteration
         self._on_optimizer_start = on_optimizer_start  # the primary optimizer's outermost step begins
+        self._on_iteration_end = on_iteration_end  # an iteration just finished (before its deferred step runs)
         self._primary: weakref.ref | None = None
         self._depth = 0
         self._pending = False
@@ -136,6 +140,8 @@ class OptimizerStepper:
         if self._pending:  # two iterations without a forward or optimizer pre-hook in between
             self.fire()
         self.last_end_ns = t
+        if self._on_iteration_end is not None:
+            self._on_iteration_end()
         self._pending = True
         if self._fwd_handle is None:
             from torch.nn.modules.module import register_module_forward_pre_hook

@@ -68,6 +68,7 @@ class WindowJob:
     p2p_calls: P2PCalls | None = None  # the point-to-point calls since the last window (capture.p2p)
     cpu_marks: dict[int, tuple[int, ...] | None] | None = None  # step -> thread's (run, wait ns, faults) at its start
     cpu_opt_marks: dict[int, tuple[int, ...] | None] | None = None  # step -> the same as its optimizer step began
+    cpu_end_marks: dict[int, tuple[int, ...] | None] | None = None  # step -> the same at its end
     cpu_samples: dict[str, np.ndarray] | None = None  # the training thread's CPU waits while recording (cpu/samples)
     trigger: dict[str, Any] | None = None  # a triggered window: request_id, reason, plan (capture/trigger.py)
     steps: tuple[int, int] = (-1, -1)  # first and last step the window was to record (for a lost window's message)
@@ -272,6 +273,7 @@ class ShardWriter:
             p2p_calls=job.p2p_calls,
             cpu_marks=job.cpu_marks,
             cpu_opt_marks=job.cpu_opt_marks,
+            cpu_end_marks=job.cpu_end_marks,
         )
 
     def _sample_tables(self, job: WindowJob) -> dict[str, dict[str, np.ndarray]]:
