@@ -15,7 +15,9 @@ pending), else the next step of the primary optimizer, else close. Handled:
   outermost step);
 * wrappers such as ZeroRedundancyOptimizer whose step runs the inner optimizer's step (the hook fires twice): only
   outermost steps count;
-* GradScaler steps skipped because of inf/NaN gradients (the optimizer hook does not fire): still one iteration.
+* GradScaler steps skipped because of inf/NaN gradients (the optimizer hook does not fire): still one iteration;
+* ``Join`` (uneven inputs): the optimizer steps ZeroRedundancyOptimizer's join hook runs after the rank ran out of
+  inputs are no iterations (``join.py``).
 
 At the first few primary optimizer steps the callers are looked at for a framework distprof knows
 (``frameworks.py``: DeepSpeed's ZeRO engine, its stage and data-parallel group).
@@ -36,7 +38,7 @@ import types
 import weakref
 from typing import Callable
 
-from . import frameworks
+from . import frameworks, join
 from .compiled import opaque
 
 log = logging.getLogger(__name__)
@@ -73,8 +75,11 @@ class OptimizerStepper:
         self._handles = [register_optimizer_step_pre_hook(opaque(self._pre)),
                          register_optimizer_step_post_hook(opaque(self._post))]
         self._patch_grad_scaler()
+        join.install()
 
     def remove(self) -> None:
+        if self._handles:
+            join.remove()
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -111,6 +116,8 @@ class OptimizerStepper:
         return self._primary is None or self._primary() is opt
 
     def _pre(self, opt, args, kwargs) -> None:
+        if join.shadowing():  # the rank ran out of inputs: Join's rounds are no iterations (capture/join.py)
+            return
         self._depth += 1
         if self._depth == 1 and _closure_of(args, kwargs) is not None:
             self._wrap_step(opt)  # forward and backward run inside this step: its next call is the boundary
@@ -125,6 +132,8 @@ class OptimizerStepper:
             self._probes_left = 0 if frameworks.probe(sys._getframe(1)) else self._probes_left - 1
 
     def _post(self, opt, args, kwargs) -> None:
+        if join.shadowing():
+            return
         self._depth = max(0, self._depth - 1)
         if self._depth > 0:
             return  # an inner optimizer of a wrapper (ZeroRedundancyOptimizer)

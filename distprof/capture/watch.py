@@ -45,7 +45,7 @@ from ..drift import DriftRule, DriftSpan, DriftTracker, own_ms
 from ..config import ProfileConfig
 from ..storage import watchfile as wf
 from ..storage.writer import remove_orphans
-from . import dist_info, trigger_files as tf
+from . import dist_info, join, trigger_files as tf
 from .retry import WriteSpell, transient
 from .setup import RunSetup, is_distributed
 from .syncpoints import BackwardTail, DeviceComm, MAX_COMPLETIONS, device_ms_per_row
@@ -175,12 +175,16 @@ class WatchRecorder:
         self._originals = {}
 
     def _opt_pre(self, opt, args, kwargs) -> None:
+        if join.shadowing():  # the rank ran out of inputs: Join's optimizer steps are no step's (capture/join.py)
+            return
         if self._opt_depth == 0:
             self._opt_t0 = time.perf_counter_ns()
         self._opt_depth += 1
         self.tail.watch(opt)
 
     def _opt_post(self, opt, args, kwargs) -> None:
+        if join.shadowing():
+            return
         self._opt_depth = max(0, self._opt_depth - 1)
         if self._opt_depth == 0:
             self.opt_ns += time.perf_counter_ns() - self._opt_t0
