@@ -453,6 +453,10 @@ class Watch:
             self._join(rank)
         elif not is_distributed():
             self._join(0)
+        elif self._setup.agreement is not None:
+            # the group is gone already (a job shorter than one tick, closing): no store to publish to, but the rank
+            # is known, and its series still goes to the run directory
+            self._join(self._setup.agreement.rank)
 
     def _join(self, rank: int) -> None:
         self._rank = rank
