@@ -7,6 +7,11 @@ Knobs that create the situations distprof must diagnose:
   --base-ms X                 every rank sleeps X ms per step before backward: stands in for accelerator work that
                               does not use the host's CPU (tests on a loaded CPU-only machine)
   --uneven                    the last rank gets a 1.5x larger batch (compute/FLOPs imbalance)
+  --short-rank R --short-steps N
+                              rank R runs out of batches N steps before the others (uneven inputs): the loop runs
+                              under DDP's Join context manager, which shadows the others' collectives meanwhile
+  --zero                      ZeroRedundancyOptimizer instead of Adam (its states sharded over the ranks; a joinable
+                              under Join too)
   --busy-procs N              each rank starts N CPU-bound processes beside it (a noisy neighbour: the host's cores
                               oversubscribed, the ranks waiting for a CPU)
   --bucket-mb MB              DDP gradient bucket size (small buckets overlap communication with backward)
@@ -27,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -43,6 +49,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra milliseconds per step on --slow-rank")
     p.add_argument("--base-ms", type=float, default=0.0, help="milliseconds every rank sleeps per step")
     p.add_argument("--uneven", action="store_true", help="last rank gets a 1.5x larger batch")
+    p.add_argument("--short-rank", type=int, default=-1, help="rank that runs out of batches early (Join)")
+    p.add_argument("--short-steps", type=int, default=0, help="how many steps early --short-rank runs out")
+    p.add_argument("--zero", action="store_true", help="ZeroRedundancyOptimizer (Adam) instead of Adam")
     p.add_argument("--busy-procs", type=int, default=0, help="CPU-bound processes each rank starts beside it")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -84,7 +93,12 @@ def train(args: argparse.Namespace) -> None:
         model = torch.compile(model, backend=args.compile_backend)
     elif args.compile == "inplace":
         model.compile(backend=args.compile_backend)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    if args.zero and world > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=args.lr)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     opt_step = opt.step
     if args.compile_optimizer:
         @torch.compile(fullgraph=False, backend=args.compile_backend)
@@ -98,16 +112,23 @@ def train(args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, 1024, generator=gen).to(device)
     y = torch.randint(0, 10, (batch,), generator=gen).to(device)
+    steps = args.steps - (args.short_steps if rank == args.short_rank else 0)
+    uneven = nullcontext()
+    if world > 1 and args.short_rank >= 0:  # PyTorch's recipe for uneven inputs
+        from torch.distributed.algorithms.join import Join
+
+        uneven = Join([model, opt] if args.zero else [model])
     t0 = time.perf_counter()
-    for step in range(args.steps):
-        opt.zero_grad(set_to_none=True)
-        out = model(x)
-        loss = loss_fn(out, y)
-        extra_ms = args.base_ms + (args.slow_ms if rank == args.slow_rank else 0.0)
-        if extra_ms > 0:
-            time.sleep(extra_ms / 1000.0)
-        loss.backward()
-        opt_step()
+    with uneven:
+        for step in range(steps):
+            opt.zero_grad(set_to_none=True)
+            out = model(x)
+            loss = loss_fn(out, y)
+            extra_ms = args.base_ms + (args.slow_ms if rank == args.slow_rank else 0.0)
+            if extra_ms > 0:
+                time.sleep(extra_ms / 1000.0)
+            loss.backward()
+            opt_step()
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0

@@ -134,8 +134,10 @@ def _summary(s: StepSummary | None, st: Style) -> list[str]:
     """Step time and how it splits into compute, exposed communication, memcpy, idle and other."""
     if s is None or not s.n_rank_steps:
         return []
-    out = [st.bold(f"Step time: mean {fmt(s.step_ms_mean)} ms, max {fmt(s.step_ms_max)} ms"
-                   f" ({s.n_steps} steps x {s.n_rank_steps // max(s.n_steps or 1, 1)} ranks)")]
+    per_step, rest = divmod(s.n_rank_steps, max(s.n_steps or 1, 1))
+    count = (f"{s.n_steps} steps x {per_step} ranks" if not rest else  # ranks that ran different steps (uneven loops)
+             f"{s.n_steps} steps, {s.n_rank_steps} rank-steps")
+    out = [st.bold(f"Step time: mean {fmt(s.step_ms_mean)} ms, max {fmt(s.step_ms_max)} ms ({count})")]
     rows = [[label, fmt(s.ms_of(getattr(s, k)), "{:.2f}"), fmt(getattr(s, k), "{:.1f}%")] for k, label in s.PARTS
             if k in _ALWAYS_PARTS or getattr(s, k) is None or getattr(s, k) >= 0.05]  # memcpy, other: when they are
     out += table(["part of step", "ms/step", "share"], rows)

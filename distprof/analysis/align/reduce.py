@@ -91,10 +91,25 @@ def join(cat: RunCatalog, rows: Table, names: np.ndarray, samples: dict[tuple[in
                         f"(capture mismatch or a rank skipped a collective); first: {matched.mismatches[0]['message']}")
     if matched.n_incomplete:
         warnings.append(f"{matched.n_incomplete} collective instance(s) missing on some ranks of their group; "
-                        f"first: {matched.incomplete[0]['message']}")
+                        f"first: {matched.incomplete[0]['message']}" + _ran_past(cat))
     for w in warnings:
         log.warning("%s", w)
     return Joined(rows, names, matched, model, warnings)
+
+
+def _ran_past(cat: RunCatalog) -> str:
+    """Why collectives can miss on some ranks of a run whose loops ended unevenly: a rank whose window its script's
+    end cut short, beside ranks whose same window ended with the schedule, records on past the end of theirs."""
+    if not cat.cut_short:
+        return ""
+    early: set[int] = set()
+    for w, ranks in cat.ranks_by_window().items():
+        cut = [r for r in ranks if (r, w) in cat.cut_short]
+        if 0 < len(cut) < len(ranks):
+            early.update(cut)
+    early = sorted(early)
+    return (f" (rank(s) {rank_ranges(early, sep=',')}: the script's end cut its window short, and it recorded on "
+            "until then, past the end of the others' window)" if early else "")
 
 
 #: Breakdown columns that are durations (ms): measured on the rank's clock, scaled by its drift when aligned.

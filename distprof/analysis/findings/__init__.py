@@ -18,6 +18,7 @@ them all, else one per rank (see :mod:`.rules`). Each rule is documented, with i
 * ``tiny_ops`` — :mod:`.ops`
 * ``memory_churn`` — :mod:`.memory`
 * ``pipeline_bubble`` — :mod:`.pipeline`
+* ``uneven_steps`` — :mod:`.uneven`
 
 The rules read the per-rank numbers of :mod:`.measures` (helpers in :mod:`.events`); thresholds, severity and the
 grouping of hits into findings are in :mod:`.rules`.
@@ -44,6 +45,7 @@ from .finding import SEVERITY_ORDER, Finding
 from .pipeline import pipeline_comm, pipeline_findings
 from .rules import group
 from .stragglers import straggler_findings
+from .uneven import loop_ends, uneven_steps
 
 if TYPE_CHECKING:
     from ..cross.rootcause import RootCause
@@ -90,6 +92,7 @@ def findings(
     out += group("host_sync", host_sync(ms, rules), n, rules, host_sync_text)
     out += group("tiny_ops", tiny_ops(ms, rules), n, rules, tiny_ops_text)
     out += group("memory_churn", memory_churn(ms, rules), n, rules, memory_churn_text)
+    out += uneven_steps(loop_ends(run), rules, dict(run.hosts))
     for f in out:
         f.metrics = {k: float(v) for k, v in f.metrics.items() if v is not None}
     out.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -f.impact_pct))

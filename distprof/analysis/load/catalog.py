@@ -56,6 +56,9 @@ class RunCatalog:
     windows_by_rank: dict[int, list[int]] | None = None  # window -> ranks, when there are no shards (in memory)
     skipped: list[SkippedShard] = field(default_factory=list)  # shards left out (bad, another run, a copy), and why
     strict: bool = False  # any bad shard is an error (read_rank raises instead of skipping)
+    steps_seen: dict[int, int] = field(default_factory=dict)  # rank -> training steps it ran, from its status file
+    #                                                          (only where every rank's says it closed cleanly)
+    cut_short: frozenset[tuple[int, int]] = frozenset()  # (rank, window) of shards whose window the script's end cut
 
     @property
     def hosts(self) -> dict[int, str]:
@@ -161,7 +164,9 @@ def scan_run(run_dir: str | os.PathLike, *, steps: tuple[int, int] | None = None
     return RunCatalog(run_dir=run_dir, run_id=str(shards[0].attrs["run_id"]), world_size=world_size, shards=shards,
                       ranks=all_ranks, ranks_missing=ranks_missing, first_attrs=first_attrs,
                       process_groups=process_groups, pg_luts={s.path: lut for s, lut in zip(shards, luts)},
-                      steps=steps, warnings=warnings, skipped=list(sel.skipped), strict=strict)
+                      steps=steps, warnings=warnings, skipped=list(sel.skipped), strict=strict,
+                      steps_seen=clean_steps_seen(status, all_ranks),
+                      cut_short=frozenset((s.rank, s.window) for s in shards if s.attrs.get("complete") is False))
 
 
 def with_read_skips(cat: RunCatalog, skipped: list[SkippedShard], ranks_read: set[int]) -> RunCatalog:
@@ -181,6 +186,25 @@ def with_read_skips(cat: RunCatalog, skipped: list[SkippedShard], ranks_read: se
                    first_attrs={r: a for r, a in cat.first_attrs.items() if r not in gone},
                    pg_luts={p: lut for p, lut in cat.pg_luts.items() if p not in lost},
                    warnings=warnings, skipped=list(cat.skipped) + list(skipped))
+
+
+#: The most training steps a status file is believed to count (a larger number is a forged or broken file).
+MAX_STEPS_SEEN = 10**12
+
+
+def clean_steps_seen(status: Mapping[int, dict], ranks: Sequence[int]) -> dict[int, int]:
+    """rank -> the training steps its status file counts (``steps_seen``), for every rank in `ranks` — or nothing,
+    unless each of them wrote a final status file after a clean end (no termination signal, no script error: a rank
+    killed or failed mid-loop stops early for that reason, not for want of batches) with a count in range."""
+    out = {}
+    for r in ranks:
+        doc = status.get(r)
+        n = doc.get("steps_seen") if doc is not None else None
+        if (doc is None or doc.get("final") is not True or doc.get("signal") is not None
+                or doc.get("script_error") is not None or n.__class__ is not int or not 0 <= n <= MAX_STEPS_SEEN):
+            return {}
+        out[r] = n
+    return out
 
 
 def _no_shard_message(run_dir: Path) -> str:

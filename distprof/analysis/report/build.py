@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...storage import watchfile as wf
-from ...storage.reader import find_shards
+from ...storage.reader import find_shards, read_status
 from ..cross.annotations import annotations
 from ..cross.comm_table import comm_table
 from ..cross.gpu_time import gpu_time
@@ -33,18 +33,22 @@ from ..cross.step_summary import step_summary
 from ..cross.stragglers import StragglerRule, find_stragglers
 from ..findings import findings
 from ..findings.gains import annotate_findings
+from ..findings.uneven import LoopEnds, uneven_steps
 from ..findings.verdict import verdict
 from ..graph.critical_path import step_graph
 from ..graph.path_report import critical_path_report
 from ..graph.whatif import estimator, general_changes
 from ..graph.whatif import standard as whatif_table
+from ..load.catalog import clean_steps_seen
 from ..summarize.heap import release_free_heap
 from .model import ClockRow, P2PCounts, Report, RunInfo, SkippedShardRow, StepTable
 from .watch import rule_of, watch_report
 from .watch_section import WatchSection
 
+from ..types import FindingRules
+
 if TYPE_CHECKING:
-    from ..types import FindingRules, RunSummary
+    from ..types import RunSummary
     from .parallel import Handover
 
 logger = logging.getLogger(__name__)
@@ -182,6 +186,10 @@ def watch_only_report(run_dir: str | Path) -> Report | None:
         return None
     watch = watch_report(run_dir)
     ranks = [p.rank for p in watch.per_rank] if watch is not None else []
+    warnings = ["no profile window was recorded (no shard): only the --watch series is reported"]
+    found = uneven_steps(LoopEnds.from_status(clean_steps_seen(read_status(run_dir, warnings), ranks)),
+                         FindingRules(), {})  # the one rule the status files answer without a window
     return Report(
-        verdict="", findings=[], run=RunInfo(id=Path(run_dir).name, world_size=len(ranks), ranks_present=ranks),
-        watch=watch, warnings=["no profile window was recorded (no shard): only the --watch series is reported"])
+        verdict=f"{found[0].title}." if found else "", findings=found,
+        run=RunInfo(id=Path(run_dir).name, world_size=len(ranks), ranks_present=ranks), watch=watch,
+        warnings=warnings)
