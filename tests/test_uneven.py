@@ -100,6 +100,17 @@ def test_fewer_steps_without_the_captures_word_are_not_a_loop_end():
     assert loop_ends(run).window is None and not uneven_steps(loop_ends(run), RULES, run.hosts)
 
 
+def test_windows_all_cut_short_at_different_steps_are_no_loop_end_without_a_clean_close():
+    """A termination signal reaches the ranks a step apart: every window is cut short, one rank a step earlier. No
+    finding — unless the status files say every rank closed cleanly (then the loops did end unevenly)."""
+    run = _stopped_early(_run(n_steps=4), rank=1, last_step=FIRST + 2)
+    run.catalog = replace(run.catalog, cut_short=frozenset({(0, 0), (1, 0)}))
+    assert not uneven_steps(loop_ends(run), RULES, run.hosts)
+    run.catalog = replace(run.catalog, steps_seen={0: 4, 1: 3})
+    (f,) = uneven_steps(loop_ends(run), RULES, run.hosts)
+    assert f.metrics["window_last_step"] == FIRST + 3 and f.metrics["rank_last_step"] == FIRST + 2
+
+
 def test_the_status_counts_lead_the_window():
     run = _stopped_early(_run(n_steps=4), rank=1, last_step=FIRST + 1)
     run.catalog = replace(run.catalog, steps_seen={0: 40, 1: 38})

@@ -2,7 +2,9 @@
 
 * ``uneven_steps`` — a rank ran fewer training steps than the others: its status file counts fewer steps than the
   most any rank ran (the whole loop; only where every rank's status file says it closed cleanly), or, in a recorded
-  window, its last step comes before the latest rank's and its shard was cut short (the script ended mid-window).
+  window, its last step comes before the latest rank's and its shard was cut short (the script ended mid-window)
+  while a rank that went on finished the window (or every rank closed cleanly: windows all cut short a step apart
+  are a termination signal's doing).
   For the rest of the loop the other ranks trained without it: with DDP's or ZeroRedundancyOptimizer's ``Join`` the
   rank that ran out only shadows their collectives (counted: its collectives after its last step in the window).
   Impact: the share of the ranks' loop spent with a rank that had stopped, Σ (most steps − a rank's steps) /
@@ -49,8 +51,9 @@ class LoopEnds:
 
 
 def _window_ends(run: RunSummary) -> tuple[int | None, tuple[int, int] | None, dict[int, int], int]:
-    """The first window in which a rank whose window was cut short has its last step before the latest rank's: the
-    window, its first and last step, the early ranks' last steps, the ranks with steps in it."""
+    """The first window in which a rank whose window was cut short has its last step before the latest rank's (and a
+    rank that went on to it finished the window, or every rank closed cleanly): the window, its first and last step,
+    the early ranks' last steps, the ranks with steps in it."""
     cat = run.catalog
     st = run.steps
     if cat is None or not cat.cut_short or not len(st["step"]):
@@ -62,7 +65,9 @@ def _window_ends(run: RunSummary) -> tuple[int | None, tuple[int, int] | None, d
         last = {int(x): int(s[r == x].max()) for x in np.unique(r).tolist()}
         top = max(last.values())
         early = {x: v for x, v in last.items() if v < top and (x, w) in cat.cut_short}
-        if early:
+        # every rank's window cut short at different steps is a signal's or a failure's doing unless every rank
+        # closed cleanly (the status files' counts) or a rank that went on finished the window
+        if early and (cat.steps_seen or any(v == top and (x, w) not in cat.cut_short for x, v in last.items())):
             return int(w), (int(s.min()), top), early, len(last)
     return None, None, {}, 0
 
