@@ -226,13 +226,14 @@ def test_a_rank_beside_busy_processes_waits_for_a_cpu(tmp_path):
         assert (st["cpu_run_ns"] > 0).all() and (st["cpu_wait_ns"] >= 0).all() and (st["cpu_wait_opt_ns"] >= 0).all()
         assert (st["page_faults"] >= 0).all()
         # the side thread's samples cover every step and are the training thread's: the wait they give a step is
-        # within its wall time, and over the steps together it is the step marks' (each mark is taken just before
-        # torch's profiler step; the window's first one before the trace starts, which under this load can take the
-        # thread hundreds of ms of waiting that its step, by its start time, does not hold: the first step is left
-        # out, and the rest differ only at their two ends)
+        # within its wall time, and over the steps together it is the step marks' (each step's marks are taken inside
+        # its span, torch's profiler step between two steps in neither; the first step is left out, as the window's
+        # start under this load can take the thread hundreds of ms of waiting, and the rest differ only at their two
+        # ends)
         cs = sh.table("cpu/samples")
         t, w = cs["t_ns"], cs["wait_ns"]
-        assert t.size > 10 and (np.diff(t) >= 0).all() and (np.diff(w) >= 0).all()
+        # (a sampler starved by this load can take as few as one sample per step: 4 in a CI run, 0.62 s apart)
+        assert t.size >= 2 and (np.diff(t) >= 0).all() and (np.diff(w) >= 0).all()
         assert t[0] <= st["start_ns"].min() and t[-1] >= st["end_ns"].max()
         est = wait_at(cs, st["end_ns"]) - wait_at(cs, st["start_ns"])
         wall = st["end_ns"] - st["start_ns"]
