@@ -61,14 +61,17 @@ def _window_ends(run: RunSummary) -> tuple[int | None, tuple[int, int] | None, d
     rank, window, step = (np.asarray(st[k], np.int64) for k in ("rank", "window", "step"))
     for w in np.unique(window).tolist():
         m = window == w
-        r, s = rank[m], step[m]
-        last = {int(x): int(s[r == x].max()) for x in np.unique(r).tolist()}
-        top = max(last.values())
-        early = {x: v for x, v in last.items() if v < top and (x, w) in cat.cut_short}
+        ranks, inv = np.unique(rank[m], return_inverse=True)
+        last = np.full(ranks.size, np.iinfo(np.int64).min)
+        np.maximum.at(last, inv, step[m])  # each rank's last step, in one pass (16,384 ranks: no per-rank scan)
+        top = int(last.max())
+        cut = np.fromiter(((x, w) in cat.cut_short for x in ranks.tolist()), bool, ranks.size)
+        early = (last < top) & cut
         # every rank's window cut short at different steps is a signal's or a failure's doing unless every rank
         # closed cleanly (the status files' counts) or a rank that went on finished the window
-        if early and (cat.steps_seen or any(v == top and (x, w) not in cat.cut_short for x, v in last.items())):
-            return int(w), (int(s.min()), top), early, len(last)
+        if early.any() and (cat.steps_seen or ((last == top) & ~cut).any()):
+            return (int(w), (int(step[m].min()), top),
+                    dict(zip(ranks[early].tolist(), last[early].tolist())), int(ranks.size))
     return None, None, {}, 0
 
 
