@@ -101,7 +101,6 @@ class RankProfiler:
         self._cpu: schedstat.ThreadCpu | None = None  # the training thread's scheduler statistics (opened there)
         self._cpu_marks: dict[int, tuple[int, ...] | None] = {}  # this window: step -> sample at its start
         self._cpu_end_marks: dict[int, tuple[int, ...] | None] = {}  # this window: step -> sample at its end
-        self._cpu_end_mark: tuple[int, tuple[int, ...] | None] | None = None  # (step, sample as its iteration ended)
         self._cpu_opt_marks: dict[int, tuple[int, ...] | None] = {}  # step -> sample as its optimizer step began
         self._sampler: schedstat.WaitSampler | None = None  # the training thread's CPU waits while recording
         self._main_tid = threading.get_native_id()
@@ -488,12 +487,12 @@ class RankProfiler:
             self._cpu_opt_marks[self.step_num] = self._cpu.sample(faults=False)  # only its wait is used
 
     def _cpu_mark_iteration_end(self) -> None:
-        """The same sample as an iteration of a recorded step finishes: should the loop end there, the step ends there
-        (close), and its CPU time with it — not at the close, after whatever the script did next (DDP's Join shadowing
-        the other ranks' collectives, a checkpoint, evaluation)."""
+        """The same sample as an iteration of a recorded step finishes, as the step's end until its boundary replaces
+        it: should the loop end there, the step ends there (close), and its CPU time with it — not at the close, after
+        whatever the script did next (DDP's Join shadowing the other ranks' collectives, a checkpoint, evaluation)."""
         if self._cpu is not None and self._state is ProfilerState.RUNNING \
                 and self._plan.action(self.step_num) in RECORDING:
-            self._cpu_end_mark = (self.step_num, self._cpu.sample())
+            self._cpu_end_marks[self.step_num] = self._cpu.sample()  # the step's boundary, if it comes, replaces it
 
     def _ensure_info(self) -> None:
         import torch.distributed as dist
@@ -536,13 +535,12 @@ class RankProfiler:
             prof.stop()  # nothing recorded, or only warm-up
             return
         self._cuda_step_end(self.step_num)
-        self._cpu_mark_end(self.step_num)
         if iteration_done and self._stepper is not None:
+            # the step ends where its iteration did, and its CPU time with it (sampled there: _cpu_mark_iteration_end)
             self._step_end_ns[self.step_num] = self._stepper.last_end_ns
-            if self._cpu_end_mark is not None and self._cpu_end_mark[0] == self.step_num:
-                self._cpu_end_marks[self.step_num] = self._cpu_end_mark[1]  # the step ends where its iteration did
             complete = cur is Action.RECORD_AND_SAVE
         else:
+            self._cpu_mark_end(self.step_num)
             self._step_end_ns[self.step_num] = self._step_began_ns
             complete = False
         prof.on_trace_ready = None
