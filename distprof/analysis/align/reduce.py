@@ -100,14 +100,7 @@ def join(cat: RunCatalog, rows: Table, names: np.ndarray, samples: dict[tuple[in
 def _ran_past(cat: RunCatalog) -> str:
     """Why collectives can miss on some ranks of a run whose loops ended unevenly: a rank whose window its script's
     end cut short, beside ranks whose same window ended with the schedule, records on past the end of theirs."""
-    if not cat.cut_short:
-        return ""
-    early: set[int] = set()
-    for w, ranks in cat.ranks_by_window().items():
-        cut = [r for r in ranks if (r, w) in cat.cut_short]
-        if 0 < len(cut) < len(ranks):
-            early.update(cut)
-    early = sorted(early)
+    early = sorted({r for ranks in cat.cut_beside_finished().values() for r in ranks})
     return (f" (rank(s) {rank_ranges(early, sep=',')}: the script's end cut its window short, and it recorded on "
             "until then, past the end of the others' window)" if early else "")
 

@@ -58,6 +58,7 @@ def _window_ends(run: RunSummary) -> tuple[int | None, tuple[int, int] | None, d
     st = run.steps
     if cat is None or not cat.cut_short or not len(st["step"]):
         return None, None, {}, 0
+    beside_finished = cat.cut_beside_finished()
     rank, window, step = (np.asarray(st[k], np.int64) for k in ("rank", "window", "step"))
     for w in np.unique(window).tolist():
         m = window == w
@@ -69,7 +70,7 @@ def _window_ends(run: RunSummary) -> tuple[int | None, tuple[int, int] | None, d
         early = (last < top) & cut
         # every rank's window cut short at different steps is a signal's or a failure's doing unless every rank
         # closed cleanly (the status files' counts) or a rank that went on finished the window
-        if early.any() and (cat.steps_seen or ((last == top) & ~cut).any()):
+        if early.any() and (cat.steps_seen or w in beside_finished):
             return (int(w), (int(step[m].min()), top),
                     dict(zip(ranks[early].tolist(), last[early].tolist())), int(ranks.size))
     return None, None, {}, 0

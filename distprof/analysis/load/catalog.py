@@ -80,6 +80,19 @@ class RunCatalog:
             return sorted({r for rs in self.windows_by_rank.values() for r in rs})
         return sorted({s.rank for s in self.shards})
 
+    def cut_beside_finished(self) -> dict[int, list[int]]:
+        """window -> the ranks whose window the script's end cut short while another rank's same window ended with
+        the schedule (its loop went on): a loop that ended before the others'. Windows cut short on every rank (a
+        job ending mid-window, a termination signal) are not here."""
+        out: dict[int, list[int]] = {}
+        if not self.cut_short:
+            return out
+        for w, ranks in self.ranks_by_window().items():
+            cut = [r for r in ranks if (r, w) in self.cut_short]
+            if 0 < len(cut) < len(ranks):
+                out[w] = cut
+        return out
+
     def ranks_by_window(self) -> dict[int, list[int]]:
         if self.windows_by_rank is not None:
             return {w: list(r) for w, r in self.windows_by_rank.items()}
