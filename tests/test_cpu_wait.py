@@ -269,3 +269,17 @@ def test_flat_samples_are_dropped_without_changing_any_interpolated_wait():
     assert kept["t_ns"].tolist() == [0, 3_000, 4_000, 5_000, 9_000, 10_000, 11_000]
     q = np.arange(0, 11_001, 250)
     assert np.array_equal(wait_at(kept, q), wait_at(s, q))
+
+
+def test_samples_timed_out_of_their_read_order_keep_the_counters_monotone():
+    """Two threads sample; the later read can carry the earlier midpoint (a CI run: 1.5 µs apart, the wait 27 µs
+    lower in the later-timed sample). The writer's samples never go back in run or wait, and the interpolated wait
+    of a step never comes out negative."""
+    s = {"t_ns": np.array([0, 1_000, 2_000, 2_001, 3_000], np.int64),
+         "run_ns": np.array([0, 500, 900, 880, 1_400], np.int64),
+         "wait_ns": np.array([0, 10, 60, 33, 70], np.int64)}
+    kept = schedstat.drop_flat(s)
+    assert (np.diff(kept["wait_ns"]) >= 0).all() and (np.diff(kept["run_ns"]) >= 0).all()
+    assert kept["wait_ns"].tolist() == [0, 10, 60, 60, 70] and kept["run_ns"].tolist() == [0, 500, 900, 900, 1_400]
+    q = np.arange(0, 3_001, 100)
+    assert (np.diff(wait_at(kept, q)) >= 0).all()

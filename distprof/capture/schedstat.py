@@ -178,11 +178,19 @@ class WaitSampler:
 
 
 def drop_flat(samples: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The samples sorted by time, without those whose wait equals both neighbours': interpolating the wait between
-    the ones kept gives exactly the same values (it was flat there), and a thread that mostly runs or sleeps waits
-    rarely."""
+    """The samples sorted by time, their counters made monotone, without those whose wait equals both neighbours':
+    interpolating the wait between the ones kept gives exactly the same values (it was flat there), and a thread that
+    mostly runs or sleeps waits rarely.
+
+    Two threads take samples (the sampler, and the training thread at a window's edges), each timed at its read's
+    midpoint; where their reads overlap, the later read can have the earlier midpoint (a CI run: 1.5 µs apart, the
+    wait 27 µs lower in the later-timed one). Run and wait only grow, so the earlier-timed sample is given the running
+    maximum: off by at most what the thread ran and waited while the two reads overlapped."""
     o = np.argsort(np.asarray(samples["t_ns"]), kind="stable")
     samples = {k: np.asarray(v)[o] for k, v in samples.items()}
+    for k in ("run_ns", "wait_ns"):
+        if samples[k].size:
+            samples[k] = np.maximum.accumulate(samples[k])
     w = samples["wait_ns"]
     if w.size < 3:
         return samples
