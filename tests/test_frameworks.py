@@ -31,9 +31,12 @@ from distprof.analysis.cross.comm_table import CommRow
 from distprof.analysis.cross.parallelism import advice_for_exposed, detect_parallelism
 
 #: Recorded steps per run: enough for the straggler rule to tell a rank late by SLOW_MS from noise (it warns below
-#: ~10), and for a spell of CPU contention (a few steps long on these 2 cores) to stay well under the rule's 75 % of
-#: steps in the balanced run; the first window waits WAIT + WARMUP steps.
-WAIT, WARMUP, ACTIVE = 2, 2, 16
+#: ~10), and for a spell of CPU contention to stay well under the rule's 75 % of steps in the balanced run; the first
+#: window waits WAIT + WARMUP steps. At 16 steps (~1.1 s of HF Trainer) a CI run's balanced job had rank 0 late by
+#: 3.8 ms in 14 of them (named): these VMs' cores are shared (steal time), and locally such a spell ran every op of one
+#: rank ~15 % slower for up to a second; at 32 a spell must last ~1.7 s to name a rank (local balanced HF runs: the latest rank late in at
+#: most 69 % of 16 steps over eleven runs, 56 % of 32 over eight).
+WAIT, WARMUP, ACTIVE = 2, 2, 32
 STEPS = WAIT + WARMUP + ACTIVE + 2
 #: Every rank's "device time" per forward, and rank 1's extra in the slowed run: the extra is >= 40 % of the step.
 #: The device time is most of the step: at 20 ms, HF Trainer's two ranks kept the 2 cores half busy, and a CI run's
