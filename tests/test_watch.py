@@ -354,6 +354,53 @@ def test_a_single_process_watch_flushes_every_step_at_close(tmp_path):
     assert rep["watch"]["per_rank"][0]["steps"] == 30 and "only the --watch series" in rep["warnings"][0]
 
 
+def test_the_loops_last_step_is_in_the_series_and_ends_where_its_iteration_did(tmp_path):
+    """Steps advanced by the optimizer (the launcher's way): the last iteration has no boundary after it, and the close
+    ends it. Its row is in the series (it was lost), ending at its optimizer step: the 0.3 s the script spends after
+    the loop (an evaluation, a checkpoint) is no step's."""
+    import torch
+
+    import distprof
+
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with distprof.profile(out=str(tmp_path), run_id="opt", schedule="none", watch=True, watch_interval_s=0.05,
+                          step_on="optimizer"):
+        for _ in range(6):
+            time.sleep(0.01)
+            model(torch.ones(2, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        time.sleep(0.3)  # after the loop
+    rows = wf.read_rank_series(tmp_path / "opt", 0)
+    assert list(rows["step"]) == list(range(6))
+    # a step runs from its first forward to the next one (each sleep is its previous step's); the last ends at its
+    # optimizer step, 0.3 s before the close
+    assert np.all(rows["step_ms"][:-1] >= 10.0) and rows["step_ms"][-1] < 200.0, rows["step_ms"]
+    assert np.all(rows["opt_ms"] > 0) and np.all(rows["opt_ms"] < rows["step_ms"])
+
+
+def test_a_boundary_after_the_iteration_end_replaces_its_row():
+    """The recorder's row kept at an iteration's end is written only by the close, never beside its boundary's."""
+    import threading
+
+    from distprof.capture.watch import WatchRecorder
+
+    rec = WatchRecorder(threading.get_ident())
+    try:
+        rec.iteration_end(0)
+        rec.step_end(0, False)
+        rec.end_iteration()  # the boundary came: nothing kept
+        rec.iteration_end(1)
+        time.sleep(0.02)  # after the loop: not in step 1
+        rec.end_iteration()
+        rec.end_iteration()  # once
+        rows, taken, lost = rec.take(0)
+    finally:
+        rec.remove()  # a boundary wraps the functional collectives' wait once their module is imported
+    assert (taken, lost) == (2, 0) and list(rows["step"]) == [0, 1] and rows["step_ms"][1] < 20.0
+
+
 @pytest.mark.slow
 def test_a_watch_that_cannot_write_warns_once_and_training_goes_on(tmp_path):
     run_dir = tmp_path / "out" / "w"

@@ -190,7 +190,7 @@ class RankProfiler:
                                    summarizer=self._summarizer)
         self._signals.install()
         if cfg.step_on == "optimizer":
-            self._stepper = OptimizerStepper(self._advance, self._cpu_mark_optimizer, self._cpu_mark_iteration_end)
+            self._stepper = OptimizerStepper(self._advance, self._cpu_mark_optimizer, self._iteration_end)
             self._stepper.install()
         _active = self
         if cfg.trigger.enabled:
@@ -276,6 +276,8 @@ class RankProfiler:
                 else:
                     self._guard("stop", lambda: self._stop_partial(iteration_done))
             if iteration_done and not disabled:
+                if self._watch is not None:  # its row too, as the iteration ended
+                    self._watch.end_iteration()
                 self.step_num += 1  # that step is done: it counts among the steps seen (status: steps_seen)
         finally:
             self._memhist_stop()
@@ -486,12 +488,16 @@ class RankProfiler:
         if self._cpu is not None and self._state is ProfilerState.RUNNING:  # sample() never raises
             self._cpu_opt_marks[self.step_num] = self._cpu.sample(faults=False)  # only its wait is used
 
-    def _cpu_mark_iteration_end(self) -> None:
-        """The same sample as an iteration of a recorded step finishes, as the step's end until its boundary replaces
-        it: should the loop end there, the step ends there (close), and its CPU time with it — not at the close, after
-        whatever the script did next (DDP's Join shadowing the other ranks' collectives, a checkpoint, evaluation)."""
-        if self._cpu is not None and self._state is ProfilerState.RUNNING \
-                and self._plan.action(self.step_num) in RECORDING:
+    def _iteration_end(self) -> None:
+        """An iteration finished (the stepper; its boundary is deferred): the step's end as it stands, until its
+        boundary replaces it. Should the loop end there, the step ends there (close) — not at the close, after
+        whatever the script did next (DDP's Join shadowing the other ranks' collectives, a checkpoint, evaluation):
+        a recorded step's CPU sample, and the watch's row."""
+        if self._state is not ProfilerState.RUNNING:
+            return
+        if self._watch is not None:
+            self._watch.iteration_end(self.step_num)
+        if self._cpu is not None and self._plan.action(self.step_num) in RECORDING:
             self._cpu_end_marks[self.step_num] = self._cpu.sample()  # the step's boundary, if it comes, replaces it
 
     def _ensure_info(self) -> None:
@@ -536,7 +542,7 @@ class RankProfiler:
             return
         self._cuda_step_end(self.step_num)
         if iteration_done and self._stepper is not None:
-            # the step ends where its iteration did, and its CPU time with it (sampled there: _cpu_mark_iteration_end)
+            # the step ends where its iteration did, and its CPU time with it (sampled there: _iteration_end)
             self._step_end_ns[self.step_num] = self._stepper.last_end_ns
             complete = cur is Action.RECORD_AND_SAVE
         else:

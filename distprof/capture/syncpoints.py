@@ -127,6 +127,10 @@ class BackwardTail:
             pass
         self._queued = False
 
+    def peek(self) -> int:
+        """The waits since the last take (ns), still counted towards the next."""
+        return self._tail_ns
+
     def take(self) -> int:
         """The waits since the last call (ns); also forgets a pass whose callbacks never ran (a failed backward)."""
         t, self._tail_ns = self._tail_ns, 0

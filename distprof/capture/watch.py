@@ -101,6 +101,9 @@ class WatchRecorder:
         self.tail = BackwardTail(lambda: self.comm_ns)  # DDP's reducer waits at the end of backward
         self.device = DeviceComm()  # NCCL: device time of every collective
         self._funcol = False  # wait_tensor patched
+        # the step's row as its iteration finished (step, perf ns, time ns, data, opt, waited ns), until its boundary
+        # comes: the loop's last step has none, and the close writes this (end_iteration)
+        self._at_iteration_end: tuple[int, int, int, int, int, int] | None = None
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -190,6 +193,24 @@ class WatchRecorder:
             self.opt_ns += time.perf_counter_ns() - self._opt_t0
 
     # -- per step ---------------------------------------------------------------------------------------------
+    def iteration_end(self, step: int) -> None:
+        """Training thread: step `step`'s iteration finished now (the primary optimizer's step returned; capture/
+        stepper.py). Its row as it stands is kept for the close, should no boundary follow (the loop's last step,
+        which otherwise no series would hold). The optimizer step whose post hook this runs from is counted."""
+        t = time.perf_counter_ns()
+        opt = self.opt_ns + (t - self._opt_t0 if self._opt_depth > 0 else 0)
+        self._at_iteration_end = (step, t, time.time_ns(), self.data_ns, opt, self.comm_ns + self.tail.peek())
+
+    def end_iteration(self) -> None:
+        """At the close: the row of the step whose iteration finished and whose boundary never came, ending where its
+        iteration did (what ran after the loop is no step's)."""
+        kept, self._at_iteration_end = self._at_iteration_end, None
+        if kept is None:
+            return
+        step, t, end_ns, data, opt, waited = kept
+        peak = int(self._cuda.max_memory_allocated()) if self._cuda is not None else -1
+        self._append(step, end_ns, t, data, opt, waited, peak)
+
     def step_end(self, step: int, profiler_resets_peak: bool) -> None:
         """Step `step` ended now. `profiler_resets_peak`: the profiler reads and resets the device peak at this
         boundary itself (a recorded step), so the watch only reads it."""
@@ -200,16 +221,20 @@ class WatchRecorder:
             peak = int(cuda.max_memory_allocated())
             if not profiler_resets_peak:
                 cuda.reset_peak_memory_stats()
-        waited = self.comm_ns + self.tail.take()
-        self.rows[self.n % self.cap] = (step, time.time_ns(), (t - self._t_last) * 1e-6, self.data_ns * 1e-6,
-                                        self.opt_ns * 1e-6, waited * 1e-6, peak, _NAN)
-        self.n += 1
+        self._at_iteration_end = None
+        self._append(step, time.time_ns(), t, self.data_ns, self.opt_ns, self.comm_ns + self.tail.take(), peak)
         self.data_ns = self.opt_ns = self.comm_ns = 0
         self._opt_depth = 0
         self.device.poll()
         if not self._funcol:
             self._patch_funcol()
         self._t_last = time.perf_counter_ns()
+
+    def _append(self, step: int, end_ns: int, t: int, data: int, opt: int, waited: int, peak: int) -> None:
+        """One step's row (`t`: its end on perf_counter_ns; the others ns); `n` counts it once it is written."""
+        self.rows[self.n % self.cap] = (step, end_ns, (t - self._t_last) * 1e-6, data * 1e-6, opt * 1e-6,
+                                        waited * 1e-6, peak, _NAN)
+        self.n += 1
 
     def take(self, since: int) -> tuple[np.ndarray, int, int]:
         """Side thread: rows written since row number `since` -> (rows, new `since`, rows lost to the ring)."""
@@ -303,6 +328,24 @@ class Watch:
             return
         try:
             self.recorder.step_end(step, profiler_resets_peak)
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+
+    def iteration_end(self, step: int) -> None:
+        """Training thread, as an iteration finishes (before its deferred boundary). Never raises."""
+        if self._failed:
+            return
+        try:
+            self.recorder.iteration_end(step)
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+
+    def end_iteration(self) -> None:
+        """Training thread, at the close: the last iteration's step, when no boundary ended it. Never raises."""
+        if self._failed:
+            return
+        try:
+            self.recorder.end_iteration()
         except Exception as e:  # noqa: BLE001
             self._fail(e)
 
