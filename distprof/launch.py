@@ -4,7 +4,8 @@
     torchrun --nproc_per_node=N -m distprof.launch [distprof options] -m pkg.train [script args]
     mpiexec -n N python -m distprof.launch [distprof options] train.py|-m pkg.train [script args]
     srun python -m distprof.launch [distprof options] train.py|-m pkg.train [script args]  (one Slurm task per rank)
-    python -m distprof.launch [distprof options] train.py|-m pkg.train [script args]      (single process)
+    python -m distprof.launch [distprof options] train.py|-m pkg.train [script args]      (single process, or a
+                                                     script that starts its ranks with torch.multiprocessing.spawn)
 
 With -m the target is a module, run as `python -m pkg.train` would run it (torchrun's -m): found on sys.path (the
 current directory first), a package's __main__, relative imports, sys.argv[0] the module's file, __name__ ==
@@ -32,6 +33,7 @@ import sys
 from .capture import env as launch_env
 from .config import ProfileConfig, ScheduleConfig, TriggerConfig, WatchConfig, config_from_mapping
 from .errors import ConfigError
+from .rank_entry import profiled_call, run_spawned
 
 log = logging.getLogger("distprof.launch")
 
@@ -167,36 +169,27 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
 
 
 def run(config: ProfileConfig, script: str, script_args: list[str], *, module: bool = False) -> None:
-    """Run `script` (a path, or with `module` a module name) as __main__ under a RankProfiler; exceptions and
-    SystemExit pass through after close(), which prints this rank's closing line (also when a signal ends the job:
-    capture.signals). How the script ended is told to the profiler first: one that failed gets no hint about
-    steps, and its run directory (if one was made) is marked failed in the status file."""
+    """Run `script` (a path, or with `module` a module name) as __main__ under a RankProfiler (:func:`profiled_call`).
+    Processes the script starts with torch.multiprocessing.spawn are the job's ranks, each profiled, this one their
+    launcher (capture/spawned.py)."""
+    from .capture import spawned
     from .capture.profiler import RankProfiler
     from .source_summary import summarize_shard
 
     prof = RankProfiler(config, summarizer=summarize_shard)
-    prof.on_closed = _print_closing_line
     sys.argv = [script, *script_args]  # runpy sets argv[0] to the module's file, as python -m does
     if module:
         if os.getcwd() not in sys.path:  # python -m puts the current directory first
             sys.path.insert(0, os.getcwd())
+        target = lambda: runpy.run_module(script, run_name="__main__", alter_sys=True)  # noqa: E731
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    prof.start()
+        target = lambda: runpy.run_path(script, run_name="__main__")  # noqa: E731
+    spawned.install(prof, config, run_spawned)
     try:
-        if module:
-            runpy.run_module(script, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        if e.code not in (None, 0):
-            prof.script_ended(f"exit code {e.code}" if isinstance(e.code, int) else "SystemExit")
-        raise
-    except BaseException as e:
-        prof.script_ended(f"{type(e).__name__}: {e}"[:500])
-        raise
+        profiled_call(prof, target)
     finally:
-        prof.close()
+        spawned.uninstall()
 
 
 def find_module(name: str) -> str | None:
@@ -231,13 +224,6 @@ def find_module(name: str) -> str | None:
         return (f"{name!r} is a package without a __main__.py ({', '.join(spec.submodule_search_locations)}): "
                 f"name the module to run (-m {name}.train) or add {name.replace('.', '/')}/__main__.py")
     return None
-
-
-def _print_closing_line(prof) -> None:
-    """One line per rank on stderr: where the shards went, what was lost and why (rank 0 always speaks)."""
-    line = prof.closing_line()
-    if line:
-        print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,11 +19,11 @@ from typing import Any, Callable
 
 from ..config import ProfileConfig
 from ..errors import ConfigError
-from . import clock, compiled, dist_info, groups, p2p, schedstat, status
+from . import clock, compiled, dist_info, groups, p2p, rundir, schedstat, status
 from .memhistory import MemoryHistory
 from .rundir import ClaimError
 from .schedule import Action, WindowPlan
-from .setup import RunSetup
+from .setup import RunSetup, is_distributed
 from .signals import FLUSH_S, SignalGuard
 from .status import LostWindow
 from .stepper import OptimizerStepper
@@ -80,7 +80,10 @@ class RankProfiler:
     where every rank is (``setup.py``), clock ping-pongs run on a side thread (``clock.py``), and shards are written
     by a background thread."""
 
-    def __init__(self, config: ProfileConfig, *, summarizer: Summarizer | None = None) -> None:
+    def __init__(self, config: ProfileConfig, *, summarizer: Summarizer | None = None,
+                 inherited_run: tuple[str, rundir.JobIdentity] | None = None) -> None:
+        """`inherited_run`: the run id and job of the process that started this one with torch.multiprocessing.spawn
+        and handed its run directory over (:meth:`hand_over`; ``spawned.py``)."""
         self.config = config
         self._summarizer = summarizer if config.summaries else None
         self.step_num = 0
@@ -110,7 +113,8 @@ class RankProfiler:
         self._info_final = False
         self._clock = clock.ClockSync(config.sync_rounds, config.sync_timeout_s, None,
                                       lambda stage, e: self._fail(stage, e, disable=False))
-        self._setup = RunSetup(config, self._clock)
+        self._setup = RunSetup(config, self._clock, inherited=inherited_run)
+        self._handed_over = False  # this process started the job's ranks itself and is none of them (hand_over)
         self._plan = WindowPlan(config.schedule)  # the schedule's windows and the triggered ones
         self._trigger: Trigger | None = None
         self._watch: Watch | None = None
@@ -248,6 +252,34 @@ class RankProfiler:
         is left of the signal's deadline (signals.FLUSH_S)."""
         self._inside(self._close)
 
+    @property
+    def handed_over(self) -> bool:
+        """This process started the job's ranks itself and closed for them (:meth:`hand_over`)."""
+        return self._handed_over
+
+    def can_hand_over(self) -> bool:
+        """Whether this process can step aside for ranks it starts (:meth:`hand_over`): it runs, has seen no training
+        step, and is no rank of a job itself (no process group, no launcher's world of several)."""
+        return (self._state is ProfilerState.RUNNING and self.iterations == 0 and self._setup.agreement is None
+                and not is_distributed())
+
+    def hand_over(self) -> tuple[str, rundir.JobIdentity] | None:
+        """The script starts the job's ranks itself (torch.multiprocessing.spawn; ``spawned.py``) and this process,
+        their launcher, is none of them (:meth:`can_hand_over`, checked by the caller): it claims the run directory
+        (if it has not yet) for them, and closes without a status file, a shard or a closing line of its own. Returns
+        the run id and job as which the ranks' rank 0 takes the directory; None when none could be claimed (rank 0
+        then claims one itself, or says why it cannot). Never raises."""
+        inherited = None
+        try:
+            self._setup.ensure_run_dir(0, wait=False)
+            if self._setup.run_id is not None and self._setup.job is not None:
+                inherited = (self._setup.run_id, self._setup.job)
+        except Exception as e:  # noqa: BLE001 -- the ranks' rank 0 claims a directory itself (and says why not)
+            log.debug("distprof: the launching process could not claim the run directory: %s", e)
+        self._handed_over = True
+        self.close()
+        return inherited
+
     def script_ended(self, error: str | None) -> None:
         """The launcher: how the script ended (None: normally; else its exception or non-zero exit), before close().
         The closing line and the status file say so; no hint about steps is given for a script that failed."""
@@ -302,17 +334,19 @@ class RankProfiler:
                 self._watch.close()
             if self._trigger is not None:
                 left = self._time_left()
-                self._trigger.close(**({} if left is None else {"timeout_s": max(0.0, min(5.0, left - 1.0))}))
+                self._trigger.close(**({} if left is None else {"timeout_s": max(0.0, min(5.0, left - 1.0))}),
+                                    state=None if self._handed_over else "closed")  # the ranks' rank 0 says it
             if self._watch is not None:
                 self._watch.settle_drifts()  # the trigger's final answers to the watch's requests
             left = self._time_left()
             # after a signal every rank is going: the reference does not wait for the leaders' goodbyes
             self._clock.close(None if left is None else min(0.1, left))
-            self._mark_failed_run()
-            self._write_status(final=True)
+            if not self._handed_over:  # the launching process of spawned ranks has no status of its own
+                self._mark_failed_run()
+                self._write_status(final=True)
             self._signals.uninstall()
             self._mark_closed()
-            if self.on_closed is not None:
+            if self.on_closed is not None and not self._handed_over:
                 try:
                     self.on_closed(self)
                 except Exception as e:  # noqa: BLE001 -- the closing line never hurts the job

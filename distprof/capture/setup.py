@@ -39,7 +39,22 @@ def env_run_id() -> str | None:
     return None
 
 
+#: Set in a process torch.multiprocessing.spawn started under the launcher (``spawned.py``): how many processes the
+#: call started. They are ranks of one job whose script makes the process group itself, with no launcher's variables
+#: to say so (0: not such a process).
+_spawned_ranks = 0
+
+
+def expect_spawned_ranks(n: int) -> None:
+    """This process is one of `n` started by the script's torch.multiprocessing.spawn (``spawned.py``): a rank of a job
+    of several until its process group says otherwise, so nothing is claimed before the agreement."""
+    global _spawned_ranks
+    _spawned_ranks = max(0, int(n))
+
+
 def _env_world_size() -> int:
+    if _spawned_ranks:
+        return _spawned_ranks
     for key in ("WORLD_SIZE", "SLURM_NTASKS"):
         try:
             return int(os.environ[key])
@@ -60,9 +75,13 @@ def is_distributed() -> bool:
 class RunSetup:
     """The agreement (run id, job, roles, clock channel) and the run directory, for one profiler. Thread-safe."""
 
-    def __init__(self, config: ProfileConfig, clock_sync: clock.ClockSync) -> None:
+    def __init__(self, config: ProfileConfig, clock_sync: clock.ClockSync, *,
+                 inherited: tuple[str, rundir.JobIdentity] | None = None) -> None:
         self.config = config
         self.clock = clock_sync
+        #: the run id and job of the launching process whose run directory this job's ranks go to (the script
+        #: spawned them: ``spawned.py``); rank 0 claims that directory as that job
+        self.inherited = inherited
         self.agreement: clock.Agreement | None = None
         self.run_id: str | None = None
         self.run_dir: Path | None = None
@@ -119,9 +138,11 @@ class RunSetup:
             # group): the group's run is that directory, not a second one beside it
             return {"run_id": self._claim.run_id, "requested": self._claim.run_id, "job": self.job.to_dict(),
                     "note": self.note}
-        explicit = self.config.run_id or env_run_id()
-        run_id = explicit or clock.new_run_id()
-        job = rundir.new_job()
+        if self.inherited is not None:  # the launching process claimed the run directory for this job
+            run_id, job = self.inherited
+        else:
+            run_id = self.config.run_id or env_run_id() or clock.new_run_id()
+            job = rundir.new_job()
         doc: dict = {"run_id": run_id, "requested": run_id, "job": job.to_dict()}
         try:
             c = rundir.claim(self.config.out, run_id, job)
@@ -194,7 +215,11 @@ class RunSetup:
 
     def _unagreed_run(self) -> tuple[str, rundir.JobIdentity]:
         """No agreement: the run id and job from the environment, or this process's own."""
-        explicit = self.config.run_id or env_run_id()
+        if self.inherited is not None and not is_distributed():  # the one process the launcher spawned
+            return self.inherited
+        # processes the script spawned that never made a group (separate trainings) each write to their own: under
+        # one run id they would all be rank 0 of one directory
+        explicit = None if _spawned_ranks else (self.config.run_id or env_run_id())
         if is_distributed() and explicit:
             # every rank computes the same job: the launcher's ids, else only the run id (then a second job with this
             # run id cannot be told from this one: nothing to agree through)
@@ -203,7 +228,10 @@ class RunSetup:
                         "could not see it, or there is none); the ranks write to %s/%s as job %s", self.config.out,
                         explicit, job.id)
             return explicit, job
-        if is_distributed():
+        if _spawned_ranks:
+            log.warning("distprof: this process, one of %d the script started with torch.multiprocessing, made no "
+                        "process group distprof saw: it writes to a run directory of its own", _spawned_ranks)
+        elif is_distributed():
             log.warning("distprof: no run id agreed with the other ranks within %.0f s (the process group was made "
                         "where distprof could not see it); this rank writes to its own run directory; pass --run-id "
                         "to keep the ranks together", self.config.sync_timeout_s)

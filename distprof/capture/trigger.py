@@ -186,7 +186,7 @@ class Trigger:
         self._next_heartbeat = 0.0
         self._next_poll = 0.0
         self._next_check = 0.0
-        self._final_state = "closed"
+        self._final_state: str | None = "closed"
         self._unwritten: dict[str, dict[str, Any]] = {}  # rank 0: file name -> latest document not yet on disk
         self._spell = WriteSpell("trigger files", on_error)  # writes failing for a while: reported once, retried
         self._files = threading.Lock()  # the side thread and a closing thread may both write
@@ -197,9 +197,10 @@ class Trigger:
         self._thread = threading.Thread(target=self._run, name="distprof-trigger", daemon=True)
         self._thread.start()
 
-    def close(self, timeout_s: float = CLOSE_WAIT_S + 5.0, state: str = "closed") -> None:
+    def close(self, timeout_s: float = CLOSE_WAIT_S + 5.0, state: str | None = "closed") -> None:
         """The job's profiler closes (its writer is done): last confirmations, final answers, the live file
-        `state` ("closed"; "disabled" when the profiler stopped after an error). Bounded: the side thread is a daemon
+        `state` ("closed"; "disabled" when the profiler stopped after an error; None: not written, the process handed
+        the run over to the ranks it started). Bounded: the side thread is a daemon
         and is left behind if the store does not answer."""
         if not self._stop.is_set():
             self._final_state = state
@@ -214,7 +215,7 @@ class Trigger:
     def _say_ended(self, timeout_s: float) -> None:
         """Rank 0: the live file says how the job ended even when the side thread could not (it died, is stuck in a
         store call, or its last write failed): written from here, tried until `timeout_s` is spent."""
-        if self._rank != 0 or self._run_dir is None or self._live_final:
+        if self._rank != 0 or self._run_dir is None or self._live_final or self._final_state is None:
             return
         if self._thread is not None and self._thread.is_alive() and timeout_s <= 0:
             return  # it writes the final state itself (the training thread does not wait for a file)
@@ -640,7 +641,8 @@ class Trigger:
             if self._followed:
                 time.sleep(0.1)
         self._follow(time.monotonic(), final=True)
-        self._write_live(self._final_state)
+        if self._final_state is not None:  # None: the process handed the run over (no final word of its own)
+            self._write_live(self._final_state)
 
 
 def _window_from(raw: bytes, plan: int) -> TriggeredWindow:
