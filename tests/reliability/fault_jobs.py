@@ -105,15 +105,20 @@ def tmp_files(run_dir: Path, rank: int | None = None) -> list[Path]:
 def distprof_traceback(stderr: str) -> str | None:
     """A traceback through distprof's code or an exception escaping one of its threads, if any. The script's own
     exception (a collective failing when a peer died) passes through the launcher's frames (``distprof/launch.py``
-    runs the script like ``runpy``) exactly as it would pass through ``python train.py``: those frames alone do not
-    make it distprof's. torchrun's ChildFailedError summary is what a failed job prints without distprof too."""
+    runs the script like ``runpy``, ``distprof/rank_entry.py`` calls it under the rank's profiler) exactly as it
+    would pass through ``python train.py``: those frames alone do not make it distprof's. torchrun's ChildFailedError
+    summary is what a failed job prints without distprof too."""
     m = re.search(r"Exception in thread distprof", stderr)
     if m:
         return m.group(0)
     for frame in re.finditer(r'File "([^"]*/distprof/[^"]*)"', stderr):
-        if not frame.group(1).endswith("/distprof/launch.py"):
+        if not frame.group(1).endswith(LAUNCHER_FRAMES):
             return frame.group(0)
     return None
+
+
+#: The files of the frames every exception of the script passes through under distprof.launch.
+LAUNCHER_FRAMES = ("/distprof/launch.py", "/distprof/rank_entry.py")
 
 
 def exit_codes(stderr: str) -> dict[int, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from fault_jobs import seconds_since_log_time, sigterm_sent_at
+from fault_jobs import distprof_traceback, seconds_since_log_time, sigterm_sent_at
 
 
 def local_epoch(h: int, m: int, s: float) -> float:
@@ -29,3 +29,18 @@ def test_sigterm_sent_at_reads_torchrun_log_clock():
             "SIGTERM")
     assert sigterm_sent_at("noise\n" + line + "\n") == pytest.approx(611.497)
     assert sigterm_sent_at("no signal here") is None
+
+
+def _tb(*files: str) -> str:
+    return "Traceback (most recent call last):\n" + "".join(f'  File "{f}", line 1, in x\n' for f in files)
+
+
+@pytest.mark.parametrize("stderr, found", [
+    # the script's own exception, through the launcher's frames only: not distprof's
+    (_tb("/x/distprof/launch.py", "/x/distprof/rank_entry.py", "/job/train.py"), None),
+    (_tb("/x/distprof/launch.py", "/x/distprof/capture/profiler.py"), 'File "/x/distprof/capture/profiler.py"'),
+    ("Exception in thread distprof-writer:\n", "Exception in thread distprof"),
+    ("", None),
+])
+def test_a_traceback_is_distprofs_only_beyond_the_launchers_frames(stderr, found):
+    assert distprof_traceback(stderr) == found
