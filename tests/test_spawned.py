@@ -144,7 +144,7 @@ def test_a_spawned_rank_that_fails_fails_the_job_as_torch_reports_it(tmp_path):
 @pytest.mark.slow
 def test_forked_ranks_and_a_second_spawn_each_make_a_run_of_their_own(tmp_path):
     """mp.start_processes with fork: the same; a script that spawns twice (two jobs) gets two run directories."""
-    proc = launch(tmp_path / ".", "--start-method", "fork", "--steps", "8")
+    proc = launch(tmp_path, "--start-method", "fork", "--steps", "8")
     assert proc.returncode == 0, proc.stderr[-3000:]
     st = statuses(only_run_dir(tmp_path / "out"))
     assert sorted(st) == [0, 1] and all(s["steps_seen"] == 8 and s["windows"] for s in st.values())

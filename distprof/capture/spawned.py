@@ -33,7 +33,7 @@ _installed: list[tuple[Any, str, Any]] = []  # (module, attribute, original)
 
 
 #: The launcher's way of running a rank: runner(config, inherited run, call) runs `call()` under a profiler of that
-#: rank (distprof.launch.run_spawned); a module-level function, pickled by reference.
+#: rank (distprof.rank_entry.run_spawned); a module-level function, pickled by reference.
 Runner = Callable[[ProfileConfig, "tuple[str, JobIdentity] | None", Callable[[], Any]], Any]
 
 
