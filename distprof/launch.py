@@ -33,7 +33,7 @@ import sys
 from .capture import env as launch_env
 from .config import ProfileConfig, ScheduleConfig, TriggerConfig, WatchConfig, config_from_mapping
 from .errors import ConfigError
-from .rank_entry import profiled_call, run_spawned
+from .rank_entry import profiled_call, run_spawned, run_started
 
 log = logging.getLogger("distprof.launch")
 
@@ -185,7 +185,7 @@ def run(config: ProfileConfig, script: str, script_args: list[str], *, module: b
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
         target = lambda: runpy.run_path(script, run_name="__main__")  # noqa: E731
-    spawned.install(prof, config, run_spawned)
+    spawned.install(prof, config, run_spawned, run_started)
     try:
         profiled_call(prof, target)
     finally:

@@ -1,18 +1,23 @@
-"""How the launcher runs a rank: the script (``distprof.launch``), or the function of a process the script started with
-torch.multiprocessing.spawn (``capture/spawned.py``), under that rank's profiler.
+"""How the launcher runs a rank: the script (``distprof.launch``), the function of a process the script started with
+torch.multiprocessing.spawn, or the target of one it started with multiprocessing.Process (``capture/spawned.py``),
+under that rank's profiler.
 
-A module of its own, not ``distprof.launch``: the spawned processes find :func:`run_spawned` by its module's name,
-and the launcher runs as ``__main__``.
+A module of its own, not ``distprof.launch``: the started processes find :func:`run_spawned` and :func:`run_started`
+by their module's name, and the launcher runs as ``__main__``.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from .capture.rundir import JobIdentity
+    from .capture.spawned import Handoff
     from .config import ProfileConfig
+
+log = logging.getLogger(__name__)
 
 
 def profiled_call(prof, call: Callable[[], Any]) -> Any:
@@ -42,6 +47,57 @@ def run_spawned(config: ProfileConfig, inherited: tuple[str, JobIdentity] | None
     from .source_summary import summarize_shard
 
     return profiled_call(RankProfiler(config, summarizer=summarize_shard, inherited_run=inherited), call)
+
+
+def run_started(config: ProfileConfig, handoff: Handoff, call: Callable[[], Any]) -> Any:
+    """In a process the script started with multiprocessing.Process: `call()` (its target) as it is, profiled as a
+    rank from the moment it makes a default process group — inside that registration, where every rank of the job
+    is, a profiler starts and agrees the run as torchrun workers' do. Its rank 0 takes the launcher's run directory
+    when the launcher has not (``spawned.Handoff``). A process that makes no group is not profiled: it may be any
+    helper the script starts."""
+    from .capture import groups
+
+    started: list = []
+
+    def on_default_group(pg, store) -> None:
+        try:
+            started.append(_rank_in_group(config, handoff, pg, store))
+        except Exception as e:  # noqa: BLE001 -- the group forms as torch made it; this rank goes unprofiled
+            log.warning("distprof: a process the script started made a process group, but could not be profiled "
+                        "(%s: %s); training goes on", type(e).__name__, e)
+
+    groups.set_default_group_listener(on_default_group)
+    groups.install()
+    try:
+        return call()
+    except SystemExit as e:
+        if started and e.code not in (None, 0):
+            started[0].script_ended(f"exit code {e.code}" if isinstance(e.code, int) else "SystemExit")
+        raise
+    except BaseException as e:
+        if started:
+            started[0].script_ended(f"{type(e).__name__}: {e}"[:500])
+        raise
+    finally:
+        if started:
+            started[0].close()
+        else:
+            groups.set_default_group_listener(None)
+
+
+def _rank_in_group(config: ProfileConfig, handoff: Handoff, pg, store):
+    """The profiler of a started process that has just made its default group (`pg`, `store`), started."""
+    from .capture import setup as run_setup
+    from .capture.profiler import RankProfiler
+    from .source_summary import summarize_shard
+
+    run_setup.expect_spawned_ranks(pg.size())  # a rank of several from here on: nothing is claimed before agreeing
+    inherited = handoff.inherited if pg.rank() == 0 and handoff.inherited and handoff.take("rank 0") else None
+    prof = RankProfiler(config, summarizer=summarize_shard, inherited_run=inherited)
+    prof.on_closed = _print_closing_line
+    prof.start()
+    prof.started_in_group(pg, store)
+    return prof
 
 
 def _print_closing_line(prof) -> None:

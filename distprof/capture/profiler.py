@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import ProfileConfig
 from ..errors import ConfigError
@@ -31,6 +31,9 @@ from .trigger import Trigger
 from .watch import Watch
 from ..storage.summary_group import Summarizer
 from .windows import ShardWriter, WindowJob
+
+if TYPE_CHECKING:
+    from .spawned import Handoff
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class ProfilerState(enum.Enum):
               the status file is written. Nothing begins again: a second close(), the process group's agreement and a
               signal's flush are ignored, and a failure here is recorded without changing the state. -> CLOSED.
     CLOSED    close() is done (its last act is to call `on_closed`). Final; a step() now is ignored (one warning).
+              A forked child's copy of a running profiler is CLOSED at once, without a close (``_forked_away``).
 
     Failures happen only while RUNNING or CLOSING: nothing runs before start() (a step() is ignored), and after the
     close nothing is left to fail. A failure that stops profiling is recorded in `RankProfiler.errors` (the closing
@@ -73,6 +77,17 @@ class ProfilerState(enum.Enum):
 def active() -> "RankProfiler | None":
     """The profiler of this process that is running now, if any."""
     return _active
+
+
+def _after_fork_in_child() -> None:
+    """A child forked from a process whose profiler runs: that profiler's copy steps aside (``_forked_away``)."""
+    prof = _active
+    if prof is not None:
+        prof._forked_away()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class RankProfiler:
@@ -115,6 +130,9 @@ class RankProfiler:
                                       lambda stage, e: self._fail(stage, e, disable=False))
         self._setup = RunSetup(config, self._clock, inherited=inherited_run)
         self._handed_over = False  # this process started the job's ranks itself and is none of them (hand_over)
+        #: the run directory offered to ranks the script starts with multiprocessing.Process (``spawned.py``):
+        #: taken by this process at its first step or close, unless a started group's rank 0 took it first
+        self.handoff: "Handoff | None" = None
         self._plan = WindowPlan(config.schedule)  # the schedule's windows and the triggered ones
         self._trigger: Trigger | None = None
         self._watch: Watch | None = None
@@ -280,6 +298,61 @@ class RankProfiler:
         self.close()
         return inherited
 
+    def offer_run_dir(self, make: Callable[[tuple[str, rundir.JobIdentity] | None], "Handoff"]) -> "Handoff":
+        """The script starts processes that may become ranks (``spawned.py``): this process's run directory (claimed
+        now if it was not yet) is offered to them, once — `make(run id and job, or None)` makes the offer. Until this
+        process takes the directory back (its first step, or its close), its side threads write nothing into it (the
+        trigger's live file and answers, the watch's series): a started group's rank 0 may be writing them."""
+        if self.handoff is None:
+            self.handoff = make(self._offered_run())
+            self._pause_side_threads(True)
+        return self.handoff
+
+    def _pause_side_threads(self, paused: bool) -> None:
+        for side in (self._trigger, self._watch):
+            if side is not None:
+                side.paused = paused
+
+    def _offered_run(self) -> tuple[str, rundir.JobIdentity] | None:
+        """The run id and job of this process's run directory, claimed now if it was not yet; None when none could
+        be claimed. Never raises."""
+        try:
+            self._setup.ensure_run_dir(0, wait=False)
+        except Exception as e:  # noqa: BLE001 -- the started ranks' rank 0 claims a directory itself
+            log.debug("distprof: the launching process could not claim the run directory: %s", e)
+        if self._setup.run_dir is None or self._setup.run_id is None or self._setup.job is None:
+            return None
+        return self._setup.run_id, self._setup.job
+
+    def started_in_group(self, pg, store) -> None:
+        """This profiler was started inside the default group's registration (a process the script started becomes
+        a rank: ``rank_entry.run_started``): agree for that group now, as the listener would have."""
+        self._on_default_group(pg, store)
+
+    def _keep_or_yield_run_dir(self) -> bool:
+        """The script started processes that may take this process's run directory as ranks (`handoff`): at this
+        process's first step, or its close without one, it keeps the directory if none took it. False: a started
+        group's rank 0 took it, and this process records nothing there (at a step it stops profiling, one warning;
+        at the close it leaves as a launcher that handed over)."""
+        if self.handoff is None or self.step_num > 0 or self._handed_over:
+            return True
+        if self.handoff.take("launcher"):
+            self._pause_side_threads(False)
+            return True
+        self._handed_over = True
+        return False
+
+    def _yield_run_dir(self) -> None:
+        """The first step of a launcher whose started ranks took its run directory: nothing more is recorded here."""
+        log.warning("distprof: this process trains beside the processes it started, which took its run directory "
+                    "as a job of their own: it is not profiled, training goes on")
+        self._mark_disabled()
+        if self._stepper is not None:
+            self._stepper.remove()
+        if self._trigger is not None:
+            self._trigger.close(timeout_s=0, state=None)
+        self._stop_quietly()
+
     def script_ended(self, error: str | None) -> None:
         """The launcher: how the script ended (None: normally; else its exception or non-zero exit), before close().
         The closing line and the status file say so; no hint about steps is given for a script that failed."""
@@ -290,6 +363,7 @@ class RankProfiler:
         if self._state not in (ProfilerState.RUNNING, ProfilerState.DISABLED):  # not started, or closing already
             return
         disabled = self._state is ProfilerState.DISABLED
+        self._keep_or_yield_run_dir()  # no step: ranks this process started may have taken the directory
         self._mark_closing()
         self._close_began = time.monotonic()
         left = self._time_left()
@@ -368,6 +442,30 @@ class RankProfiler:
     def _mark_closed(self) -> None:
         assert self._state is ProfilerState.CLOSING, self._state
         self._state = ProfilerState.CLOSED
+
+    def _forked_away(self) -> None:
+        """In a child forked while this profiler ran (``multiprocessing`` with fork: a rank the script starts itself,
+        a DataLoader worker): the child's copy is CLOSED at once and does nothing more. Its side threads did not come
+        along, a lock one of them held stays held, and its run directory and rank are the parent's — a copy that went
+        on stepping waited on clock exchanges no peer answered (the job hung) or wrote as the parent. The hooks it
+        installed are taken out, so the child's own work never reaches it; a rank the child becomes is profiled
+        afresh (``spawned.py``)."""
+        global _active
+        self._state = ProfilerState.CLOSED
+        self.on_closed = None
+        if _active is self:
+            _active = None
+        groups.set_default_group_listener(None)
+        undo = [p2p.uninstall, compiled.remove]
+        if self._stepper is not None:
+            undo.append(self._stepper.remove)
+        if self._watch is not None:
+            undo.append(self._watch.recorder.remove)
+        for fn in undo:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 -- the child's work goes on whatever is left
+                log.debug("distprof: a forked child could not remove a hook: %s", e)
 
     def _close_begun(self) -> bool:
         """close() has begun (CLOSING) or is done (CLOSED)."""
@@ -469,6 +567,8 @@ class RankProfiler:
         self._raise_strict()
 
     def _advance_unguarded(self) -> None:
+        if not self._keep_or_yield_run_dir():
+            return self._yield_run_dir()
         if self._trigger is not None and self._trigger.inbox is not None:  # a triggered window to place or learn
             self._trigger.adopt(self.step_num)
         plan = self._plan

@@ -166,6 +166,9 @@ class Trigger:
         self._listeners: dict[str, Callable[[tf.TriggerAnswer], None]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
+        #: the launcher offered its run directory to ranks its script started (``spawned.Handoff``): its side thread
+        #: touches no file there until it takes the directory back
+        self.paused = False
         self._thread: threading.Thread | None = None
         self._started_ns = time.time_ns()
         self._rank: int | None = None
@@ -215,7 +218,7 @@ class Trigger:
     def _say_ended(self, timeout_s: float) -> None:
         """Rank 0: the live file says how the job ended even when the side thread could not (it died, is stuck in a
         store call, or its last write failed): written from here, tried until `timeout_s` is spent."""
-        if self._rank != 0 or self._run_dir is None or self._live_final or self._final_state is None:
+        if self._rank != 0 or self._run_dir is None or self._live_final or self._final_state is None or self.paused:
             return
         if self._thread is not None and self._thread.is_alive() and timeout_s <= 0:
             return  # it writes the final state itself (the training thread does not wait for a file)
@@ -226,7 +229,7 @@ class Trigger:
     def say_closed(self) -> None:
         """Rank 0, any thread, the process about to end by a signal: the live file says "closed" now (the next
         heartbeat says "running" again should the process go on)."""
-        if self._rank == 0 and self._run_dir is not None:
+        if self._rank == 0 and self._run_dir is not None and not self.paused:
             self._write_live("closed")
 
     def submit(self, req: tf.TriggerRequest, on_answer: Callable[[tf.TriggerAnswer], None] | None = None) -> None:
@@ -299,9 +302,11 @@ class Trigger:
         try:
             while True:
                 stopping = self._stop.is_set()
-                self._work(time.monotonic())
+                if not self.paused:
+                    self._work(time.monotonic())
                 if stopping:
-                    self._finish()
+                    if not self.paused:
+                        self._finish()
                     return
                 self._wake.wait(tick)
                 self._wake.clear()

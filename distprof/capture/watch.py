@@ -277,6 +277,9 @@ class Watch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed = False
+        #: the launcher offered its run directory to ranks its script started (``spawned.Handoff``): nothing is
+        #: written into it until it takes the directory back (a started group's files are theirs)
+        self.paused = False
         self._spell = WriteSpell("watch series", on_error)  # writes failing for a while: reported once, retried
         self._rank: int | None = None
         self._world = 1
@@ -363,7 +366,7 @@ class Watch:
         """Rank 0, after the trigger closed (its final answers given): watch/drifts.json once more. The watch's own
         last write comes before the trigger's close, and a window recorded near the job's end is answered "done" (or
         "cut") only there. A request the job ended before placing is never answered: it is "cut". Never raises."""
-        if self._failed or self._rank != 0:
+        if self._failed or self.paused or self._rank != 0:
             return
         with self._lock:
             for d in self._drifts:
@@ -400,7 +403,7 @@ class Watch:
                 pass
 
     def _work(self, now: float, final: bool = False) -> None:
-        if self._failed:
+        if self._failed or self.paused:
             return
         if self._rank is None:
             self._identify()
