@@ -60,8 +60,12 @@ def run_started(config: ProfileConfig, handoff: Handoff, call: Callable[[], Any]
     started: list = []
 
     def on_default_group(pg, store) -> None:
+        if started:  # a second default group (the first destroyed): the profiler that runs records on
+            return
         try:
-            started.append(_rank_in_group(config, handoff, pg, store))
+            started.append(_rank_profiler(config, handoff, pg))
+            started[0].start()  # closed below whatever happens from here
+            started[0].started_in_group(pg, store)
         except Exception as e:  # noqa: BLE001 -- the group forms as torch made it; this rank goes unprofiled
             log.warning("distprof: a process the script started made a process group, but could not be profiled "
                         "(%s: %s); training goes on", type(e).__name__, e)
@@ -85,8 +89,8 @@ def run_started(config: ProfileConfig, handoff: Handoff, call: Callable[[], Any]
             groups.set_default_group_listener(None)
 
 
-def _rank_in_group(config: ProfileConfig, handoff: Handoff, pg, store):
-    """The profiler of a started process that has just made its default group (`pg`, `store`), started."""
+def _rank_profiler(config: ProfileConfig, handoff: Handoff, pg):
+    """The profiler of a started process that has just made its default group `pg` (not started yet)."""
     from .capture import setup as run_setup
     from .capture.profiler import RankProfiler
     from .source_summary import summarize_shard
@@ -95,8 +99,6 @@ def _rank_in_group(config: ProfileConfig, handoff: Handoff, pg, store):
     inherited = handoff.inherited if pg.rank() == 0 and handoff.inherited and handoff.take("rank 0") else None
     prof = RankProfiler(config, summarizer=summarize_shard, inherited_run=inherited)
     prof.on_closed = _print_closing_line
-    prof.start()
-    prof.started_in_group(pg, store)
     return prof
 
 

@@ -246,3 +246,17 @@ def test_a_launcher_that_trains_beside_a_helper_and_workers_keeps_its_run(tmp_pa
     st = statuses(only_run_dir(tmp_path / "out"))
     assert sorted(st) == [0] and len(st[0]["windows"]) == 1 and st[0]["steps_seen"] == 12, st
     assert "distprof: rank 0 wrote 1 shard(s)" in proc.stderr
+
+
+def test_a_started_process_that_makes_no_group_runs_as_it_is():
+    """No group: nothing is profiled, the target's value and exceptions pass through, and no listener is left."""
+    from distprof.capture import groups
+
+    h = spawned.Handoff(None)
+    try:
+        assert rank_entry.run_started(ProfileConfig(), h, lambda: 42) == 42
+        with pytest.raises(ValueError, match="boom"):
+            rank_entry.run_started(ProfileConfig(), h, lambda: (_ for _ in ()).throw(ValueError("boom")))
+        assert groups._default_listener is None and not os.listdir(h.dir)  # nobody took the run directory
+    finally:
+        h.discard()
