@@ -14,6 +14,7 @@ Knobs:
   --base-ms X                 every rank sleeps X ms per step (device time that does not use the host's CPU)
   --start-method M            spawn (the tutorial's) or fork
   --helper                    also start a helper process that makes no process group (it is not profiled)
+  --subclass                  each rank a ``Process`` subclass whose ``run()`` does the work (older scripts' style)
   --port P                    MASTER_PORT (the tutorial sets MASTER_ADDR and MASTER_PORT in the script)
 """
 
@@ -62,6 +63,17 @@ def init_process(rank: int, size: int, fn, args: argparse.Namespace, backend: st
     dist.destroy_process_group()
 
 
+class RankProcess(mp.Process):
+    """A rank as a ``Process`` subclass: its ``run()`` makes the group and trains."""
+
+    def __init__(self, rank: int, size: int, args: argparse.Namespace) -> None:
+        super().__init__()
+        self.rank, self.size, self.args = rank, size, args
+
+    def run(self) -> None:
+        init_process(self.rank, self.size, run, self.args)
+
+
 def helper(seconds: float) -> None:
     """A process that is no rank (a data producer, a logger): it makes no process group."""
     time.sleep(seconds)
@@ -76,6 +88,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--base-ms", type=float, default=10.0)
     p.add_argument("--start-method", choices=("spawn", "fork"), default="spawn")
     p.add_argument("--helper", action="store_true")
+    p.add_argument("--subclass", action="store_true")
     p.add_argument("--port", type=int, default=29500)
     return p.parse_args()
 
@@ -88,7 +101,10 @@ if __name__ == "__main__":
         processes.append(mp.Process(target=helper, args=(0.5,)))
         processes[-1].start()
     for rank in range(args.world_size):
-        p = mp.Process(target=init_process, args=(rank, args.world_size, run, args))
+        if args.subclass:
+            p = RankProcess(rank, args.world_size, args)
+        else:
+            p = mp.Process(target=init_process, args=(rank, args.world_size, run, args))
         p.start()
         processes.append(p)
     for p in processes:

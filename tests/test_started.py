@@ -106,15 +106,27 @@ class _Prof:
         return self.handoff
 
 
+class _Proc:  # what the wrapper reads of a multiprocessing.Process: its target, its class's run()
+    def __init__(self, target) -> None:
+        self._target = target
+
+    run = __import__("multiprocessing").process.BaseProcess.run
+
+
+class _OwnRun(_Proc):
+    def run(self):  # pragma: no cover - never called here
+        return self
+
+
 @pytest.mark.parametrize("target, can, wrapped", [
     (_target, True, True),  # the script's function, the launcher no rank and stepless: maybe a rank
     (_target, False, False),  # the launcher is a rank, or has trained: its children are helpers
-    (None, True, False),  # a Process subclass that overrides run()
+    (None, True, False),  # nothing to run
     (os.getpid, True, False),  # a library's target
 ])
 def test_which_started_processes_run_through_the_launcher(target, can, wrapped):
     prof = _Prof(can)
-    procs = [SimpleNamespace(_target=target) for _ in range(2)]
+    procs = [_Proc(target) for _ in range(2)]
     try:
         for p in procs:
             spawned._as_started_rank(p, prof, ProfileConfig(), _target)
@@ -125,6 +137,29 @@ def test_which_started_processes_run_through_the_launcher(target, can, wrapped):
             back = pickle.loads(pickle.dumps(procs[0]._target))
             assert back.target is _target and back.runner is _target
     finally:
+        spawned.uninstall()
+
+
+def test_a_subclass_that_overrides_run_runs_it_through_the_launcher():
+    """Its own run() is the script's code: the instance's run goes through the runner, once, and crosses to a spawned
+    process with the process (a reference back to it)."""
+    prof = _Prof(True)
+    proc = _OwnRun(None)
+    try:
+        spawned._as_started_rank(proc, prof, ProfileConfig(), _target)
+        spawned._as_started_rank(proc, prof, ProfileConfig(), _target)  # started twice: wrapped once
+        assert isinstance(proc.run, spawned.StartedRun) and proc.run.process is proc and prof.offers == 1
+        back = pickle.loads(pickle.dumps(proc))
+        assert isinstance(back.run, spawned.StartedRun) and back.run.process is back
+    finally:
+        spawned.uninstall()
+    lib = _OwnRun(None)  # the same class, its run() a library's: left alone
+    _OwnRun.run.__module__ = "os"
+    try:
+        spawned._as_started_rank(lib, _Prof(True), ProfileConfig(), _target)
+        assert "run" not in vars(lib)
+    finally:
+        _OwnRun.run.__module__ = __name__
         spawned.uninstall()
 
 
@@ -196,14 +231,16 @@ def statuses(run: Path) -> dict[int, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("start_method", ["spawn", "fork"])
-def test_the_tutorials_started_ranks_are_profiled_into_one_run(tmp_path, start_method):
+@pytest.mark.parametrize("start_method, subclass", [("spawn", False), ("fork", False), ("spawn", True)])
+def test_the_tutorials_started_ranks_are_profiled_into_one_run(tmp_path, start_method, subclass):
     """The tutorial's shape, with a helper process beside the ranks and rank 1 sleeping 30 ms more per step: one run
     directory (the one the launcher claimed) with both ranks' shards, the helper in none, one closing line and no
     word about a missing optimizer step; rank 1 named. With fork this job hung before. Under --watch (fork) the live
-    file and the watch series are the ranks' — the launcher's side threads, paused, wrote none of theirs there."""
+    file and the watch series are the ranks' — the launcher's side threads, paused, wrote none of theirs there. The
+    ranks as a Process subclass whose run() trains: the same."""
     proc = launch(tmp_path, SCRIPT, "--start-method", start_method, "--helper", "--slow-rank", "1", "--slow-ms", "30",
-                  "--port", str(_free_port()), options=("--watch",) if start_method == "fork" else ())
+                  "--port", str(_free_port()), *(["--subclass"] if subclass else []),
+                  options=("--watch",) if start_method == "fork" else ())
     assert proc.returncode == 0 and "dist_process: 12 steps on 2 rank(s)" in proc.stdout, proc.stderr[-3000:]
     run = only_run_dir(tmp_path / "out")
     st = statuses(run)

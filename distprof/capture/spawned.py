@@ -15,15 +15,16 @@ Processes the script starts one by one with ``multiprocessing.Process`` (``torch
 same class; PyTorch's "Writing Distributed Applications" tutorial) may be ranks or helpers, which cannot be told
 when they start. While the launcher runs, ``BaseProcess.start`` is wrapped too: a process whose target is the
 script's own code (not a library's: DataLoader workers, pools and executors are left alone) runs it through
-:class:`StartedRank`, which profiles nothing unless the process makes a default process group — then, inside that
-registration, it starts a profiler as that rank (``rank_entry.run_started``). The launcher's claimed run directory
+:class:`StartedRank` (a subclass's own ``run()``: :class:`StartedRun`), which profiles nothing unless the process
+makes a default process group — then, inside that registration, it starts a profiler as that rank
+(``rank_entry.run_started``). The launcher's claimed run directory
 is offered through a :class:`Handoff`: whichever takes it first keeps it — the started group's rank 0 (the run is
 then one directory, the launcher closes without a status of its own), or the launcher at its first training step or
 its close (a started group then claims a directory of its own).
 
 Not wrapped — the processes then run unprofiled, as before: a launcher that is itself a rank (torchrun, mpiexec),
-one that has already seen a training step (the script trains, then starts helpers), a process whose target is a
-library's or that overrides ``run()``, and processes started outside Python's multiprocessing.
+one that has already seen a training step (the script trains, then starts helpers), a process whose target (or
+``run()``) is a library's, and processes started outside Python's multiprocessing.
 """
 
 from __future__ import annotations
@@ -121,6 +122,21 @@ class StartedRank:
         return self.runner(self.config, self.handoff, lambda: self.target(*args, **kwargs))
 
 
+class StartedRun:
+    """The same for a ``Process`` subclass that overrides ``run()``: set as the instance's ``run``, it runs the
+    class's own ``run()`` through `runner`. It crosses to the process with it (multiprocessing pickles the process
+    whole; a reference back to it pickles as one)."""
+
+    def __init__(self, process: Any, config: ProfileConfig, handoff: Handoff, runner: StartedRunner) -> None:
+        self.process = process
+        self.config = config
+        self.handoff = handoff
+        self.runner = runner
+
+    def __call__(self) -> Any:
+        return self.runner(self.config, self.handoff, lambda: type(self.process).run(self.process))
+
+
 def _library_dirs() -> tuple[str, ...]:
     """Where library code lives: the standard library, site-packages (system and user), and distprof itself."""
     dirs = {p for k, p in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
@@ -210,14 +226,23 @@ def _wrap_process_start(prof, config: ProfileConfig, runner: StartedRunner) -> N
 def _as_started_rank(process, prof, config: ProfileConfig, runner: StartedRunner) -> None:
     """`process` (about to start) runs its target through `runner` when it may be a rank of a job the script starts:
     the target is the script's own code, torch is loaded, and the launcher is no rank and has seen no step."""
+    from multiprocessing.process import BaseProcess
+
     target = getattr(process, "_target", None)
-    if target is None or isinstance(target, StartedRank) or not prof.can_hand_over():
+    own_run = type(process).run
+    overridden = own_run is not BaseProcess.run  # a subclass's run(): the target, if any, is its business
+    if isinstance(target, StartedRank) or isinstance(vars(process).get("run"), StartedRun):
         return
-    if "torch" not in sys.modules or not script_code(target):
+    if (target is None and not overridden) or not prof.can_hand_over():
+        return
+    if "torch" not in sys.modules or not script_code(own_run if overridden else target):
         return
     if prof.handoff is None:
         _handoffs.append(prof.offer_run_dir(Handoff))
-    process._target = StartedRank(target, config, prof.handoff, runner)
+    if overridden:
+        process.run = StartedRun(process, config, prof.handoff, runner)
+    else:
+        process._target = StartedRank(target, config, prof.handoff, runner)
 
 
 def _ranks(fn, nprocs: int, prof, config: ProfileConfig, runner: Runner):
