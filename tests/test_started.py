@@ -68,25 +68,43 @@ def test_the_first_to_take_the_run_directory_keeps_it():
         assert Path(h.dir, "owner").read_text() == "rank 0" and oct(os.stat(h.dir).st_mode & 0o777) == "0o700"
     finally:
         h.discard()
-    assert not os.path.exists(h.dir) and not back.take("rank 0")  # gone: a late group claims a directory of its own
+    # gone: a late group claims a directory of its own (None: the offer is over, nobody else has it)
+    assert not os.path.exists(h.dir) and back.take("rank 0") is None
+
+
+def test_only_the_launcher_ends_the_offer():
+    h = spawned.Handoff(None)
+    try:
+        pid = os.fork()
+        if pid == 0:  # a forked child leaving through the launcher's code
+            h.discard()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.path.isdir(h.dir) and h.take("launcher") is True
+    finally:
+        h.discard()
+    assert not os.path.exists(h.dir)
 
 
 @pytest.mark.parametrize("taken_by, step_num, keeps, handed_over", [
     (None, 0, True, False),  # nobody took it: the launcher keeps it (its first step, or its close)
     ("rank 0", 0, False, True),  # a started group's rank 0 took it: the launcher leaves as one that handed over
     ("rank 0", 3, True, False),  # the launcher has stepped: it took the directory at its first step already
+    ("(gone)", 0, True, False),  # the token's directory is gone: nobody else can have it
 ])
 def test_the_launcher_keeps_its_directory_unless_started_ranks_took_it(tmp_path, taken_by, step_num, keeps,
                                                                       handed_over):
     h = spawned.Handoff(None)
     try:
-        if taken_by:
+        if taken_by == "(gone)":
+            os.rmdir(h.dir)
+        elif taken_by:
             assert h.take(taken_by)
         prof = SimpleNamespace(handoff=h, step_num=step_num, _handed_over=False, paused=None)
         prof._pause_side_threads = lambda paused: setattr(prof, "paused", paused)
         assert RankProfiler._keep_or_yield_run_dir(prof) is keeps and prof._handed_over is handed_over
         # the side threads write into the directory again once this process took it back, not before
-        assert prof.paused is (False if not taken_by and step_num == 0 else None)
+        assert prof.paused is (False if taken_by in (None, "(gone)") and step_num == 0 else None)
         if not taken_by and step_num == 0:
             assert Path(h.dir, "owner").read_text() == "launcher"
     finally:

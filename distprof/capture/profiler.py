@@ -336,7 +336,7 @@ class RankProfiler:
         at the close it leaves as a launcher that handed over)."""
         if self.handoff is None or self.step_num > 0 or self._handed_over:
             return True
-        if self.handoff.take("launcher"):
+        if self.handoff.take("launcher") is not False:  # taken now, or the offer is over (nobody else has it)
             self._pause_side_threads(False)
             return True
         self._handed_over = True

@@ -87,13 +87,17 @@ class Handoff:
     def __init__(self, inherited: tuple[str, JobIdentity] | None) -> None:
         self.inherited = inherited
         self.dir = tempfile.mkdtemp(prefix="distprof-handoff-")
+        self._pid = os.getpid()
 
-    def take(self, who: str) -> bool:
-        """True when this call took the directory (nobody had); never raises."""
+    def take(self, who: str) -> bool | None:
+        """True when this call took the directory; False when someone else had; None when the token could not be
+        made at all (the offer has ended: its directory is gone). Never raises."""
         try:
             fd = os.open(os.path.join(self.dir, _OWNER), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except OSError:
+        except FileExistsError:
             return False
+        except OSError:
+            return None
         try:
             os.write(fd, who.encode()[:200])
         except OSError:
@@ -103,7 +107,10 @@ class Handoff:
         return True
 
     def discard(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """The offer ends (the launcher's process only: a forked child leaving through the launcher's code does not
+        end its parent's offer)."""
+        if os.getpid() == self._pid:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class StartedRank:
