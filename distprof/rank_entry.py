@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from .capture.rundir import JobIdentity
@@ -27,17 +28,30 @@ def profiled_call(prof, call: Callable[[], Any]) -> Any:
     about steps, and its run directory (if one was made) is marked failed in the status file."""
     prof.on_closed = _print_closing_line
     prof.start()
-    try:
+    with _closed_after(lambda: prof):
         return call()
+
+
+@contextmanager
+def _closed_after(profiler: Callable[[], Any]) -> Iterator[None]:
+    """The body's end told to the profiler `profiler()` returns then (None: there is none), which is then closed:
+    a non-zero SystemExit or an exception is the script's failure; both pass through."""
+    try:
+        yield
     except SystemExit as e:
-        if e.code not in (None, 0):
+        prof = profiler()
+        if prof is not None and e.code not in (None, 0):
             prof.script_ended(f"exit code {e.code}" if isinstance(e.code, int) else "SystemExit")
         raise
     except BaseException as e:
-        prof.script_ended(f"{type(e).__name__}: {e}"[:500])
+        prof = profiler()
+        if prof is not None:
+            prof.script_ended(f"{type(e).__name__}: {e}"[:500])
         raise
     finally:
-        prof.close()
+        prof = profiler()
+        if prof is not None:
+            prof.close()
 
 
 def run_spawned(config: ProfileConfig, inherited: tuple[str, JobIdentity] | None, call: Callable[[], Any]) -> Any:
@@ -73,19 +87,10 @@ def run_started(config: ProfileConfig, handoff: Handoff, call: Callable[[], Any]
     groups.set_default_group_listener(on_default_group)
     groups.install()
     try:
-        return call()
-    except SystemExit as e:
-        if started and e.code not in (None, 0):
-            started[0].script_ended(f"exit code {e.code}" if isinstance(e.code, int) else "SystemExit")
-        raise
-    except BaseException as e:
-        if started:
-            started[0].script_ended(f"{type(e).__name__}: {e}"[:500])
-        raise
+        with _closed_after(lambda: started[0] if started else None):
+            return call()
     finally:
-        if started:
-            started[0].close()
-        else:
+        if not started:
             groups.set_default_group_listener(None)
 
 
