@@ -166,9 +166,9 @@ def test_a_subclass_that_overrides_run_runs_it_through_the_launcher():
     try:
         spawned._as_started_rank(proc, prof, ProfileConfig(), _target)
         spawned._as_started_rank(proc, prof, ProfileConfig(), _target)  # started twice: wrapped once
-        assert isinstance(proc.run, spawned.StartedRun) and proc.run.process is proc and prof.offers == 1
+        assert isinstance(proc.run, spawned.StartedRank) and proc.run.target.args == (proc,) and prof.offers == 1
         back = pickle.loads(pickle.dumps(proc))
-        assert isinstance(back.run, spawned.StartedRun) and back.run.process is back
+        assert isinstance(back.run, spawned.StartedRank) and back.run.target.args[0] is back
     finally:
         spawned.uninstall()
     lib = _OwnRun(None)  # the same class, its run() a library's: left alone

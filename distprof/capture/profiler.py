@@ -346,12 +346,7 @@ class RankProfiler:
         """The first step of a launcher whose started ranks took its run directory: nothing more is recorded here."""
         log.warning("distprof: this process trains beside the processes it started, which took its run directory "
                     "as a job of their own: it is not profiled, training goes on")
-        self._mark_disabled()
-        if self._stepper is not None:
-            self._stepper.remove()
-        if self._trigger is not None:
-            self._trigger.close(timeout_s=0, state=None)
-        self._stop_quietly()
+        self._disable()
 
     def script_ended(self, error: str | None) -> None:
         """The launcher: how the script ended (None: normally; else its exception or non-zero exit), before close().
@@ -834,8 +829,8 @@ class RankProfiler:
         self._mark_disabled()
         if self._stepper is not None:
             self._stepper.remove()
-        if self._trigger is not None:  # no window can be recorded now: rank 0 says so in its live file
-            self._trigger.close(timeout_s=0, state="disabled")
+        if self._trigger is not None:  # no window can be recorded now: rank 0 says so in its live file (not in one
+            self._trigger.close(timeout_s=0, state=None if self._handed_over else "disabled")  # handed over)
         if not self._in_callback:  # inside torch's step() the trace is already stopped; close() finishes it
             self._stop_quietly()
 

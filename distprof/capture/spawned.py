@@ -15,7 +15,7 @@ Processes the script starts one by one with ``multiprocessing.Process`` (``torch
 same class; PyTorch's "Writing Distributed Applications" tutorial) may be ranks or helpers, which cannot be told
 when they start. While the launcher runs, ``BaseProcess.start`` is wrapped too: a process whose target is the
 script's own code (not a library's: DataLoader workers, pools and executors are left alone) runs it through
-:class:`StartedRank` (a subclass's own ``run()``: :class:`StartedRun`), which profiles nothing unless the process
+:class:`StartedRank` (a subclass's own ``run()`` too, as the instance's ``run``), which profiles nothing unless the process
 makes a default process group — then, inside that registration, it starts a profiler as that rank
 (``rank_entry.run_started``). The launcher's claimed run directory
 is offered through a :class:`Handoff`: whichever takes it first keeps it — the started group's rank 0 (the run is
@@ -29,6 +29,7 @@ one that has already seen a training step (the script trains, then starts helper
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -129,21 +130,7 @@ class StartedRank:
         return self.runner(self.config, self.handoff, lambda: self.target(*args, **kwargs))
 
 
-class StartedRun:
-    """The same for a ``Process`` subclass that overrides ``run()``: set as the instance's ``run``, it runs the
-    class's own ``run()`` through `runner`. It crosses to the process with it (multiprocessing pickles the process
-    whole; a reference back to it pickles as one)."""
-
-    def __init__(self, process: Any, config: ProfileConfig, handoff: Handoff, runner: StartedRunner) -> None:
-        self.process = process
-        self.config = config
-        self.handoff = handoff
-        self.runner = runner
-
-    def __call__(self) -> Any:
-        return self.runner(self.config, self.handoff, lambda: type(self.process).run(self.process))
-
-
+@functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
     """Where library code lives: the standard library, site-packages (system and user), and distprof itself."""
     dirs = {p for k, p in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
@@ -238,7 +225,7 @@ def _as_started_rank(process, prof, config: ProfileConfig, runner: StartedRunner
     target = getattr(process, "_target", None)
     own_run = type(process).run
     overridden = own_run is not BaseProcess.run  # a subclass's run(): the target, if any, is its business
-    if isinstance(target, StartedRank) or isinstance(vars(process).get("run"), StartedRun):
+    if isinstance(target, StartedRank) or isinstance(vars(process).get("run"), StartedRank):
         return
     if (target is None and not overridden) or not prof.can_hand_over():
         return
@@ -246,8 +233,8 @@ def _as_started_rank(process, prof, config: ProfileConfig, runner: StartedRunner
         return
     if prof.handoff is None:
         _handoffs.append(prof.offer_run_dir(Handoff))
-    if overridden:
-        process.run = StartedRun(process, config, prof.handoff, runner)
+    if overridden:  # the instance's run crosses with the process (a reference back to it pickles as one)
+        process.run = StartedRank(functools.partial(own_run, process), config, prof.handoff, runner)
     else:
         process._target = StartedRank(target, config, prof.handoff, runner)
 
