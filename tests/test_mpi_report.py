@@ -163,8 +163,16 @@ def said(module):
 
 said(build)
 said(parallel)
+def slowed_after(f):
+    def g(*a, **k):
+        out = f(*a, **k)
+        time.sleep(3)
+        return out
+    return g
+
 if part in ("rank-0-slow", "helper-pipelines") and me == 0:
-    build.general_changes = slowed(build.general_changes)  # process 1 is free first: it builds the pipelines
+    # rank 0 slow once it handed process 1 all it gets: process 1 is free first, and builds the pipelines
+    parallel.Handover.send_replays = slowed_after(parallel.Handover.send_replays)
 if part == "helper-slow" and me == 1:
     parallel.comm_table = slowed(parallel.comm_table)  # rank 0 is free first: it builds them
 if part == "helper-pipelines" and me == 1:
@@ -173,8 +181,14 @@ if part == "helper" and me == 1:
     parallel.find_stragglers = boom  # the helper's analysis fails: rank 0 runs it itself
 elif part == "offer" and me == 0:
     parallel.straggler_inputs = boom  # rank 0 fails before it hands anything over: the helper is released
+elif part == "graph" and me == 0:
+    build.step_graph = boom  # rank 0 fails after handing over, before it sends process 1 the step graph
 elif part == "report" and me == 0:
-    build.critical_path_report = boom  # rank 0 fails after handing over, before it asks for the result
+    build.estimator = boom  # rank 0 fails after handing over the graph too, before it asks for the result
+elif part == "helper-path" and me == 1:
+    parallel.path_of = boom  # the helper's critical path fails: rank 0 replays the graph itself
+elif part == "helper-gains" and me == 1:
+    parallel.Estimator = boom  # the helper's what-if estimates fail: rank 0 estimates them itself
 sys.exit(main(["report", run_dir, "--json", out, "--no-progress"]))
 """
 
@@ -206,10 +220,26 @@ def test_the_straggler_analysis_on_process_1_gives_the_serial_report_even_when_i
     assert report == serial
 
 
-@pytest.mark.parametrize("part", ["offer", "report"])
+@pytest.mark.parametrize("part, said, section", [
+    ("helper-path", "could not find the critical path (RuntimeError: helper-path broken on process 1): rank 0 finds "
+                    "it", "critical_path"),
+    ("helper-gains", "could not estimate its what-ifs (RuntimeError: helper-gains broken on process 1): rank 0 "
+                     "estimates them", "whatif")])
+def test_the_graphs_analyses_on_process_1_give_the_serial_report_even_when_they_fail(run_dir, tmp_path, part, said,
+                                                                                      section):
+    """Under MPI process 1 finds the critical path in the step graph rank 0 sends it, and estimates the what-ifs
+    that read the graph alone from rank 0's replay; when either fails there, rank 0 says so once and does it
+    itself: the report is the serial one."""
+    report, serial, stderr = _broken_and_serial(run_dir, tmp_path, part)
+    assert stderr.count(said) == 1
+    assert report[section] and report == serial
+
+
+@pytest.mark.parametrize("part", ["offer", "graph", "report"])
 def test_rank_0_failing_around_the_hand_over_leaves_no_process_waiting(run_dir, tmp_path, part):
-    """Rank 0 fails before it hands the straggler analysis over, or after, before it reads the answer: the job
-    ends (no process waits for a message that never comes), with rank 0's error and no report."""
+    """Rank 0 fails before it hands the straggler analysis over, after it (before the step graph process 1 waits
+    for is built), or after both, before it reads the answer: the job ends (no process waits for a message that
+    never comes), with rank 0's error and no report."""
     mpi = _mpiexec()
     par = _broken(mpi, run_dir, tmp_path, part)  # a hang would end in subprocess.TimeoutExpired
     assert par.returncode != 0

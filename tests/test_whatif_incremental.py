@@ -61,6 +61,29 @@ def test_every_change_gives_the_full_replays_gain_bit_for_bit(run):
     assert est.estimate(whatif.Straggler(ranks=(2,))).gain_ms_per_step > 8.0  # the late rank's delay is seen
 
 
+def test_an_estimator_elsewhere_from_the_replay_gives_the_same_gains(run):
+    """Another MPI process holding a copy of the graph and the measured replay (``Estimator.replayed``, pickled as
+    it travels) estimates the what-ifs that read the graph alone with the gains the run's own estimator gives, bit
+    for bit; handed back (``take_gains``), they are not replayed again."""
+    import pickle
+
+    g = step_graph(run)
+    est = Estimator(run, g)
+    graph_only = [c for c in CHANGES if whatif.reads_graph_only(c)]
+    assert len(graph_only) == 4 and not any(whatif.reads_graph_only(c) for c in CHANGES if c not in graph_only)
+    g2, replayed = pickle.loads(pickle.dumps((g, est.replayed()), protocol=5))
+    elsewhere = Estimator(None, g2, replayed=replayed)
+    gains = elsewhere.gains(graph_only)
+    assert elsewhere.replays == len(graph_only)
+    for c, gain in zip(graph_only, gains):
+        assert np.array_equal(gain, _full_gain(run, g, c)), c
+    est.take_gains(graph_only, gains)
+    rows = [est.estimate(c) for c in graph_only]
+    assert est.replays == 0  # every one taken, none replayed here
+    assert [w.per_step_gain_ms.tolist() for w in rows] == [x.tolist() for x in gains]
+    assert all(w.measured_step_ms is not None for w in rows)  # the run's own step times, not the other process's none
+
+
 @pytest.mark.parametrize("make", ["synth", "simulated", "lanes"])
 def test_a_replay_from_the_first_changed_row_is_the_full_replay(run, make):
     """Segments, tails, transfers and window starts changed on some ranks from some step on: the replay that starts at

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..types import RunSummary
 
 __all__ = ["CriticalPathReport", "PathComm", "PathRank", "PathStep", "PathStepRank", "PathView",
-           "critical_path_report", "TOP_RANKS"]
+           "critical_path_report", "path_of", "TOP_RANKS"]
 
 #: Ranks listed per critical-path summary (the report stays small at 1,024 ranks; the rest are counted).
 TOP_RANKS = 8
@@ -88,7 +88,12 @@ class CriticalPathReport(Record):
 
 def critical_path_report(run: RunSummary, *, graph: StepGraph | None = None) -> CriticalPathReport:
     """The report's ``critical_path`` section (docs/report-format.md)."""
-    g = graph if graph is not None else step_graph(run)
+    return path_of(graph if graph is not None else step_graph(run))
+
+
+def path_of(g: StepGraph) -> CriticalPathReport:
+    """The ``critical_path`` section of the step graph `g`: it reads nothing else of the run (so another MPI
+    process, sent the graph, makes the same section: analysis/report/parallel.py)."""
     rp = replay(g)
     cp = critical_paths(g, rp)
     if cp.steps.size == 0:

@@ -74,7 +74,7 @@ from .critical_path import (
     replay,
     step_graph,
 )
-from .schedule import first_changed_row, replay_values, schedule
+from .schedule import Schedule, first_changed_row, replay_values, schedule
 
 if TYPE_CHECKING:
     from ..cross.stragglers import Stragglers
@@ -84,7 +84,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Change", "Straggler", "OverlapComm", "FasterCollective", "NoIdle", "NoInputWait", "NoCpuWait", "FasterOp",
            "WhatIf",
-           "Estimator", "estimator", "estimate", "general_changes", "standard", "step_time_ms", "per_step_time_ms"]
+           "Estimator", "Replayed", "estimator", "estimate", "general_changes", "reads_graph_only", "standard",
+           "step_time_ms", "per_step_time_ms"]
 
 
 @dataclass(frozen=True)
@@ -422,32 +423,71 @@ def _first_lateness(g: StepGraph) -> np.ndarray:
     return out
 
 
+def reads_graph_only(c: Change) -> bool:
+    """Whether applying `c` reads nothing of the run but its step graph (:func:`apply`): another MPI process that
+    holds the graph and its measured replay (:meth:`Estimator.replayed`) can estimate it
+    (analysis/report/parallel.py)."""
+    return isinstance(c, (OverlapComm, FasterCollective))
+
+
 def _kind(c: Change) -> str:
     return {Straggler: "straggler", OverlapComm: "overlap_comm", FasterCollective: "faster_collective",
             NoIdle: "no_idle", NoInputWait: "no_input_wait", NoCpuWait: "no_cpu_wait", FasterOp: "faster_op"}[type(c)]
 
 
+@dataclass
+class Replayed:
+    """An estimator's measured chained replay, as another process holding the same graph takes it: the schedule
+    (None: the graph has no chains, or they form a cycle), its values and ends, and each rank-step's duration."""
+
+    schedule: Schedule | None
+    values: tuple[np.ndarray, np.ndarray] | None
+    base: np.ndarray
+
+
 class Estimator:
     """The measured graph and its chained replay, computed once for many changes. A change's replay starts at the
     first level whose inputs it changes (the levels before it are the measured replay's: :mod:`.schedule`), and a
-    change asked for again (the report's table and its findings often ask for the same one) is not replayed again."""
+    change asked for again (the report's table and its findings often ask for the same one) is not replayed again.
 
-    def __init__(self, run: RunSummary, graph: StepGraph | None = None):
+    `replayed`: the measured replay of `graph` made elsewhere (:meth:`replayed`), instead of replaying it again; `run`
+    may then be None, for the changes that read the graph alone (:func:`reads_graph_only`: their gains only)."""
+
+    def __init__(self, run: RunSummary | None, graph: StepGraph | None = None, *, replayed: Replayed | None = None):
         self.run = run
         self.g = graph if graph is not None else step_graph(run)
-        self._sched = schedule(self.g) if (self.g.rs_prev >= 0).any() else None
-        if self._sched is not None:
-            self._values = replay_values(self.g, self._sched)
-            self.base = self._step_ms(*self._values)
+        if replayed is not None:
+            self._sched, self.base = replayed.schedule, replayed.base
+            if replayed.values is not None:
+                self._values = replayed.values
         else:
-            self.base = replay(self.g, chain=True).step_ms(self.g)
+            self._sched = schedule(self.g) if (self.g.rs_prev >= 0).any() else None
+            if self._sched is not None:
+                self._values = replay_values(self.g, self._sched)
+                self.base = self._step_ms(*self._values)
+            else:
+                self.base = replay(self.g, chain=True).step_ms(self.g)
         self.steps, self.si = np.unique(self.g.rs_step, return_inverse=True)
         self.si = self.si.reshape(-1)
-        st, t = per_step_time_ms(run)
+        st, t = per_step_time_ms(run) if run is not None else (np.zeros(0, np.int64), np.zeros(0))
         self.measured = t[np.searchsorted(st, self.steps)] if st.size else np.zeros(0)
         self.n = np.maximum(np.bincount(self.si, minlength=self.steps.size), 1)
         self._gains: dict[tuple, np.ndarray] = {}
         self.replays = 0  # the changes replayed (not answered from an earlier one)
+
+    def replayed(self) -> Replayed:
+        """The measured replay, for an estimator of the same graph elsewhere (``Estimator(None, g, replayed=…)``)."""
+        return Replayed(self._sched, self._values if self._sched is not None else None, self.base)
+
+    def gains(self, changes: Iterable[Change]) -> list[np.ndarray]:
+        """Each change's gain per step (ms; see :meth:`_gain`), to hand to :meth:`take_gains` elsewhere."""
+        return [self._gain(c) for c in changes]
+
+    def take_gains(self, changes: Iterable[Change], gains: Iterable[np.ndarray]) -> None:
+        """The gains of `changes` computed by an estimator of the same graph elsewhere (:meth:`gains`): asked for
+        here, they are not replayed again."""
+        for c, gain in zip(changes, gains):
+            self._gains.setdefault(_key(c), np.asarray(gain, dtype=np.float64))
 
     def _step_ms(self, v: np.ndarray, end: np.ndarray) -> np.ndarray:
         """Each rank-step's replayed duration (ms) from the values [A | Z | B] and the ends (Replay.step_ms)."""

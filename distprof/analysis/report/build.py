@@ -37,7 +37,7 @@ from ..findings.uneven import LoopEnds, uneven_steps
 from ..findings.verdict import verdict
 from ..graph.critical_path import step_graph
 from ..graph.path_report import critical_path_report
-from ..graph.whatif import estimator, general_changes
+from ..graph.whatif import estimator, general_changes, reads_graph_only
 from ..graph.whatif import standard as whatif_table
 from ..load.catalog import clean_steps_seen
 from ..summarize.heap import release_free_heap
@@ -110,8 +110,9 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
     `peak_tflops` overrides the device peak for MFU; `top` bounds the stragglers given a root-cause analysis;
     `finding_rules` overrides the thresholds of the findings (``analysis/findings/``); `watch_dir`, the run
     directory, adds the ``watch`` section when it holds a --watch series. `helped` hands over the straggler
-    analysis, the collectives table and perhaps the pipelines of `run` computed elsewhere (another MPI process,
-    :mod:`.parallel`): the analyses that read none of them run before they are asked for. `release` says the
+    analysis, the collectives table, the critical path (of the step graph it is sent) and perhaps the pipelines of
+    `run` computed elsewhere (another MPI process, :mod:`.parallel`): the analyses that read none of them run before
+    they are asked for. `release` says the
     caller hands `run` over and reads it no more: each per-rank table is let go once its last reader is done (the
     memory curves after the memory timeline, the collective and transfer rows after the step graph and the findings;
     ``RunSummary.release_rows``), so the tables are not all held at the report's peak.
@@ -134,14 +135,19 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
     graph = step_graph(run)  # the cross-rank step graph: own work, critical path, what-ifs, each finding's gain
     general = path = None
     if helped is not None:  # what needs none of process 1's results: the what-ifs' replays are kept with the graph
-        path = critical_path_report(run, graph=graph)
+        helped.send_graph(graph)  # process 1 replays it for the critical path once its own share is done
         est = estimator(run, graph)
         general = general_changes(run, est)  # made once: ranking the heaviest ops reads every rank's op totals
+        elsewhere = [c for c in general if reads_graph_only(c)]
+        helped.send_replays(est.replayed(), elsewhere)  # process 1 estimates these from the replay
         for change in general:
-            est.estimate(change)
+            if not reads_graph_only(change):
+                est.estimate(change)
         pipes = pipelines(run) if helped.builds_pipelines() else None  # unless process 1, free first, builds them
         got = helped.result()
-        strag, table = got.stragglers, got.collectives
+        strag, table, path = got.stragglers, got.collectives, got.critical_path  # path None: replayed below
+        if got.gains is not None:  # else the what-if table estimates them here
+            est.take_gains(elsewhere, got.gains)
         pipes = got.pipelines if pipes is None else pipes
     par = detect_parallelism(run, table, pipes)
     if strag.info.n_instances == 0 and not pipes:
