@@ -145,8 +145,10 @@ class Offload:
         process 1; the :class:`Handover` (None without a second process: the report computes them)."""
         if self.comm is None or self.me != 0:
             return None
-        self.comm.send((helper_inputs(run), rule), dest=HELPER, tag=_TAG)
-        self._handover = Handover(self, run, rule)
+        # not waited for: process 1 copies the columns while rank 0 builds the step graph (which, like every reader of
+        # the run, never writes into them); the hand-over completes the send
+        sent = self.comm.isend((helper_inputs(run), rule), dest=HELPER, tag=_TAG)
+        self._handover = Handover(self, run, rule, sent)
         return self._handover
 
     def serve(self) -> None:
@@ -220,8 +222,8 @@ class Handover:
     """Rank 0's side of one offer: :meth:`send_graph` once the step graph is built, :meth:`send_replays` once its
     estimator has replayed it, :meth:`builds_pipelines` when its own share is done, then :meth:`result`."""
 
-    def __init__(self, offload: Offload, run: RunSummary, rule: StragglerRule | None):
-        self._o, self._run, self._rule = offload, run, rule
+    def __init__(self, offload: Offload, run: RunSummary, rule: StragglerRule | None, sent: Any):
+        self._o, self._run, self._rule, self._sent = offload, run, rule, sent  # sent: the inputs' pending send
         self._free_sent = False  # rank 0's "free"
         self._claim_req = offload.raw.irecv(source=HELPER, tag=_CLAIM)  # posted now, as in Offload.serve
         self._claim: bool | None = None  # process 1's claim, once received
@@ -286,6 +288,7 @@ class Handover:
             self._claim = bool(self._claim_req.wait())
         if self._answer is None:
             self._answer = self._o.comm.recv(source=HELPER, tag=_TAG)
+            self._sent.wait()
             self._graph.wait()
             self._replays.wait()
         return self._answer
