@@ -27,8 +27,8 @@ arrived and says it does: the two never both skip them, and at worst (the messag
 The exchange never leaves a process waiting: rank 0 always sends process 1 either the inputs or a release (also
 when summarising or reporting fails); after an offer each side sends the other its one *free* or *claim*, rank 0
 always sends the graph and the replay, or None in their place (when it fails before they are made), and rank 0
-always receives the answer (also when the report then fails). When process 1 fails, rank 0 logs one warning and computes what it
-lacks itself.
+always receives the answer (also when the report then fails). When process 1 fails at any part, rank 0 logs one
+warning and computes what it lacks itself.
 """
 
 from __future__ import annotations
@@ -210,7 +210,8 @@ POLLS = 10_000
 
 
 def _arrived(req: Any) -> tuple[bool, Any]:
-    """Whether the message of the posted receive `req` has arrived (a few tests; never waits), and the message."""
+    """Whether the message of the posted receive `req` has arrived (up to POLLS tests; never blocks), and the
+    message."""
     for _ in range(POLLS):
         done, msg = req.test()
         if done:
