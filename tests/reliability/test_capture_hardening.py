@@ -58,7 +58,11 @@ def _wait_for(proc: subprocess.Popen, pattern: str, lines: list[str], timeout_s:
             return m
         if time.monotonic() > deadline:
             break
-    raise AssertionError(f"never saw {pattern!r}:\n{''.join(lines[-20:])}")
+    if proc.poll() is None:  # still running (past the deadline): its stderr is what says why
+        proc.kill()
+    rest, err = proc.communicate()
+    raise AssertionError(f"never saw {pattern!r} (job exit status {proc.returncode}):\n{''.join(lines[-20:])}"
+                         f"{rest[-2000:]}\n--- stderr ---\n{err[-6000:]}")
 
 
 def _finish(proc: subprocess.Popen, t0: float, out: Path, lines: list[str]):
