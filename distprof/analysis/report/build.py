@@ -112,10 +112,10 @@ def build_report(run: RunSummary, *, peak_tflops: float | None = None, top: int 
     directory, adds the ``watch`` section when it holds a --watch series. `helped` hands over the straggler
     analysis, the collectives table, the critical path (of the step graph it is sent) and perhaps the pipelines of
     `run` computed elsewhere (another MPI process, :mod:`.parallel`): the analyses that read none of them run before
-    they are asked for. `release` says the
-    caller hands `run` over and reads it no more: each per-rank table is let go once its last reader is done (the
-    memory curves after the memory timeline, the collective and transfer rows after the step graph and the findings;
-    ``RunSummary.release_rows``), so the tables are not all held at the report's peak.
+    they are asked for. `release` says the caller hands `run` over and reads it no more: each per-rank table is let
+    go once its last reader is done (the memory curves after the memory timeline, the collective and transfer rows
+    after the step graph and the findings; ``RunSummary.release_rows``), so the tables are not all held at the
+    report's peak.
     """
     warnings = list(run.warnings)
     bd = run.steps
